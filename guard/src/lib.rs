@@ -1,0 +1,159 @@
+//! An idempotency guard for axum write routes: a retried request never runs
+//! its handler twice.
+//!
+//! A client that timed out, got a 502/504 or lost its connection does not
+//! know whether its write ran. With this layer in front of the route it can
+//! simply send the same request again with the same `Idempotency-Key`: if the
+//! first one ran, it gets the stored response; if it is still running, it is
+//! told so; if it never ran, it runs now, once.
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! use axum::{Router, routing::post};
+//! use idempotency_guard::{IdempotencyLayer, store::AnyStore};
+//!
+//! # async fn run() -> anyhow::Result<()> {
+//! let store = AnyStore::connect("sqlite://idempotency.db?mode=rwc").await?;
+//! store.migrate().await?;
+//! let app = Router::new()
+//!     .route("/payments", post(|| async { (http::StatusCode::CREATED, "paid") }))
+//!     .route_layer(IdempotencyLayer::new(store).with_scope(|parts| {
+//!         parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("default").into()
+//!     }));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Mount it with `route_layer`, not `layer`, so an unknown route still
+//! answers 404 rather than 400 `key-missing`.
+//!
+//! # What a request gets
+//!
+//! | situation | response | handler runs |
+//! |---|---|---|
+//! | method not guarded (default: not POST or PATCH) | handler's | yes |
+//! | no key, key required (default) | 400 `key-missing` | no |
+//! | no key, key optional | handler's | yes, unguarded |
+//! | key invalid (not 1–255 visible ASCII, malformed sf-string, sent twice) | 400 `key-invalid` | no |
+//! | scope from the app's scope function empty or over 255 bytes | 400 `scope-invalid` | no |
+//! | body over the limit (default 1 MiB) | 413 `body-too-large` | no |
+//! | body cannot be read to its end | 400 `body-unreadable` | no |
+//! | new key | handler's, stored before it is sent | yes, once |
+//! | same key and fingerprint, completed | stored status, headers and body, plus `Idempotent-Replayed: true` | no |
+//! | same key, different fingerprint | 409 `key-reused` (configurable, e.g. 422) | no |
+//! | same key, still in flight | 409 `request-in-flight` with `Retry-After`; or, when the route waits, the replay once the first finishes (up to a bound) | no |
+//! | same key, earlier run abandoned | 409 `outcome-unknown` (configurable: run again) | no (default) |
+//! | same key, response was over the stored-response limit | 409 `response-not-stored` | no |
+//! | store unreachable or failing | 503 `store-unavailable` with `Retry-After` | no (fail closed) |
+//! | handler past the maximum handler time | 504 `handler-timeout`; the key becomes abandoned (released in transactional mode) | cut off |
+//! | handler panics or fails | 500 `handler-failed`; the key is released | once |
+//!
+//! Every answer of the guard's own is `application/problem+json` (RFC 9457)
+//! with `type` = `urn:idempotency:<name>`, `title`, `status`, `detail`, and
+//! the key in `key` when the request had a valid one. See [`Rejection`].
+//!
+//! # The record's life
+//!
+//! ```text
+//!            claim (atomic insert)            complete (fenced)
+//!   (none) ─────────────────────────▶ in_flight ───────────────▶ completed
+//!     ▲                                 │   │                        │
+//!     │  release (fenced): 5xx, 408,    │   │ lease ends unrenewed   │ retention
+//!     └──── 425, 429, no-store, panic ──┘   ▼ (crash, or cut off)     ▼ passes
+//!                                        abandoned ──▶ taken over   purged
+//!                                        (409 outcome-unknown,     (key free
+//!                                         or run again if allowed)   again)
+//! ```
+//!
+//! - The **claim** is one atomic statement against the `(scope, key)`
+//!   unique constraint: two requests can never both win it.
+//! - The winner holds a **lease** (default 60 s) that the guard renews every
+//!   third of its length while the handler runs. Every later write
+//!   (complete, renew, release, take over) names the lease's token and
+//!   changes nothing if the record carries another one (**fencing**).
+//! - A crashed process stops renewing; its records turn **abandoned** within
+//!   one lease. An abandoned run may or may not have had effects, so by
+//!   default its key answers `outcome-unknown` until retention ends.
+//! - **Retention** (default 24 h) counts from the claim. After it the record
+//!   is purged ([`purge`]) and the key may be used again.
+//!
+//! # Guarantees
+//!
+//! - For one `(scope, key)`, the handler runs at most once per retention
+//!   period, however many requests arrive at once, unless the app opts into
+//!   running abandoned keys again ([`AbandonedPolicy::RunAgain`]).
+//! - A response is stored before it is sent; a replay is the same status,
+//!   headers (less hop-by-hop ones, `Date` and `Set-Cookie`) and body, byte
+//!   for byte.
+//! - The handler runs in a task of its own: a client that disconnects does
+//!   not cancel it, and its retry gets the replay.
+//! - If the store cannot be reached, the handler does not run (unless the
+//!   app chose [`FailureMode::Open`]).
+//! - Memory per request is bounded by the body limit plus the
+//!   stored-response limit.
+//!
+//! # Non-guarantees
+//!
+//! - Outside transactional mode, a handler cut off or crashed mid-way may
+//!   have had some effects: the guard reports the outcome as unknown rather
+//!   than guessing.
+//! - A response larger than the stored-response limit reaches the first
+//!   caller only; replays answer `response-not-stored`.
+//! - If the store fails just as a response is being stored, the first caller
+//!   still gets it, but retries see the run as abandoned.
+//! - Waiting for an in-flight request (the wait policy) is woken at once
+//!   inside one process; across processes the waiter reads the record again
+//!   when its wait bound or the lease ends.
+//!
+//! # Transactional mode (PostgreSQL)
+//!
+//! With [`IdempotencyLayer::with_transactional_mode`], handlers take a
+//! [`Tx`] and write through it; the guard commits those writes in the same
+//! transaction that stores the response. A crash, a timeout or a lost lease
+//! rolls both back, so a retry runs exactly once and no outcome is unknown.
+//! Other requests see the key in flight meanwhile. A handler's writes that
+//! do not go through its `Tx` get none of this.
+//!
+//! # Fingerprints
+//!
+//! SHA-256 over the method, path and query, and the body; a JSON body is
+//! hashed in canonical form (see [`fingerprint`]).
+//!
+//! # Features
+//!
+//! - `postgres` (default): [`store::postgres::PostgresStore`] and transactional mode.
+//! - `sqlite` (default): [`store::sqlite::SqliteStore`], the embedded default.
+//!
+//! # Metrics
+//!
+//! Through the [`metrics`] facade; see [`telemetry`].
+
+pub mod decision;
+pub mod events;
+pub mod fingerprint;
+pub mod key;
+pub mod layer;
+pub mod migrate;
+pub mod problem;
+pub mod purge;
+pub mod record;
+pub mod response;
+pub mod store;
+pub mod telemetry;
+#[cfg(feature = "postgres")]
+pub mod transaction;
+
+pub use decision::{AbandonedPolicy, InFlightPolicy};
+pub use events::RecordEvents;
+pub use fingerprint::Fingerprint;
+pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError};
+pub use layer::{FailureMode, IdempotencyLayer, IdempotencyService};
+pub use migrate::MigrationError;
+pub use problem::Rejection;
+pub use record::{Record, RecordState, StoredResponse};
+pub use response::IDEMPOTENT_REPLAYED;
+pub use store::{AnyStore, LeaseToken, Store, StoreError};
+#[cfg(feature = "postgres")]
+pub use transaction::Tx;

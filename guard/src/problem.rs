@@ -1,0 +1,288 @@
+//! Every answer the guard gives instead of the handler's, rendered in one
+//! place as `application/problem+json` (RFC 9457).
+//!
+//! Each problem's `type` is `urn:idempotency:<name>`; the names are those of
+//! the status-code table in the crate docs. The `key` member echoes the key
+//! when the request had a valid one. No problem ever carries data of another
+//! scope.
+//!
+//! `type` is a URN, which `http::Uri` (and so the `problem_details` crate)
+//! cannot hold; [`http_api_problem`] keeps it as text.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_api_problem::HttpApiProblem;
+
+use crate::KeyError;
+
+/// The media type of every problem answer.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// A problem with `type` = `urn:idempotency:<name>`, a title and a detail.
+///
+/// The service renders its own problems (`unauthorized`, `key-not-found`,
+/// `bad-request`) through this function too, so every problem of the
+/// product has the same shape.
+pub fn problem(status: StatusCode, name: &str, title: &str, detail: &str) -> HttpApiProblem {
+    HttpApiProblem::new(status)
+        .type_url(format!("urn:idempotency:{name}"))
+        .title(title)
+        .detail(detail)
+}
+
+/// Turns a problem into a response with the problem+json content type.
+pub fn problem_response(problem: &HttpApiProblem) -> Response<Body> {
+    let status = problem.status.unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = Response::new(Body::from(problem.json_bytes()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(PROBLEM_JSON),
+    );
+    response
+}
+
+/// Why the guard answered instead of the handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// 400 `key-missing`: the route requires a key and the request has none.
+    KeyMissing,
+    /// 400 `key-invalid`: the key is malformed or repeated.
+    KeyInvalid(KeyError),
+    /// 400 `scope-invalid`: the app's scope function gave an empty scope or
+    /// one longer than 255 bytes.
+    ScopeInvalid,
+    /// 413 `body-too-large`: the request body exceeds the limit.
+    BodyTooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// 400 `body-unreadable`: the request body could not be read.
+    BodyUnreadable,
+    /// 409 (or the configured status) `key-reused`: the key was used with
+    /// another request.
+    KeyReused {
+        /// The key.
+        key: String,
+        /// The configured mismatch status (409, or 422 as the IETF draft suggests).
+        status: StatusCode,
+    },
+    /// 409 `request-in-flight`: the first request with this key still runs.
+    RequestInFlight {
+        /// The key.
+        key: String,
+        /// The `Retry-After` hint.
+        retry_after: Duration,
+    },
+    /// 409 `outcome-unknown`: the earlier run was abandoned.
+    OutcomeUnknown {
+        /// The key.
+        key: String,
+    },
+    /// 409 `response-not-stored`: the earlier run's response was too large
+    /// to store.
+    ResponseNotStored {
+        /// The key.
+        key: String,
+    },
+    /// 503 `store-unavailable`: the store failed or did not answer; the
+    /// handler did not run.
+    StoreUnavailable {
+        /// The key, when the request had one.
+        key: Option<String>,
+        /// The `Retry-After` hint.
+        retry_after: Duration,
+    },
+    /// 504 `handler-timeout`: the guard cut the handler off at the maximum
+    /// handler time.
+    HandlerTimeout {
+        /// The key.
+        key: String,
+        /// Whether the handler's writes were rolled back with the record
+        /// (transactional mode): then a retry runs it again, safely.
+        rolled_back: bool,
+    },
+    /// 500 `handler-failed`: the handler panicked, failed or sent a broken
+    /// body; the key was released (and in transactional mode its writes
+    /// rolled back).
+    HandlerFailed {
+        /// The key.
+        key: String,
+    },
+}
+
+impl Rejection {
+    /// The problem's name: the part of `type` after `urn:idempotency:`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::KeyMissing => "key-missing",
+            Self::KeyInvalid(_) => "key-invalid",
+            Self::ScopeInvalid => "scope-invalid",
+            Self::BodyTooLarge { .. } => "body-too-large",
+            Self::BodyUnreadable => "body-unreadable",
+            Self::KeyReused { .. } => "key-reused",
+            Self::RequestInFlight { .. } => "request-in-flight",
+            Self::OutcomeUnknown { .. } => "outcome-unknown",
+            Self::ResponseNotStored { .. } => "response-not-stored",
+            Self::StoreUnavailable { .. } => "store-unavailable",
+            Self::HandlerTimeout { .. } => "handler-timeout",
+            Self::HandlerFailed { .. } => "handler-failed",
+        }
+    }
+
+    /// The status code of the answer.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::KeyMissing | Self::KeyInvalid(_) | Self::ScopeInvalid | Self::BodyUnreadable => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::KeyReused { status, .. } => *status,
+            Self::RequestInFlight { .. }
+            | Self::OutcomeUnknown { .. }
+            | Self::ResponseNotStored { .. } => StatusCode::CONFLICT,
+            Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::HandlerTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::HandlerFailed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn title_and_detail(&self) -> (&'static str, String) {
+        match self {
+            Self::KeyMissing => (
+                "Idempotency-Key header required",
+                "This route requires an Idempotency-Key header: send one unique key per operation and reuse it on every retry of that operation.".into(),
+            ),
+            Self::KeyInvalid(error) => (
+                "Idempotency-Key header invalid",
+                format!("{error}. A key is 1 to 255 visible ASCII characters, sent once, bare or as an RFC 8941 string."),
+            ),
+            Self::ScopeInvalid => (
+                "Request scope invalid",
+                "The scope of this request is empty or longer than 255 bytes.".into(),
+            ),
+            Self::BodyTooLarge { limit } => (
+                "Request body too large",
+                format!("The request body exceeds the limit of {limit} bytes."),
+            ),
+            Self::BodyUnreadable => (
+                "Request body unreadable",
+                "The request body could not be read to its end.".into(),
+            ),
+            Self::KeyReused { .. } => (
+                "Idempotency key reused",
+                "This key was already used with a different request (method, path, query or body). Use a new key for a new operation.".into(),
+            ),
+            Self::RequestInFlight { .. } => (
+                "Request in flight",
+                "A request with this key is still being processed. Retry after the time in Retry-After to get its response.".into(),
+            ),
+            Self::OutcomeUnknown { .. } => (
+                "Outcome unknown",
+                "An earlier request with this key started but never completed, so whether it took effect is unknown. Do not resend blindly: reconcile first.".into(),
+            ),
+            Self::ResponseNotStored { .. } => (
+                "Response not stored",
+                "The request with this key ran, but its response was too large to store for replay. It will not run again.".into(),
+            ),
+            Self::StoreUnavailable { .. } => (
+                "Idempotency store unavailable",
+                "The idempotency store could not be reached, so the request was not processed. Retry later with the same key.".into(),
+            ),
+            Self::HandlerTimeout { rolled_back: true, .. } => (
+                "Handler timed out",
+                "The request exceeded the maximum handler time and its effects were rolled back. Retrying with the same key is safe.".into(),
+            ),
+            Self::HandlerTimeout { rolled_back: false, .. } => (
+                "Handler timed out",
+                "The request exceeded the maximum handler time and was cut off; whether it took effect is unknown. Reconcile before resending.".into(),
+            ),
+            Self::HandlerFailed { .. } => (
+                "Handler failed",
+                "The request failed unexpectedly and its key was released. Retrying with the same key is safe.".into(),
+            ),
+        }
+    }
+
+    fn key(&self) -> Option<&str> {
+        match self {
+            Self::KeyReused { key, .. }
+            | Self::RequestInFlight { key, .. }
+            | Self::OutcomeUnknown { key }
+            | Self::ResponseNotStored { key }
+            | Self::HandlerTimeout { key, .. }
+            | Self::HandlerFailed { key } => Some(key),
+            Self::StoreUnavailable { key, .. } => key.as_deref(),
+            Self::KeyMissing
+            | Self::KeyInvalid(_)
+            | Self::ScopeInvalid
+            | Self::BodyTooLarge { .. }
+            | Self::BodyUnreadable => None,
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::RequestInFlight { retry_after, .. } | Self::StoreUnavailable { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            _ => None,
+        }
+    }
+
+    /// Renders the rejection as its problem+json response.
+    pub fn into_response(self) -> Response<Body> {
+        let (title, detail) = self.title_and_detail();
+        let mut problem = problem(self.status(), self.name(), title, &detail);
+        if let Some(key) = self.key() {
+            problem.set_value("key", &key);
+        }
+        let mut response = problem_response(&problem);
+        if let Some(retry_after) = self.retry_after() {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, retry_after_value(retry_after));
+        }
+        response
+    }
+}
+
+/// `Retry-After` in whole seconds, rounded up so a client never asks early.
+pub(crate) fn retry_after_value(duration: Duration) -> HeaderValue {
+    let seconds = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    HeaderValue::from(seconds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn renders_type_title_status_detail_key_and_retry_after() {
+        let response = Rejection::RequestInFlight {
+            key: "k-1".into(),
+            retry_after: Duration::from_millis(1500),
+        }
+        .into_response();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["type"], "urn:idempotency:request-in-flight");
+        assert_eq!(json["status"], 409);
+        assert_eq!(json["key"], "k-1");
+        assert!(json["title"].is_string() && json["detail"].is_string());
+    }
+
+    #[test]
+    fn invalid_keys_are_not_echoed() {
+        let rejection = Rejection::KeyInvalid(KeyError::TooLong);
+        assert_eq!(rejection.key(), None);
+        assert_eq!(rejection.status(), StatusCode::BAD_REQUEST);
+    }
+}

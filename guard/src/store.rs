@@ -1,0 +1,214 @@
+//! The [`Store`] trait: a small set of atomic operations on records, and
+//! the types they trade in. One file per backend lives under `store/`.
+//!
+//! Every operation is one atomic step in its store. None of them decides
+//! policy: the layer reads what [`Store::claim`] returns and asks
+//! [`decide`](crate::decision::decide) what to do.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+mod any;
+pub use any::AnyStore;
+
+/// The random token that identifies one lease on a record.
+///
+/// Every write after the claim (complete, renew, release, take over) names
+/// the token it holds; a store refuses the write when the record's token is
+/// another one. That fence is what keeps a holder that lost its lease from
+/// overwriting the record of the request that took over.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseToken(uuid::Uuid);
+
+impl LeaseToken {
+    /// Draws a new random token.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        Self(uuid::Uuid::new_v4())
+    }
+
+    /// Wraps a token read from a store.
+    pub fn from_uuid(uuid: uuid::Uuid) -> Self {
+        Self(uuid)
+    }
+
+    /// The token as a UUID.
+    pub fn as_uuid(&self) -> uuid::Uuid {
+        self.0
+    }
+}
+
+impl fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeaseToken({})", self.0)
+    }
+}
+
+/// A held lease: the right to complete, renew or release one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The record's scope.
+    pub scope: String,
+    /// The record's key.
+    pub key: String,
+    /// The token every later write is fenced by.
+    pub token: LeaseToken,
+}
+
+/// What a request asks the store to create when it claims a key.
+#[derive(Debug, Clone)]
+pub struct NewRecord<'a> {
+    /// The namespace of the key.
+    pub scope: &'a str,
+    /// The idempotency key.
+    pub key: &'a str,
+    /// The request's fingerprint.
+    pub fingerprint: &'a Fingerprint,
+    /// The request's method.
+    pub method: &'a str,
+    /// The request's path and query.
+    pub path: &'a str,
+    /// The token of the lease this claim takes.
+    pub token: LeaseToken,
+    /// How long the lease lasts before it must be renewed.
+    pub lease: Duration,
+    /// How long the record lives after creation.
+    pub retention: Duration,
+    /// Whether the handler's effects commit together with the record.
+    pub transactional: bool,
+}
+
+impl NewRecord<'_> {
+    /// The lease this claim holds once it succeeds.
+    pub fn lease(&self) -> Lease {
+        Lease {
+            scope: self.scope.to_owned(),
+            key: self.key.to_owned(),
+            token: self.token,
+        }
+    }
+}
+
+/// The result of [`Store::claim`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// No record existed: this request now holds the lease and must run.
+    Acquired(Lease),
+    /// A record already exists; the caller decides what it means.
+    Existing(Box<Record>),
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The lease named in the write is no longer the record's: another
+    /// request took over, or the record was released or purged.
+    #[error("the lease was lost: the record now belongs to another request or is gone")]
+    LeaseLost,
+    /// The store could not be reached, or failed while answering.
+    #[error("the store is unavailable")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The store did not answer within the configured bound.
+    #[error("the store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// A record read back could not be decoded.
+    #[error(transparent)]
+    Corrupt(#[from] crate::record::CorruptRecord),
+    /// The operation needs a capability this store does not have.
+    #[error("this store does not support {0}")]
+    Unsupported(&'static str),
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Unavailable(Box::new(error))
+    }
+}
+
+/// The atomic operations the guard needs from a place that keeps records.
+///
+/// Implementations must make each method one atomic step: `claim` creates
+/// the record or reports the existing one, never both for two callers;
+/// `take_over`, `complete`, `renew` and `release` change the record only
+/// when it still carries the named lease token. The conformance suite in
+/// `tests/it/store_suite.rs` holds every implementation to this.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// Creates the record for `new` if `(scope, key)` has none, and returns
+    /// the lease; otherwise returns the existing record untouched.
+    ///
+    /// A record past its retention is still returned (the caller then takes
+    /// it over): purging is [`Store::purge`]'s job.
+    fn claim(&self, new: &NewRecord<'_>) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Replaces the record whose lease token is `previous` with `new`, but
+    /// only if that record is past its retention or its lease has ended.
+    ///
+    /// Returns `None` when the record changed meanwhile (another request
+    /// took it over, completed it, or it is gone): the caller claims again.
+    fn take_over(
+        &self,
+        previous: LeaseToken,
+        new: &NewRecord<'_>,
+    ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send;
+
+    /// Stores the handler's response and marks the record completed.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
+    fn complete(
+        &self,
+        lease: &Lease,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Extends the lease to `duration` from now. A zero duration ends the
+    /// lease at once without releasing the record: it becomes abandoned.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease` or
+    /// is no longer in flight.
+    fn renew(
+        &self,
+        lease: &Lease,
+        duration: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Deletes the in-flight record held by `lease`, so the key may run again.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Reads the record of `(scope, key)`, if any (expired ones included).
+    fn get(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Deletes up to `limit` records past their retention; returns how many.
+    fn purge(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The registry that wakes requests waiting for an in-flight record.
+    fn events(&self) -> &RecordEvents;
+
+    /// The PostgreSQL store behind this one, for transactional mode.
+    /// Stores without PostgreSQL return `None` (the default).
+    #[cfg(feature = "postgres")]
+    fn transactions(&self) -> Option<&postgres::PostgresStore> {
+        None
+    }
+}

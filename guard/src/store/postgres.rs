@@ -1,0 +1,308 @@
+//! The PostgreSQL store: durable, for production, and the only store with
+//! transactional mode.
+//!
+//! Every operation is one statement. Time comparisons use the database's
+//! clock (`now()`), so app servers with skewed clocks agree on leases.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{PgConnection, PgPool, Row};
+use time::OffsetDateTime;
+
+use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
+use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
+
+/// The columns every read returns, `observed_at` being the database's clock.
+macro_rules! record_columns {
+    () => {
+        "fingerprint, method, path, lease_token, lease_expires_at, transactional, \
+         response_status, response_headers, response_body, created_at, completed_at, \
+         expires_at, now() as observed_at"
+    };
+}
+
+const CLAIM: &str = concat!(
+    "with inserted as (
+        insert into idempotency_records
+            (scope, key, fingerprint, method, path, state, lease_token, lease_expires_at,
+             transactional, created_at, expires_at)
+        values ($1, $2, $3, $4, $5, 'in_flight', $6, now() + $7 * interval '1 millisecond',
+                $8, now(), now() + $9 * interval '1 millisecond')
+        on conflict (scope, key) do nothing
+        returning 1
+    )
+    select exists (select 1 from inserted) as acquired, ",
+    record_columns!(),
+    " from (values (1)) as one
+    left join idempotency_records on scope = $1 and key = $2"
+);
+
+const TAKE_OVER: &str = "update idempotency_records set
+        fingerprint = $4, method = $5, path = $6, state = 'in_flight', lease_token = $7,
+        lease_expires_at = now() + $8 * interval '1 millisecond', transactional = $9,
+        response_status = null, response_headers = null, response_body = null,
+        created_at = now(), completed_at = null,
+        expires_at = now() + $10 * interval '1 millisecond'
+    where scope = $1 and key = $2 and lease_token = $3
+      and (expires_at <= now() or (state = 'in_flight' and lease_expires_at <= now()))";
+
+const COMPLETE: &str = "update idempotency_records set
+        state = 'completed', response_status = $4, response_headers = $5, response_body = $6,
+        completed_at = now()
+    where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'";
+
+const RENEW: &str = "update idempotency_records
+    set lease_expires_at = now() + $4 * interval '1 millisecond'
+    where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'";
+
+const RELEASE: &str = "delete from idempotency_records
+    where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'";
+
+const GET: &str = concat!(
+    "select ",
+    record_columns!(),
+    " from idempotency_records where scope = $1 and key = $2"
+);
+
+const PURGE: &str = "delete from idempotency_records where (scope, key) in (
+        select scope, key from idempotency_records
+        where expires_at <= now()
+        order by expires_at
+        limit $1
+        for update skip locked)";
+
+/// How often one claim statement is tried again when the conflicting row
+/// was committed after the statement's snapshot (it then sees neither its
+/// own insert nor the other row).
+const CLAIM_ATTEMPTS: usize = 16;
+
+/// Records in PostgreSQL, in the table `idempotency_records`.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    events: RecordEvents,
+}
+
+impl PostgresStore {
+    /// Wraps a pool. Run [`PostgresStore::migrate`] once before use.
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            events: RecordEvents::new(),
+        }
+    }
+
+    /// Connects to `url` (`postgres://...`) with a pool of up to
+    /// `max_connections` and an acquire timeout of 5 s.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the URL is invalid or the server
+    /// cannot be reached.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = url.parse()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await?;
+        Ok(Self::new(pool))
+    }
+
+    /// The pool the store uses.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies the migrations in `migrations/postgres` that have not run yet.
+    /// Safe to run from several processes at once (an advisory lock
+    /// serializes them).
+    ///
+    /// # Errors
+    ///
+    /// Returns the migration that failed, or the connection error.
+    pub async fn migrate(&self) -> Result<(), crate::MigrationError> {
+        crate::migrate::postgres_migrator()
+            .run(&self.pool)
+            .await
+            .map_err(crate::MigrationError)
+    }
+
+    /// Completes the record inside `transaction`, the handler's transaction
+    /// in transactional mode; the caller commits.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
+    pub async fn complete_in(
+        &self,
+        transaction: &mut PgConnection,
+        lease: &Lease,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let result = complete_query(lease, response).execute(transaction).await?;
+        fenced(result.rows_affected())
+    }
+
+    /// Releases the record inside `transaction` (a `no-store` answer in
+    /// transactional mode); the caller commits.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
+    pub async fn release_in(&self, transaction: &mut PgConnection, lease: &Lease) -> Result<(), StoreError> {
+        let result = lease_query(RELEASE, lease).execute(transaction).await?;
+        fenced(result.rows_affected())
+    }
+}
+
+fn lease_query(sql: &'static str, lease: &Lease) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
+        .bind(lease.scope.as_str())
+        .bind(lease.key.as_str())
+        .bind(lease.token.as_uuid())
+}
+
+fn complete_query(lease: &Lease, response: &StoredResponse) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    lease_query(COMPLETE, lease)
+        .bind(i16::try_from(response.status.as_u16()).unwrap_or(i16::MAX))
+        .bind(response.encode_headers())
+        .bind(response.body.as_ref().map(|b| b.to_vec()))
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A fenced write changed one row, or its lease was lost.
+fn fenced(rows: u64) -> Result<(), StoreError> {
+    if rows == 1 { Ok(()) } else { Err(StoreError::LeaseLost) }
+}
+
+fn record_from_row(row: &PgRow, scope: &str, key: &str) -> Result<Record, StoreError> {
+    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+    let fingerprint: [u8; 32] = fingerprint
+        .try_into()
+        .map_err(|_| crate::record::CorruptRecord("the fingerprint is not 32 bytes"))?;
+    let status: Option<i16> = row.try_get("response_status")?;
+    let response = match status {
+        Some(status) => {
+            let status = u16::try_from(status)
+                .ok()
+                .and_then(|s| http::StatusCode::from_u16(s).ok())
+                .ok_or(crate::record::CorruptRecord("the stored status is invalid"))?;
+            let headers: Vec<u8> = row.try_get::<Option<Vec<u8>>, _>("response_headers")?.unwrap_or_default();
+            let body: Option<Vec<u8>> = row.try_get("response_body")?;
+            Some(StoredResponse {
+                status,
+                headers: StoredResponse::decode_headers(&headers)?,
+                body: body.map(bytes::Bytes::from),
+            })
+        }
+        None => None,
+    };
+    Ok(Record {
+        scope: scope.to_owned(),
+        key: key.to_owned(),
+        fingerprint: Fingerprint::from_bytes(fingerprint),
+        method: row.try_get("method")?,
+        path: row.try_get("path")?,
+        lease_token: LeaseToken::from_uuid(row.try_get("lease_token")?),
+        lease_expires_at: row.try_get("lease_expires_at")?,
+        transactional: row.try_get("transactional")?,
+        response,
+        created_at: row.try_get("created_at")?,
+        completed_at: row.try_get::<Option<OffsetDateTime>, _>("completed_at")?,
+        expires_at: row.try_get("expires_at")?,
+        observed_at: row.try_get("observed_at")?,
+    })
+}
+
+impl Store for PostgresStore {
+    async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        for _ in 0..CLAIM_ATTEMPTS {
+            let row = sqlx::query(CLAIM)
+                .bind(new.scope)
+                .bind(new.key)
+                .bind(new.fingerprint.as_bytes().as_slice())
+                .bind(new.method)
+                .bind(new.path)
+                .bind(new.token.as_uuid())
+                .bind(millis(new.lease))
+                .bind(new.transactional)
+                .bind(millis(new.retention))
+                .fetch_one(&self.pool)
+                .await?;
+            if row.try_get::<bool, _>("acquired")? {
+                return Ok(Claim::Acquired(new.lease()));
+            }
+            // The row we conflicted with is visible unless it was committed
+            // after this statement's snapshot: then simply ask again.
+            if row.try_get::<Option<Vec<u8>>, _>("fingerprint")?.is_some() {
+                return Ok(Claim::Existing(Box::new(record_from_row(&row, new.scope, new.key)?)));
+            }
+        }
+        Err(StoreError::Unavailable("the claim kept racing a concurrent insert".into()))
+    }
+
+    async fn take_over(&self, previous: LeaseToken, new: &NewRecord<'_>) -> Result<Option<Lease>, StoreError> {
+        let result = sqlx::query(TAKE_OVER)
+            .bind(new.scope)
+            .bind(new.key)
+            .bind(previous.as_uuid())
+            .bind(new.fingerprint.as_bytes().as_slice())
+            .bind(new.method)
+            .bind(new.path)
+            .bind(new.token.as_uuid())
+            .bind(millis(new.lease))
+            .bind(new.transactional)
+            .bind(millis(new.retention))
+            .execute(&self.pool)
+            .await?;
+        Ok((result.rows_affected() == 1).then(|| new.lease()))
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        let result = complete_query(lease, response).execute(&self.pool).await?;
+        fenced(result.rows_affected())
+    }
+
+    async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
+        let result = lease_query(RENEW, lease)
+            .bind(millis(duration))
+            .execute(&self.pool)
+            .await?;
+        fenced(result.rows_affected())
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let result = lease_query(RELEASE, lease).execute(&self.pool).await?;
+        fenced(result.rows_affected())
+    }
+
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(GET)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|row| record_from_row(&row, scope, key)).transpose()
+    }
+
+    async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
+        let result = sqlx::query(PURGE)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
+        Ok(result.rows_affected())
+    }
+
+    fn events(&self) -> &RecordEvents {
+        &self.events
+    }
+
+    fn transactions(&self) -> Option<&PostgresStore> {
+        Some(self)
+    }
+}

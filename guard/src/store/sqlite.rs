@@ -1,0 +1,283 @@
+//! The SQLite store: the embedded default, no server needed.
+//!
+//! The database runs in WAL mode with a busy timeout, so several connections
+//! (and several processes on one machine) share it safely. Times are Unix
+//! milliseconds from the local clock, which every process on the machine
+//! shares.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+use time::OffsetDateTime;
+
+use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
+use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
+
+const INSERT: &str = "insert into idempotency_records
+        (scope, key, fingerprint, method, path, state, lease_token, lease_expires_at,
+         transactional, created_at, expires_at)
+    values (?1, ?2, ?3, ?4, ?5, 'in_flight', ?6, ?7 + ?8, ?9, ?7, ?7 + ?10)
+    on conflict (scope, key) do nothing";
+
+const GET: &str = "select fingerprint, method, path, lease_token, lease_expires_at, transactional, \
+    response_status, response_headers, response_body, created_at, completed_at, expires_at \
+    from idempotency_records where scope = ?1 and key = ?2";
+
+const TAKE_OVER: &str = "update idempotency_records set
+        fingerprint = ?4, method = ?5, path = ?6, state = 'in_flight', lease_token = ?7,
+        lease_expires_at = ?11 + ?8, transactional = ?9,
+        response_status = null, response_headers = null, response_body = null,
+        created_at = ?11, completed_at = null, expires_at = ?11 + ?10
+    where scope = ?1 and key = ?2 and lease_token = ?3
+      and (expires_at <= ?11 or (state = 'in_flight' and lease_expires_at <= ?11))";
+
+const COMPLETE: &str = "update idempotency_records set
+        state = 'completed', response_status = ?4, response_headers = ?5, response_body = ?6,
+        completed_at = ?7
+    where scope = ?1 and key = ?2 and lease_token = ?3 and state = 'in_flight'";
+
+const RENEW: &str = "update idempotency_records set lease_expires_at = ?4 + ?5
+    where scope = ?1 and key = ?2 and lease_token = ?3 and state = 'in_flight'";
+
+const RELEASE: &str = "delete from idempotency_records
+    where scope = ?1 and key = ?2 and lease_token = ?3 and state = 'in_flight'";
+
+const PURGE: &str = "delete from idempotency_records where rowid in (
+        select rowid from idempotency_records where expires_at <= ?1 order by expires_at limit ?2)";
+
+/// How often a claim inserts again after the conflicting record vanished
+/// before it could be read (released in between).
+const CLAIM_ATTEMPTS: usize = 16;
+
+/// Records in an SQLite database, in the table `idempotency_records`.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    events: RecordEvents,
+}
+
+impl SqliteStore {
+    /// Wraps a pool. Run [`SqliteStore::migrate`] once before use.
+    pub fn new(pool: SqlitePool) -> Self {
+        Self {
+            pool,
+            events: RecordEvents::new(),
+        }
+    }
+
+    /// Opens (creating it if missing) the database at `url`
+    /// (`sqlite://path/to/file.db`), in WAL mode with a 5 s busy timeout.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the URL is invalid or the file
+    /// cannot be opened.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await?;
+        Ok(Self::new(pool))
+    }
+
+    /// The pool the store uses.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Applies the migrations in `migrations/sqlite` that have not run yet.
+    ///
+    /// # Errors
+    ///
+    /// Returns the migration that failed, or the connection error.
+    pub async fn migrate(&self) -> Result<(), crate::MigrationError> {
+        crate::migrate::sqlite_migrator()
+            .run(&self.pool)
+            .await
+            .map_err(crate::MigrationError)
+    }
+}
+
+fn now_millis() -> i64 {
+    to_millis(OffsetDateTime::now_utc())
+}
+
+fn to_millis(at: OffsetDateTime) -> i64 {
+    i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+}
+
+fn from_millis(millis: i64) -> Result<OffsetDateTime, StoreError> {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(millis) * 1_000_000)
+        .map_err(|_| crate::record::CorruptRecord("a stored time is out of range").into())
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn fenced(rows: u64) -> Result<(), StoreError> {
+    if rows == 1 { Ok(()) } else { Err(StoreError::LeaseLost) }
+}
+
+fn token_bytes(token: LeaseToken) -> Vec<u8> {
+    token.as_uuid().as_bytes().to_vec()
+}
+
+fn record_from_row(row: &SqliteRow, scope: &str, key: &str, observed_at: OffsetDateTime) -> Result<Record, StoreError> {
+    let corrupt = crate::record::CorruptRecord;
+    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+    let fingerprint: [u8; 32] = fingerprint
+        .try_into()
+        .map_err(|_| corrupt("the fingerprint is not 32 bytes"))?;
+    let token: Vec<u8> = row.try_get("lease_token")?;
+    let token = uuid::Uuid::from_slice(&token).map_err(|_| corrupt("the lease token is not 16 bytes"))?;
+    let status: Option<i64> = row.try_get("response_status")?;
+    let response = match status {
+        Some(status) => {
+            let status = u16::try_from(status)
+                .ok()
+                .and_then(|s| http::StatusCode::from_u16(s).ok())
+                .ok_or(corrupt("the stored status is invalid"))?;
+            let headers: Vec<u8> = row.try_get::<Option<Vec<u8>>, _>("response_headers")?.unwrap_or_default();
+            let body: Option<Vec<u8>> = row.try_get("response_body")?;
+            Some(StoredResponse {
+                status,
+                headers: StoredResponse::decode_headers(&headers)?,
+                body: body.map(bytes::Bytes::from),
+            })
+        }
+        None => None,
+    };
+    Ok(Record {
+        scope: scope.to_owned(),
+        key: key.to_owned(),
+        fingerprint: Fingerprint::from_bytes(fingerprint),
+        method: row.try_get("method")?,
+        path: row.try_get("path")?,
+        lease_token: LeaseToken::from_uuid(token),
+        lease_expires_at: from_millis(row.try_get("lease_expires_at")?)?,
+        transactional: row.try_get::<i64, _>("transactional")? != 0,
+        response,
+        created_at: from_millis(row.try_get("created_at")?)?,
+        completed_at: row
+            .try_get::<Option<i64>, _>("completed_at")?
+            .map(from_millis)
+            .transpose()?,
+        expires_at: from_millis(row.try_get("expires_at")?)?,
+        observed_at,
+    })
+}
+
+impl Store for SqliteStore {
+    async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        for _ in 0..CLAIM_ATTEMPTS {
+            let inserted = sqlx::query(INSERT)
+                .bind(new.scope)
+                .bind(new.key)
+                .bind(new.fingerprint.as_bytes().as_slice())
+                .bind(new.method)
+                .bind(new.path)
+                .bind(token_bytes(new.token))
+                .bind(now_millis())
+                .bind(millis(new.lease))
+                .bind(i64::from(new.transactional))
+                .bind(millis(new.retention))
+                .execute(&self.pool)
+                .await?;
+            if inserted.rows_affected() == 1 {
+                return Ok(Claim::Acquired(new.lease()));
+            }
+            // The insert lost to an existing record: report it. If it was
+            // released between the two statements, insert again.
+            if let Some(record) = self.get(new.scope, new.key).await? {
+                return Ok(Claim::Existing(Box::new(record)));
+            }
+        }
+        Err(StoreError::Unavailable("the claim kept racing a concurrent release".into()))
+    }
+
+    async fn take_over(&self, previous: LeaseToken, new: &NewRecord<'_>) -> Result<Option<Lease>, StoreError> {
+        let result = sqlx::query(TAKE_OVER)
+            .bind(new.scope)
+            .bind(new.key)
+            .bind(token_bytes(previous))
+            .bind(new.fingerprint.as_bytes().as_slice())
+            .bind(new.method)
+            .bind(new.path)
+            .bind(token_bytes(new.token))
+            .bind(millis(new.lease))
+            .bind(i64::from(new.transactional))
+            .bind(millis(new.retention))
+            .bind(now_millis())
+            .execute(&self.pool)
+            .await?;
+        Ok((result.rows_affected() == 1).then(|| new.lease()))
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        let result = sqlx::query(COMPLETE)
+            .bind(lease.scope.as_str())
+            .bind(lease.key.as_str())
+            .bind(token_bytes(lease.token))
+            .bind(i64::from(response.status.as_u16()))
+            .bind(response.encode_headers())
+            .bind(response.body.as_ref().map(|b| b.to_vec()))
+            .bind(now_millis())
+            .execute(&self.pool)
+            .await?;
+        fenced(result.rows_affected())
+    }
+
+    async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
+        let result = sqlx::query(RENEW)
+            .bind(lease.scope.as_str())
+            .bind(lease.key.as_str())
+            .bind(token_bytes(lease.token))
+            .bind(now_millis())
+            .bind(millis(duration))
+            .execute(&self.pool)
+            .await?;
+        fenced(result.rows_affected())
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let result = sqlx::query(RELEASE)
+            .bind(lease.scope.as_str())
+            .bind(lease.key.as_str())
+            .bind(token_bytes(lease.token))
+            .execute(&self.pool)
+            .await?;
+        fenced(result.rows_affected())
+    }
+
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        let observed_at = OffsetDateTime::now_utc();
+        let row = sqlx::query(GET)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|row| record_from_row(&row, scope, key, observed_at)).transpose()
+    }
+
+    async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
+        let result = sqlx::query(PURGE)
+            .bind(now_millis())
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
+        Ok(result.rows_affected())
+    }
+
+    fn events(&self) -> &RecordEvents {
+        &self.events
+    }
+}

@@ -1,0 +1,156 @@
+//! The guard's metrics, through the [`metrics`] facade: whatever recorder
+//! the app installs (the service and the example app export Prometheus text
+//! at `/metrics`) receives them.
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `idempotency_requests_total` | counter | `route`, `outcome`, `attempt` |
+//! | `idempotency_store_duration_seconds` | histogram | `operation`, `result` |
+//! | `idempotency_lease_lost_total` | counter | `route`, `operation` |
+//!
+//! `attempt` is the `X-Retry-Attempt` request header (`0` is the first try),
+//! `0` to `9`, then `10+`; `unknown` when the header is absent or invalid.
+//! From these, with PromQL (see the README):
+//!
+//! - retry rate: `sum(rate(idempotency_requests_total{attempt!~"0|unknown"}[5m])) / sum(rate(idempotency_requests_total{attempt!="unknown"}[5m]))`
+//! - amplification factor: `sum(rate(idempotency_requests_total{attempt!="unknown"}[5m])) / sum(rate(idempotency_requests_total{attempt="0"}[5m]))`
+
+use std::time::Instant;
+
+use http::HeaderMap;
+
+/// Requests the guard saw, by route, outcome and attempt.
+pub const REQUESTS_TOTAL: &str = "idempotency_requests_total";
+/// Time each store operation took, by operation and result.
+pub const STORE_DURATION_SECONDS: &str = "idempotency_store_duration_seconds";
+/// Fenced writes the store refused because the lease was lost.
+pub const LEASE_LOST_TOTAL: &str = "idempotency_lease_lost_total";
+
+/// The request header clients set to the attempt number (0 = first try).
+pub const RETRY_ATTEMPT: &str = "x-retry-attempt";
+
+/// What the guard did with one request (the `outcome` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The handler ran and its response was stored (or, for a response over
+    /// the stored-response limit, marked as not stored).
+    Executed,
+    /// The stored response was replayed.
+    Replayed,
+    /// The key was used with another request.
+    KeyReused,
+    /// The first request with the key was still running.
+    InFlight,
+    /// The handler ran but its answer is not stored (5xx, 408, 425, 429,
+    /// `no-store`, a failure): the key was released.
+    Released,
+    /// The guard refused the request (missing or invalid key, body too
+    /// large, outcome unknown, response not stored).
+    Rejected,
+    /// The store failed; the request was refused (or, failing open, ran unguarded).
+    StoreUnavailable,
+    /// The guard cut the handler off at the maximum handler time.
+    Abandoned,
+    /// The request ran without the guard (no key on a route where it is optional).
+    Unguarded,
+}
+
+impl Outcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Executed => "executed",
+            Self::Replayed => "replayed",
+            Self::KeyReused => "key-reused",
+            Self::InFlight => "in-flight",
+            Self::Released => "released",
+            Self::Rejected => "rejected",
+            Self::StoreUnavailable => "store-unavailable",
+            Self::Abandoned => "abandoned",
+            Self::Unguarded => "unguarded",
+        }
+    }
+}
+
+/// The `attempt` label of a request.
+pub(crate) fn attempt_label(headers: &HeaderMap) -> &'static str {
+    const LABELS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    let attempt = headers
+        .get(RETRY_ATTEMPT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match attempt {
+        Some(n) => usize::try_from(n)
+            .ok()
+            .and_then(|n| LABELS.get(n).copied())
+            .unwrap_or("10+"),
+        None => "unknown",
+    }
+}
+
+/// Counts one request.
+pub(crate) fn count_request(route: &str, outcome: Outcome, attempt: &'static str) {
+    metrics::counter!(
+        REQUESTS_TOTAL,
+        "route" => route.to_owned(),
+        "outcome" => outcome.as_str(),
+        "attempt" => attempt,
+    )
+    .increment(1);
+}
+
+/// Counts a fenced write that the store refused.
+pub(crate) fn count_lease_lost(route: &str, operation: &'static str) {
+    metrics::counter!(LEASE_LOST_TOTAL, "route" => route.to_owned(), "operation" => operation)
+        .increment(1);
+}
+
+/// Records how long a store operation took.
+pub(crate) fn observe_store(operation: &'static str, started: Instant, ok: bool) {
+    metrics::histogram!(
+        STORE_DURATION_SECONDS,
+        "operation" => operation,
+        "result" => if ok { "ok" } else { "error" },
+    )
+    .record(started.elapsed());
+}
+
+/// Describes the metrics for exporters that show help text.
+pub fn describe() {
+    metrics::describe_counter!(
+        REQUESTS_TOTAL,
+        "Requests on guarded routes, by route, outcome and X-Retry-Attempt."
+    );
+    metrics::describe_histogram!(
+        STORE_DURATION_SECONDS,
+        metrics::Unit::Seconds,
+        "Latency of idempotency store operations."
+    );
+    metrics::describe_counter!(
+        LEASE_LOST_TOTAL,
+        "Fenced writes refused because the lease had passed to another request."
+    );
+}
+
+/// The histogram buckets the exporters use for store latency, in seconds.
+pub const STORE_DURATION_BUCKETS: &[f64] = &[
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn attempt_labels_are_bounded() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(attempt_label(&headers), "unknown");
+        for (value, label) in [("0", "0"), ("3", "3"), (" 9 ", "9"), ("10", "10+"), ("99999999999999999999", "unknown"), ("-1", "unknown"), ("x", "unknown")] {
+            headers.insert(RETRY_ATTEMPT, HeaderValue::from_static(value));
+            assert_eq!(attempt_label(&headers), label, "{value}");
+        }
+    }
+}

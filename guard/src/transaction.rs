@@ -1,0 +1,144 @@
+//! Transactional mode (PostgreSQL): the handler's writes and its stored
+//! response commit in one transaction.
+//!
+//! A handler on a route in transactional mode takes a [`Tx`] and writes
+//! through it. The guard commits that transaction only together with the
+//! completion of the record, so a crash, a timeout or a lost lease rolls both
+//! back: a retry then runs exactly once and no outcome is ever unknown.
+//!
+//! ```no_run
+//! use axum::{Json, http::StatusCode};
+//! use idempotency_guard::Tx;
+//!
+//! async fn create_payment(mut tx: Tx, Json(amount): Json<i64>) -> Result<StatusCode, StatusCode> {
+//!     sqlx::query("insert into payments (amount) values ($1)")
+//!         .bind(amount)
+//!         .execute(&mut *tx)
+//!         .await
+//!         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+//!     Ok(StatusCode::CREATED) // committed by the guard, with the stored response
+//! }
+//! ```
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use http::request::Parts;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+
+use crate::problem::{problem, problem_response};
+
+/// The handler's share of the guard's transaction: derefs to the
+/// [`PgConnection`] of the transaction that will also commit the stored
+/// response. Use `&mut *tx` wherever sqlx wants an executor.
+///
+/// Only one `Tx` exists per request at a time; drop it before the handler
+/// returns (a `Tx` moved into a spawned task makes the request fail and
+/// roll back).
+pub struct Tx(OwnedMappedMutexGuard<SlotState, PgConnection>);
+
+impl std::ops::Deref for Tx {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Tx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.0
+    }
+}
+
+impl std::fmt::Debug for Tx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tx")
+    }
+}
+
+/// Why a [`Tx`] could not be extracted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxRejection {
+    /// The route is not guarded in transactional mode.
+    #[error("this route is not guarded by an idempotency layer in transactional mode")]
+    NotTransactional,
+    /// A `Tx` was already extracted for this request and is still alive.
+    #[error("the transaction of this request is already in use")]
+    InUse,
+    /// The transaction could not begin.
+    #[error("the transaction could not begin")]
+    Begin(#[source] sqlx::Error),
+}
+
+impl IntoResponse for TxRejection {
+    fn into_response(self) -> Response {
+        let (status, name) = match self {
+            Self::Begin(_) => (StatusCode::SERVICE_UNAVAILABLE, "store-unavailable"),
+            Self::NotTransactional | Self::InUse => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "transaction-unavailable")
+            }
+        };
+        tracing::error!(error = %self, "transactional mode: no transaction for the handler");
+        problem_response(&problem(status, name, "Transaction unavailable", &self.to_string()))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Tx {
+    type Rejection = TxRejection;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let slot = parts
+            .extensions
+            .get::<TransactionSlot>()
+            .ok_or(TxRejection::NotTransactional)?;
+        let mut state = Arc::clone(&slot.0)
+            .try_lock_owned()
+            .map_err(|_| TxRejection::InUse)?;
+        if let SlotState::Unused(pool) = &*state {
+            let transaction = pool.begin().await.map_err(TxRejection::Begin)?;
+            *state = SlotState::Open(transaction);
+        }
+        OwnedMutexGuard::try_map(state, |state| match state {
+            SlotState::Open(transaction) => Some(&mut **transaction),
+            _ => None,
+        })
+        .map(Tx)
+        .map_err(|_| TxRejection::InUse)
+    }
+}
+
+/// The transaction of one request, begun on first use by the handler.
+#[derive(Clone)]
+pub(crate) struct TransactionSlot(Arc<Mutex<SlotState>>);
+
+/// Where the request's transaction is: not begun yet, open, or handed back.
+pub(crate) enum SlotState {
+    Unused(PgPool),
+    Open(Transaction<'static, Postgres>),
+    Taken,
+}
+
+/// The handler still holds its [`Tx`] after it returned.
+#[derive(Debug)]
+pub(crate) struct TxStillInUse;
+
+impl TransactionSlot {
+    pub(crate) fn new(pool: PgPool) -> Self {
+        Self(Arc::new(Mutex::new(SlotState::Unused(pool))))
+    }
+
+    /// Takes the transaction back after the handler returned: `None` when
+    /// the handler never began one.
+    pub(crate) fn take(&self) -> Result<Option<Transaction<'static, Postgres>>, TxStillInUse> {
+        let mut state = self.0.try_lock().map_err(|_| TxStillInUse)?;
+        match std::mem::replace(&mut *state, SlotState::Taken) {
+            SlotState::Open(transaction) => Ok(Some(transaction)),
+            SlotState::Unused(_) | SlotState::Taken => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The guard's integration tests, in one binary: the store conformance
+//! suite and the SPEC table, each run against every store on a real server
+//! (PostgreSQL at `TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`;
+//! SQLite in a temporary file).
+
+mod support;
+
+#[macro_use]
+mod store_suite;
+#[macro_use]
+mod guard_suite;
+mod transactional;
+
+store_suite!(postgres_store, crate::support::postgres);
+store_suite!(sqlite_store, crate::support::sqlite);
+
+guard_suite!(postgres_guard, crate::support::postgres);
+guard_suite!(sqlite_guard, crate::support::sqlite);

@@ -1,0 +1,173 @@
+//! Transactional mode on PostgreSQL: the handler's writes commit with the
+//! stored response, or not at all.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::post;
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use idempotency_guard::store::postgres::PostgresStore;
+use idempotency_guard::{IdempotencyLayer, RecordState, Store, Tx};
+use tokio::sync::Notify;
+
+use crate::support::{abandon, call, postgres, request, send};
+
+/// Lets a test hold the handler between its write and its answer.
+#[derive(Clone, Default)]
+struct Hooks {
+    wrote: Arc<Notify>,
+    proceed: Arc<Notify>,
+}
+
+/// Inserts one payment row through the guard's transaction, then obeys
+/// `x-delay-ms`, `x-status`, `x-hold` (wait for the test), `x-panic` and
+/// `x-no-store`.
+async fn pay(State(hooks): State<Hooks>, mut tx: Tx, headers: HeaderMap, body: Bytes) -> (StatusCode, HeaderMap, String) {
+    let (id,): (i64,) = sqlx::query_as("insert into payments_t (body) values ($1) returning id")
+        .bind(body.to_vec())
+        .fetch_one(&mut *tx)
+        .await
+        .expect("insert the payment");
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    if header("x-hold").is_some() {
+        hooks.wrote.notify_one();
+        hooks.proceed.notified().await;
+    }
+    if let Some(ms) = header("x-delay-ms").and_then(|v| v.parse().ok()) {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if header("x-panic").is_some() {
+        panic!("told to panic after writing");
+    }
+    let status = header("x-status").and_then(|v| v.parse().ok()).and_then(|v| StatusCode::from_u16(v).ok()).unwrap_or(StatusCode::CREATED);
+    let mut out = HeaderMap::new();
+    if header("x-no-store").is_some() {
+        out.insert("cache-control", "no-store".parse().unwrap());
+    }
+    (status, out, format!(r#"{{"id":{id}}}"#))
+}
+
+async fn setup(layer: impl FnOnce(IdempotencyLayer<PostgresStore>) -> IdempotencyLayer<PostgresStore>) -> (crate::support::TestDb<PostgresStore>, Router, Hooks) {
+    let db = postgres().await;
+    sqlx::query("create table payments_t (id bigserial primary key, body bytea not null)")
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+    let hooks = Hooks::default();
+    let guard = layer(IdempotencyLayer::new(db.store.clone()).with_transactional_mode(true));
+    let router = Router::new().route("/things", post(pay)).route_layer(guard).with_state(hooks.clone());
+    (db, router, hooks)
+}
+
+async fn payments(store: &PostgresStore) -> i64 {
+    sqlx::query_scalar("select count(*) from payments_t").fetch_one(store.pool()).await.unwrap()
+}
+
+fn post_with(key: &str, name: &str, value: &str) -> http::Request<Body> {
+    request(Some(key)).header(name, value).body(Body::from("{}")).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_commit_with_the_stored_response() {
+    let (db, router, _) = setup(|l| l).await;
+    let first = send(&router, "k", "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let replay = send(&router, "k", "{}").await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(payments(&db.store).await, 1);
+    let record = db.store.get("default", "k").await.unwrap().unwrap();
+    assert!(record.transactional);
+    assert_eq!(record.state(), RecordState::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failure_status_rolls_writes_back_and_frees_the_key() {
+    let (db, router, _) = setup(|l| l).await;
+    assert_eq!(call(&router, post_with("k", "x-status", "500")).await.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(payments(&db.store).await, 0, "the write was rolled back");
+    assert!(db.store.get("default", "k").await.unwrap().is_none());
+    assert_eq!(send(&router, "k", "{}").await.status, StatusCode::CREATED);
+    assert_eq!(payments(&db.store).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_panic_rolls_writes_back() {
+    let (db, router, _) = setup(|l| l).await;
+    let answer = call(&router, post_with("k", "x-panic", "1")).await;
+    assert_eq!(answer.problem(), "handler-failed");
+    assert_eq!(payments(&db.store).await, 0);
+    assert_eq!(send(&router, "k", "{}").await.status, StatusCode::CREATED);
+    assert_eq!(payments(&db.store).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_timeout_rolls_back_and_the_retry_runs_once() {
+    let (db, router, _) = setup(|l| l.with_max_handler_time(Duration::from_millis(300))).await;
+    let answer = call(&router, post_with("k", "x-delay-ms", "3000")).await;
+    assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(answer.problem(), "handler-timeout");
+    assert_eq!(payments(&db.store).await, 0, "cut off: nothing committed");
+    assert!(db.store.get("default", "k").await.unwrap().is_none(), "and the key is free");
+    assert_eq!(send(&router, "k", "{}").await.status, StatusCode::CREATED);
+    assert!(send(&router, "k", "{}").await.replayed());
+    assert_eq!(payments(&db.store).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crashed_run_is_taken_over_and_runs_once() {
+    let (db, router, _) = setup(|l| l).await;
+    // A process claimed the key, wrote in its transaction and died: the
+    // transaction rolled back and its lease lapsed.
+    abandon(&db.store, "crashed", "{}", true).await;
+    let answers = futures_util::future::join_all((0..20).map(|_| send(&router, "crashed", "{}"))).await;
+    let executed = answers.iter().filter(|a| a.status == StatusCode::CREATED && !a.replayed()).count();
+    assert_eq!(executed, 1, "exactly one retry takes over");
+    assert!(answers.iter().all(|a| a.status == StatusCode::CREATED || a.problem() == "request-in-flight"));
+    assert_eq!(payments(&db.store).await, 1, "no duplicate row");
+    assert!(send(&router, "crashed", "{}").await.replayed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_lease_refuses_the_completion_and_rolls_back() {
+    let (db, router, hooks) = setup(|l| l).await;
+    let first = tokio::spawn({
+        let router = router.clone();
+        async move { call(&router, post_with("k", "x-hold", "1")).await }
+    });
+    hooks.wrote.notified().await;
+    // Another request takes the record over (as after a lapsed lease).
+    sqlx::query("update idempotency_records set lease_token = gen_random_uuid()")
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+    hooks.proceed.notify_one();
+    let answer = first.await.unwrap();
+    assert_eq!(answer.status, StatusCode::CONFLICT);
+    assert_eq!(answer.problem(), "request-in-flight", "the new holder answers for the key");
+    assert_eq!(payments(&db.store).await, 0, "the fenced-out run committed nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_store_keeps_the_writes_and_frees_the_key() {
+    let (db, router, _) = setup(|l| l).await;
+    assert_eq!(call(&router, post_with("k", "x-no-store", "1")).await.status, StatusCode::CREATED);
+    assert_eq!(payments(&db.store).await, 1);
+    assert!(db.store.get("default", "k").await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_identical_requests_write_once() {
+    let (db, router, _) = setup(|l| l).await;
+    let answers = futures_util::future::join_all((0..100).map(|_| {
+        let router = router.clone();
+        async move { call(&router, post_with("same", "x-delay-ms", "200")).await }
+    }))
+    .await;
+    assert_eq!(payments(&db.store).await, 1);
+    assert_eq!(answers.iter().filter(|a| a.status == StatusCode::CREATED && !a.replayed()).count(), 1);
+}
