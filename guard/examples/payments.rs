@@ -1,2 +1,324 @@
-//! placeholder
-fn main() {}
+//! A payments API behind the idempotency guard.
+//!
+//! ```text
+//! cargo run -p idempotency-guard --example payments
+//! ```
+//!
+//! - `POST /payments` (guarded; body `{"amount": <int>, "currency": <str>,
+//!   "delay_ms": <optional int>}`): sleeps `delay_ms`, inserts one row into
+//!   `payments`, answers 201 with the payment and a `Location` header.
+//! - `GET /payments/{id}`: the payment, or 404.
+//! - `GET /metrics`: Prometheus text.
+//!
+//! Environment: `DATABASE_URL` (`postgres://...` or `sqlite://...`; default
+//! `sqlite://payments.db`), `LISTEN` (default `127.0.0.1:3000`),
+//! `LEASE_SECS` (default 60), `IDEMPOTENCY_GUARD=off` to run without the
+//! guard (to watch retries double-charge). The scope is the `X-Tenant`
+//! header (`default` when absent). On PostgreSQL the guard runs in
+//! transactional mode: the payment row and the stored response commit
+//! together.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use idempotency_guard::store::AnyStore;
+use idempotency_guard::{IdempotencyLayer, Tx};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgPool, SqlitePool};
+
+const CREATE_POSTGRES: &str = "create table if not exists payments (
+    id bigserial primary key,
+    tenant text not null,
+    amount bigint not null,
+    currency text not null,
+    created_at timestamptz not null default now())";
+const CREATE_SQLITE: &str = "create table if not exists payments (
+    id integer primary key autoincrement,
+    tenant text not null,
+    amount integer not null,
+    currency text not null,
+    created_at text not null default current_timestamp)";
+const INSERT_POSTGRES: &str =
+    "insert into payments (tenant, amount, currency) values ($1, $2, $3) returning id";
+const INSERT_SQLITE: &str =
+    "insert into payments (tenant, amount, currency) values (?1, ?2, ?3) returning id";
+const SELECT_POSTGRES: &str =
+    "select id, tenant, amount, currency from payments where id = $1 and tenant = $2";
+const SELECT_SQLITE: &str =
+    "select id, tenant, amount, currency from payments where id = ?1 and tenant = ?2";
+
+/// The database of the payments (the same one the guard keeps records in).
+#[derive(Clone)]
+enum Db {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+}
+
+#[derive(Clone)]
+struct AppState {
+    db: Db,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+#[derive(Deserialize)]
+struct NewPayment {
+    amount: i64,
+    currency: String,
+    delay_ms: Option<u64>,
+}
+
+#[derive(Serialize, sqlx::FromRow)]
+struct Payment {
+    id: i64,
+    tenant: String,
+    amount: i64,
+    currency: String,
+}
+
+/// The scope of a request: its `X-Tenant` header, `default` when absent.
+fn tenant(parts: &Parts) -> String {
+    tenant_of(&parts.headers)
+}
+
+fn tenant_of(headers: &HeaderMap) -> String {
+    headers
+        .get("x-tenant")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("default")
+        .to_owned()
+}
+
+/// An error answered as 500 (and logged); the guard releases the key.
+struct Failure(anyhow::Error);
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(error: E) -> Self {
+        Self(error.into())
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        tracing::error!(error = %self.0, "request failed");
+        (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
+    }
+}
+
+fn created(payment: Payment) -> Response {
+    let location = HeaderValue::from_str(&format!("/payments/{}", payment.id)).ok();
+    let mut response = (StatusCode::CREATED, Json(payment)).into_response();
+    if let Some(location) = location {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+/// Why a payment is refused before anything runs, if it is.
+fn invalid(payment: &NewPayment) -> Option<Response> {
+    let valid = payment.amount > 0 && !payment.currency.is_empty() && payment.currency.len() <= 16;
+    (!valid).then(|| {
+        let body = "amount must be positive and currency 1 to 16 characters";
+        (StatusCode::UNPROCESSABLE_ENTITY, body).into_response()
+    })
+}
+
+async fn pause(payment: &NewPayment) {
+    if let Some(ms) = payment.delay_ms {
+        tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
+    }
+}
+
+/// `POST /payments` on PostgreSQL: the row is written through the guard's
+/// transaction, so it commits with the stored response or not at all.
+async fn create_in_transaction(
+    headers: HeaderMap,
+    mut tx: Tx,
+    Json(new): Json<NewPayment>,
+) -> Result<Response, Failure> {
+    if let Some(rejection) = invalid(&new) {
+        return Ok(rejection);
+    }
+    pause(&new).await;
+    let tenant = tenant_of(&headers);
+    let (id,): (i64,) = sqlx::query_as(INSERT_POSTGRES)
+        .bind(&tenant)
+        .bind(new.amount)
+        .bind(&new.currency)
+        .fetch_one(&mut *tx)
+        .await?;
+    Ok(created(Payment {
+        id,
+        tenant,
+        amount: new.amount,
+        currency: new.currency,
+    }))
+}
+
+/// `POST /payments` on SQLite (or with the guard off).
+async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(new): Json<NewPayment>,
+) -> Result<Response, Failure> {
+    if let Some(rejection) = invalid(&new) {
+        return Ok(rejection);
+    }
+    pause(&new).await;
+    let tenant = tenant_of(&headers);
+    let (id,): (i64,) = match &state.db {
+        Db::Postgres(pool) => {
+            sqlx::query_as(INSERT_POSTGRES)
+                .bind(&tenant)
+                .bind(new.amount)
+                .bind(&new.currency)
+                .fetch_one(pool)
+                .await?
+        }
+        Db::Sqlite(pool) => {
+            sqlx::query_as(INSERT_SQLITE)
+                .bind(&tenant)
+                .bind(new.amount)
+                .bind(&new.currency)
+                .fetch_one(pool)
+                .await?
+        }
+    };
+    Ok(created(Payment {
+        id,
+        tenant,
+        amount: new.amount,
+        currency: new.currency,
+    }))
+}
+
+/// `GET /payments/{id}`, within the caller's tenant.
+async fn show(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+) -> Result<Response, Failure> {
+    let tenant = tenant_of(&headers);
+    let payment: Option<Payment> = match &state.db {
+        Db::Postgres(pool) => {
+            sqlx::query_as(SELECT_POSTGRES)
+                .bind(id)
+                .bind(&tenant)
+                .fetch_optional(pool)
+                .await?
+        }
+        Db::Sqlite(pool) => {
+            sqlx::query_as(SELECT_SQLITE)
+                .bind(id)
+                .bind(&tenant)
+                .fetch_optional(pool)
+                .await?
+        }
+    };
+    Ok(match payment {
+        Some(payment) => Json(payment).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    })
+}
+
+async fn render_metrics(State(state): State<AppState>) -> String {
+    state.metrics.render()
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "sqlite://payments.db".to_owned());
+    let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    let lease = std::env::var("LEASE_SECS")
+        .ok()
+        .map(|v| v.parse())
+        .transpose()
+        .context("LEASE_SECS")?
+        .unwrap_or(60);
+    let guarded = std::env::var("IDEMPOTENCY_GUARD").map_or(true, |v| v != "off");
+
+    let store = AnyStore::connect(&url)
+        .await
+        .with_context(|| format!("connect to {url}"))?;
+    store
+        .migrate()
+        .await
+        .context("run the idempotency migrations")?;
+    let db = match &store {
+        AnyStore::Postgres(store) => {
+            sqlx::query(CREATE_POSTGRES).execute(store.pool()).await?;
+            Db::Postgres(store.pool().clone())
+        }
+        AnyStore::Sqlite(store) => {
+            sqlx::query(CREATE_SQLITE).execute(store.pool()).await?;
+            Db::Sqlite(store.pool().clone())
+        }
+        _ => anyhow::bail!("unsupported store"),
+    };
+    let transactional = matches!(db, Db::Postgres(_));
+    let metrics = idempotency_guard::telemetry::install_prometheus()?;
+    tokio::spawn(idempotency_guard::purge::purge_periodically(
+        store.clone(),
+        Duration::from_secs(60),
+        1000,
+    ));
+
+    let create_route = if transactional && guarded {
+        post(create_in_transaction)
+    } else {
+        post(create)
+    };
+    let mut payments = Router::new().route("/payments", create_route);
+    if guarded {
+        let guard = IdempotencyLayer::new(store)
+            .with_scope(tenant)
+            .with_lease(Duration::from_secs(lease))
+            .with_transactional_mode(transactional);
+        payments = payments.route_layer(guard);
+    } else {
+        tracing::warn!("IDEMPOTENCY_GUARD=off: retries will run the handler again");
+    }
+    let app = payments
+        .route("/payments/{id}", get(show))
+        .route("/metrics", get(render_metrics))
+        .with_state(AppState { db, metrics });
+
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .with_context(|| format!("listen on {listen}"))?;
+    tracing::info!(%listen, database = %url.split('@').next_back().unwrap_or(""), transactional, guarded, "payments example listening");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C; in-flight requests then finish.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        if let Ok(mut signal) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            signal.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

@@ -155,7 +155,11 @@ mod tests {
             response,
             created_at: now - secs(60),
             completed_at: None,
-            expires_at: if expired { now - secs(1) } else { now + secs(3600) },
+            expires_at: if expired {
+                now - secs(1)
+            } else {
+                now + secs(3600)
+            },
             observed_at: now,
         }
     }
@@ -175,8 +179,19 @@ mod tests {
         use InFlightPolicy::{Reject as IReject, Wait as IWait};
         let wait = IWait(Duration::from_secs(5));
         let second = Duration::from_secs(1);
-        let in_flight_409 = InFlight { retry_after: second };
-        type Row = (Shape, bool, bool, Fingerprint, AbandonedPolicy, InFlightPolicy, Duration, Decision);
+        let in_flight_409 = InFlight {
+            retry_after: second,
+        };
+        type Row = (
+            Shape,
+            bool,
+            bool,
+            Fingerprint,
+            AbandonedPolicy,
+            InFlightPolicy,
+            Duration,
+            Decision,
+        );
         #[rustfmt::skip]
         let table: &[Row] = &[
             // shape, transactional, expired, fingerprint, abandoned, in flight, wait left => decision
@@ -200,7 +215,12 @@ mod tests {
         for (i, &(shape, tx, expired, fp, abandoned, in_flight, wait_left, expected)) in
             table.iter().enumerate()
         {
-            let got = decide(&record(shape, tx, expired), &fp, &policy(abandoned, in_flight), wait_left);
+            let got = decide(
+                &record(shape, tx, expired),
+                &fp,
+                &policy(abandoned, in_flight),
+                wait_left,
+            );
             assert_eq!(got, expected, "row {i}");
         }
     }
@@ -214,7 +234,9 @@ mod tests {
             ..policy(AbandonedPolicy::Reject, InFlightPolicy::Reject)
         };
         match decide(&r, &FP, &p, Duration::ZERO) {
-            Decision::InFlight { retry_after } => assert!(retry_after <= Duration::from_millis(300)),
+            Decision::InFlight { retry_after } => {
+                assert!(retry_after <= Duration::from_millis(300))
+            }
             other => panic!("expected in flight, got {other:?}"),
         }
     }

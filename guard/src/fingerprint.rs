@@ -379,9 +379,8 @@ impl Parser<'_> {
                 .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
                 .ok_or(CanonicalJsonError::Syntax(self.text.len()))?;
             let plain = &self.text[self.pos..self.pos + run];
-            std::str::from_utf8(plain).map_err(|e| {
-                CanonicalJsonError::Syntax(self.pos + e.valid_up_to())
-            })?;
+            std::str::from_utf8(plain)
+                .map_err(|e| CanonicalJsonError::Syntax(self.pos + e.valid_up_to()))?;
             decoded.extend_from_slice(plain);
             self.pos += run;
             match self.peek() {
@@ -504,7 +503,10 @@ mod tests {
     fn keeps_numbers_exactly_as_written() {
         let huge = format!("[{}]", "9".repeat(10_000));
         assert_eq!(canon(&huge).unwrap(), huge);
-        assert_eq!(canon("[1.0, 1, 1e3, -0.5E-7]").unwrap(), "[1.0,1,1e3,-0.5E-7]");
+        assert_eq!(
+            canon("[1.0, 1, 1e3, -0.5E-7]").unwrap(),
+            "[1.0,1,1e3,-0.5E-7]"
+        );
         for bad in ["01", "1.", ".5", "-", "1e", "+1", "0x10", "NaN", "Infinity"] {
             assert!(canon(bad).is_err(), "{bad} is not a JSON number");
         }
@@ -535,7 +537,11 @@ mod tests {
 
     #[test]
     fn bounds_nesting_depth_without_overflowing_the_stack() {
-        let ok = format!("{}{}", "[".repeat(MAX_JSON_DEPTH), "]".repeat(MAX_JSON_DEPTH));
+        let ok = format!(
+            "{}{}",
+            "[".repeat(MAX_JSON_DEPTH),
+            "]".repeat(MAX_JSON_DEPTH)
+        );
         assert!(canon(&ok).is_ok());
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         assert_eq!(canon(&deep), Err(CanonicalJsonError::TooDeep));
@@ -545,7 +551,16 @@ mod tests {
 
     #[test]
     fn refuses_trailing_garbage_and_empty_input() {
-        for bad in ["", "   ", "{} {}", "[1,]", "{\"a\":1,}", "{a:1}", "tru", "[1 2]"] {
+        for bad in [
+            "",
+            "   ",
+            "{} {}",
+            "[1,]",
+            "{\"a\":1,}",
+            "{a:1}",
+            "tru",
+            "[1 2]",
+        ] {
             assert!(canon(bad).is_err(), "{bad:?} is not JSON");
         }
     }
@@ -570,16 +585,34 @@ mod tests {
         let mut json = HeaderMap::new();
         json.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let base = Fingerprint::of_request(&Method::POST, "/p?x=1", &json, br#"{"a":1}"#);
-        assert_ne!(base, Fingerprint::of_request(&Method::PATCH, "/p?x=1", &json, br#"{"a":1}"#));
-        assert_ne!(base, Fingerprint::of_request(&Method::POST, "/p?x=2", &json, br#"{"a":1}"#));
-        assert_ne!(base, Fingerprint::of_request(&Method::POST, "/p?x=1", &json, br#"{"a":2}"#));
-        assert_eq!(base, Fingerprint::of_request(&Method::POST, "/p?x=1", &json, b"{ \"a\" : 1 }"));
+        assert_ne!(
+            base,
+            Fingerprint::of_request(&Method::PATCH, "/p?x=1", &json, br#"{"a":1}"#)
+        );
+        assert_ne!(
+            base,
+            Fingerprint::of_request(&Method::POST, "/p?x=2", &json, br#"{"a":1}"#)
+        );
+        assert_ne!(
+            base,
+            Fingerprint::of_request(&Method::POST, "/p?x=1", &json, br#"{"a":2}"#)
+        );
+        assert_eq!(
+            base,
+            Fingerprint::of_request(&Method::POST, "/p?x=1", &json, b"{ \"a\" : 1 }")
+        );
         // The same bytes sent as text are a different request from the JSON ones.
         let text = HeaderMap::new();
-        assert_ne!(base, Fingerprint::of_request(&Method::POST, "/p?x=1", &text, br#"{"a":1}"#));
+        assert_ne!(
+            base,
+            Fingerprint::of_request(&Method::POST, "/p?x=1", &text, br#"{"a":1}"#)
+        );
         // Invalid JSON under a JSON content type is hashed raw, byte for byte.
         let broken = Fingerprint::of_request(&Method::POST, "/p", &json, b"{oops");
-        assert_ne!(broken, Fingerprint::of_request(&Method::POST, "/p", &json, b"{oops "));
+        assert_ne!(
+            broken,
+            Fingerprint::of_request(&Method::POST, "/p", &json, b"{oops ")
+        );
     }
 
     #[test]
@@ -588,9 +621,17 @@ mod tests {
         let text = fp.to_string();
         assert_eq!(text, format!("sha256:{}", "ab".repeat(32)));
         assert_eq!(text.parse::<Fingerprint>(), Ok(fp));
-        assert!(format!("sha256:{}", "AB".repeat(32)).parse::<Fingerprint>().is_err());
+        assert!(
+            format!("sha256:{}", "AB".repeat(32))
+                .parse::<Fingerprint>()
+                .is_err()
+        );
         assert!("sha256:abc".parse::<Fingerprint>().is_err());
-        assert!(format!("md5:{}", "ab".repeat(32)).parse::<Fingerprint>().is_err());
+        assert!(
+            format!("md5:{}", "ab".repeat(32))
+                .parse::<Fingerprint>()
+                .is_err()
+        );
     }
 
     fn json_value() -> impl Strategy<Value = Value> {

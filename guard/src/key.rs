@@ -189,7 +189,9 @@ mod tests {
             "abc"
         );
         assert_eq!(
-            IdempotencyKey::parse_bytes(br#""a\"b\\c""#).unwrap().as_str(),
+            IdempotencyKey::parse_bytes(br#""a\"b\\c""#)
+                .unwrap()
+                .as_str(),
             r#"a"b\c"#
         );
         assert_eq!(
@@ -237,7 +239,12 @@ mod tests {
     #[test]
     fn every_visible_ascii_character_is_a_valid_key_character() {
         let all: String = (0x21u8..=0x7e).map(char::from).collect();
-        assert_eq!(IdempotencyKey::parse_bytes(all.as_bytes()).unwrap().as_str(), all);
+        assert_eq!(
+            IdempotencyKey::parse_bytes(all.as_bytes())
+                .unwrap()
+                .as_str(),
+            all
+        );
     }
 
     #[test]

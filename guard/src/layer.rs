@@ -269,7 +269,10 @@ impl<S: Store> IdempotencyLayer<S> {
     ///
     /// When `lease` is under one second.
     pub fn with_lease(mut self, lease: Duration) -> Self {
-        assert!(lease >= Duration::from_secs(1), "the lease must be at least one second");
+        assert!(
+            lease >= Duration::from_secs(1),
+            "the lease must be at least one second"
+        );
         self.config_mut().lease = lease;
         self
     }
@@ -505,7 +508,11 @@ impl<S: Clone> Clone for Guard<S> {
 }
 
 impl<S: Store> Guard<S> {
-    async fn handle<I, B>(self, inner: I, request: Request<Body>) -> Result<Response<Body>, I::Error>
+    async fn handle<I, B>(
+        self,
+        inner: I,
+        request: Request<Body>,
+    ) -> Result<Response<Body>, I::Error>
     where
         I: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
         I::Future: Send + 'static,
@@ -588,7 +595,9 @@ impl<S: Store> Guard<S> {
         for _ in 0..MAX_CLAIM_ROUNDS {
             let new = attempt.new_record(self.config.transactional, &self.config);
             let mut record = match self.timed("claim", self.store.claim(&new)).await {
-                Ok(Claim::Acquired(lease)) => return self.execute(attempt, lease, inner, request).await,
+                Ok(Claim::Acquired(lease)) => {
+                    return self.execute(attempt, lease, inner, request).await;
+                }
                 Ok(Claim::Existing(record)) => *record,
                 Err(error) => {
                     if matches!(error, StoreError::Timeout(_)) {
@@ -601,7 +610,12 @@ impl<S: Store> Guard<S> {
             // Decide about the record, waiting for it where the route waits.
             loop {
                 let wait_left = wait_until.saturating_duration_since(Instant::now());
-                match decide(&record, &attempt.fingerprint, &self.config.policy, wait_left) {
+                match decide(
+                    &record,
+                    &attempt.fingerprint,
+                    &self.config.policy,
+                    wait_left,
+                ) {
                     Decision::Replay => {
                         if let Some(stored) = &record.response
                             && let Some(body) = &stored.body
@@ -609,39 +623,77 @@ impl<S: Store> Guard<S> {
                             count_request(&attempt.route, Outcome::Replayed, attempt.attempt);
                             return Ok(crate::response::replay(stored, body.clone()));
                         }
-                        return answer(Outcome::Rejected, Rejection::ResponseNotStored { key: attempt.key() });
+                        return answer(
+                            Outcome::Rejected,
+                            Rejection::ResponseNotStored { key: attempt.key() },
+                        );
                     }
                     Decision::ResponseNotStored => {
-                        return answer(Outcome::Rejected, Rejection::ResponseNotStored { key: attempt.key() });
+                        return answer(
+                            Outcome::Rejected,
+                            Rejection::ResponseNotStored { key: attempt.key() },
+                        );
                     }
                     Decision::KeyReused => {
                         let status = self.config.mismatch_status;
-                        return answer(Outcome::KeyReused, Rejection::KeyReused { key: attempt.key(), status });
+                        return answer(
+                            Outcome::KeyReused,
+                            Rejection::KeyReused {
+                                key: attempt.key(),
+                                status,
+                            },
+                        );
                     }
                     Decision::InFlight { retry_after } => {
-                        return answer(Outcome::InFlight, Rejection::RequestInFlight { key: attempt.key(), retry_after });
+                        return answer(
+                            Outcome::InFlight,
+                            Rejection::RequestInFlight {
+                                key: attempt.key(),
+                                retry_after,
+                            },
+                        );
                     }
                     Decision::OutcomeUnknown => {
-                        return answer(Outcome::Rejected, Rejection::OutcomeUnknown { key: attempt.key() });
+                        return answer(
+                            Outcome::Rejected,
+                            Rejection::OutcomeUnknown { key: attempt.key() },
+                        );
                     }
-                    Decision::Wait => match self.wait_for_change(&attempt, &record, wait_left).await {
-                        Ok(Some(changed)) => record = changed,
-                        Ok(None) => break, // released meanwhile: claim again
-                        Err(error) => return self.store_failed(attempt, error, inner, request).await,
-                    },
+                    Decision::Wait => {
+                        match self.wait_for_change(&attempt, &record, wait_left).await {
+                            Ok(Some(changed)) => record = changed,
+                            Ok(None) => break, // released meanwhile: claim again
+                            Err(error) => {
+                                return self.store_failed(attempt, error, inner, request).await;
+                            }
+                        }
+                    }
                     Decision::TakeOver => {
                         let new = attempt.new_record(self.config.transactional, &self.config);
-                        match self.timed("take_over", self.store.take_over(record.lease_token, &new)).await {
-                            Ok(Some(lease)) => return self.execute(attempt, lease, inner, request).await,
+                        match self
+                            .timed("take_over", self.store.take_over(record.lease_token, &new))
+                            .await
+                        {
+                            Ok(Some(lease)) => {
+                                return self.execute(attempt, lease, inner, request).await;
+                            }
                             Ok(None) => break, // someone else changed it first: claim again
-                            Err(error) => return self.store_failed(attempt, error, inner, request).await,
+                            Err(error) => {
+                                return self.store_failed(attempt, error, inner, request).await;
+                            }
                         }
                     }
                 }
             }
         }
         let retry_after = self.config.policy.retry_after;
-        answer(Outcome::InFlight, Rejection::RequestInFlight { key: attempt.key(), retry_after })
+        answer(
+            Outcome::InFlight,
+            Rejection::RequestInFlight {
+                key: attempt.key(),
+                retry_after,
+            },
+        )
     }
 
     /// Waits (up to `wait_left`) until the in-flight `record` changes, and
@@ -653,15 +705,23 @@ impl<S: Store> Guard<S> {
         wait_left: Duration,
     ) -> Result<Option<Record>, StoreError> {
         // Subscribe before reading again, so a completion in between is seen.
-        let subscription = self.store.events().subscribe(&attempt.scope, attempt.key.as_str());
-        let current = self.timed("get", self.store.get(&attempt.scope, attempt.key.as_str())).await?;
+        let subscription = self
+            .store
+            .events()
+            .subscribe(&attempt.scope, attempt.key.as_str());
+        let current = self
+            .timed("get", self.store.get(&attempt.scope, attempt.key.as_str()))
+            .await?;
         match current {
-            Some(current) if current.lease_token == record.lease_token && current.response.is_none() => {
+            Some(current)
+                if current.lease_token == record.lease_token && current.response.is_none() =>
+            {
                 // Still the same run: wait for its end, bounded by the route's
                 // wait and by its lease (a crashed holder publishes nothing).
                 let bound = wait_left.min(current.lease_remaining());
                 let _ = tokio::time::timeout(bound, subscription.changed()).await;
-                self.timed("get", self.store.get(&attempt.scope, attempt.key.as_str())).await
+                self.timed("get", self.store.get(&attempt.scope, attempt.key.as_str()))
+                    .await
             }
             other => Ok(other),
         }
@@ -715,7 +775,8 @@ impl<S: Store> Guard<S> {
     {
         let key = attempt.key();
         let guard = self.clone();
-        let task = tokio::spawn(async move { guard.run_claimed(attempt, lease, inner, request).await });
+        let task =
+            tokio::spawn(async move { guard.run_claimed(attempt, lease, inner, request).await });
         match task.await {
             Ok(result) => result,
             Err(error) => {
@@ -753,22 +814,41 @@ impl<S: Store> Guard<S> {
         let outcome = match ended {
             Ok(Ok(Ok(response))) => return Ok(self.finish(attempt, lease, slot, response).await),
             Ok(Ok(Err(error))) => {
-                self.settle_failure(&attempt, &lease, slot, Ending::Rollback).await;
+                self.settle_failure(&attempt, &lease, slot, Ending::Rollback)
+                    .await;
                 count_request(&attempt.route, Outcome::Released, attempt.attempt);
                 return Err(error);
             }
             Ok(Err(_panic)) => {
                 tracing::error!(route = %attempt.route, "the handler panicked; its key is released");
-                self.settle_failure(&attempt, &lease, slot, Ending::Rollback).await;
-                (Outcome::Released, Rejection::HandlerFailed { key: attempt.key() })
+                self.settle_failure(&attempt, &lease, slot, Ending::Rollback)
+                    .await;
+                (
+                    Outcome::Released,
+                    Rejection::HandlerFailed { key: attempt.key() },
+                )
             }
             Err(_elapsed) => {
                 let rolled_back = self.config.transactional;
-                let ending = if rolled_back { Ending::Rollback } else { Ending::Abandon };
+                let ending = if rolled_back {
+                    Ending::Rollback
+                } else {
+                    Ending::Abandon
+                };
                 tracing::warn!(route = %attempt.route, "the handler exceeded the maximum handler time");
                 self.settle_failure(&attempt, &lease, slot, ending).await;
-                let outcome = if rolled_back { Outcome::Released } else { Outcome::Abandoned };
-                (outcome, Rejection::HandlerTimeout { key: attempt.key(), rolled_back })
+                let outcome = if rolled_back {
+                    Outcome::Released
+                } else {
+                    Outcome::Abandoned
+                };
+                (
+                    outcome,
+                    Rejection::HandlerTimeout {
+                        key: attempt.key(),
+                        rolled_back,
+                    },
+                )
             }
         };
         count_request(&attempt.route, outcome.0, attempt.attempt);
@@ -776,7 +856,13 @@ impl<S: Store> Guard<S> {
     }
 
     /// Stores (or releases) the handler's response, then hands it over.
-    async fn finish<B>(&self, attempt: Attempt, lease: Lease, slot: Slot, response: Response<B>) -> Response<Body>
+    async fn finish<B>(
+        &self,
+        attempt: Attempt,
+        lease: Lease,
+        slot: Slot,
+        response: Response<B>,
+    ) -> Response<Body>
     where
         B: HttpBody<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
@@ -786,7 +872,11 @@ impl<S: Store> Guard<S> {
         if no_store || !(self.config.stored_statuses)(parts.status) {
             // Not an answer to keep: free the key so a retry may run. A
             // `no-store` success keeps its writes; failures roll them back.
-            let ending = if no_store && parts.status.is_success() { Ending::Release } else { Ending::Rollback };
+            let ending = if no_store && parts.status.is_success() {
+                Ending::Release
+            } else {
+                Ending::Rollback
+            };
             self.settle_failure(&attempt, &lease, slot, ending).await;
             count_request(&attempt.route, Outcome::Released, attempt.attempt);
             return Response::from_parts(parts, Body::new(body));
@@ -795,7 +885,8 @@ impl<S: Store> Guard<S> {
             Ok(captured) => captured,
             Err(error) => {
                 tracing::error!(error = %error, route = %attempt.route, "the handler's response body failed");
-                self.settle_failure(&attempt, &lease, slot, Ending::Rollback).await;
+                self.settle_failure(&attempt, &lease, slot, Ending::Rollback)
+                    .await;
                 count_request(&attempt.route, Outcome::Released, attempt.attempt);
                 return Rejection::HandlerFailed { key: attempt.key() }.into_response();
             }
@@ -811,23 +902,41 @@ impl<S: Store> Guard<S> {
         };
         match self.settle(&lease, slot, Ending::Complete(&stored)).await {
             Ok(()) => {}
-            Err(SettleError { error, rolled_back: true }) => {
+            Err(SettleError {
+                error,
+                rolled_back: true,
+            }) => {
                 // The handler's writes did not commit: this answer must not
                 // claim they did. A retry is safe either way.
                 let (outcome, rejection) = if matches!(error, StoreError::LeaseLost) {
                     count_lease_lost(&attempt.route, "complete");
                     let retry_after = self.config.policy.retry_after;
-                    (Outcome::InFlight, Rejection::RequestInFlight { key: attempt.key(), retry_after })
+                    (
+                        Outcome::InFlight,
+                        Rejection::RequestInFlight {
+                            key: attempt.key(),
+                            retry_after,
+                        },
+                    )
                 } else {
                     self.release_in_background(lease);
                     let retry_after = self.config.policy.retry_after;
-                    (Outcome::StoreUnavailable, Rejection::StoreUnavailable { key: Some(attempt.key()), retry_after })
+                    (
+                        Outcome::StoreUnavailable,
+                        Rejection::StoreUnavailable {
+                            key: Some(attempt.key()),
+                            retry_after,
+                        },
+                    )
                 };
                 tracing::error!(error = %error, route = %attempt.route, "transactional completion failed; writes rolled back");
                 count_request(&attempt.route, outcome, attempt.attempt);
                 return rejection.into_response();
             }
-            Err(SettleError { error, rolled_back: false }) => {
+            Err(SettleError {
+                error,
+                rolled_back: false,
+            }) => {
                 // The handler ran and its effects stand: this caller gets its
                 // answer, though retries will not find it.
                 if matches!(error, StoreError::LeaseLost) {
@@ -836,38 +945,63 @@ impl<S: Store> Guard<S> {
                 tracing::error!(error = %error, route = %attempt.route, "the response could not be stored");
             }
         }
-        self.store.events().publish(&attempt.scope, attempt.key.as_str());
+        self.store
+            .events()
+            .publish(&attempt.scope, attempt.key.as_str());
         count_request(&attempt.route, Outcome::Executed, attempt.attempt);
         Response::from_parts(parts, sent_body)
     }
 
     /// Settles a run that produced no answer to store, logging what fails
     /// (the record then lapses into abandoned, which is safe).
-    async fn settle_failure(&self, attempt: &Attempt, lease: &Lease, slot: Slot, ending: Ending<'_>) {
+    async fn settle_failure(
+        &self,
+        attempt: &Attempt,
+        lease: &Lease,
+        slot: Slot,
+        ending: Ending<'_>,
+    ) {
         if let Err(SettleError { error, .. }) = self.settle(lease, slot, ending).await {
             if matches!(error, StoreError::LeaseLost) {
                 count_lease_lost(&attempt.route, "release");
             }
             tracing::warn!(error = %error, route = %attempt.route, "could not settle the record after the handler");
         }
-        self.store.events().publish(&attempt.scope, attempt.key.as_str());
+        self.store
+            .events()
+            .publish(&attempt.scope, attempt.key.as_str());
     }
 
     /// Writes the end of a run to the store: in the handler's transaction
     /// when it began one, else with the fenced store operations.
-    async fn settle(&self, lease: &Lease, slot: Slot, ending: Ending<'_>) -> Result<(), SettleError> {
+    async fn settle(
+        &self,
+        lease: &Lease,
+        slot: Slot,
+        ending: Ending<'_>,
+    ) -> Result<(), SettleError> {
         #[cfg(feature = "postgres")]
         if let Some(slot) = slot {
             match slot.take() {
-                Ok(Some(transaction)) => return self.settle_in_transaction(lease, transaction, ending).await,
+                Ok(Some(transaction)) => {
+                    return self.settle_in_transaction(lease, transaction, ending).await;
+                }
                 Ok(None) => {}
                 Err(crate::transaction::TxStillInUse) => {
                     // A leaked `Tx` keeps the transaction: it rolls back when
                     // dropped. Free the key so a retry runs.
-                    tracing::error!("the handler kept its Tx after returning; its writes are rolled back");
+                    tracing::error!(
+                        "the handler kept its Tx after returning; its writes are rolled back"
+                    );
                     return match self.timed("release", self.store.release(lease)).await {
-                        Ok(()) => Err(SettleError { error: StoreError::Unsupported("a Tx outliving its handler"), rolled_back: true }),
-                        Err(error) => Err(SettleError { error, rolled_back: true }),
+                        Ok(()) => Err(SettleError {
+                            error: StoreError::Unsupported("a Tx outliving its handler"),
+                            rolled_back: true,
+                        }),
+                        Err(error) => Err(SettleError {
+                            error,
+                            rolled_back: true,
+                        }),
                     };
                 }
             }
@@ -876,10 +1010,18 @@ impl<S: Store> Guard<S> {
         let _: Slot = slot;
         let result = match ending {
             Ending::Complete(stored) => self.complete_with_retries(lease, stored).await,
-            Ending::Release | Ending::Rollback => self.timed("release", self.store.release(lease)).await,
-            Ending::Abandon => self.timed("renew", self.store.renew(lease, Duration::ZERO)).await,
+            Ending::Release | Ending::Rollback => {
+                self.timed("release", self.store.release(lease)).await
+            }
+            Ending::Abandon => {
+                self.timed("renew", self.store.renew(lease, Duration::ZERO))
+                    .await
+            }
         };
-        result.map_err(|error| SettleError { error, rolled_back: false })
+        result.map_err(|error| SettleError {
+            error,
+            rolled_back: false,
+        })
     }
 
     #[cfg(feature = "postgres")]
@@ -889,19 +1031,32 @@ impl<S: Store> Guard<S> {
         mut transaction: sqlx::Transaction<'static, sqlx::Postgres>,
         ending: Ending<'_>,
     ) -> Result<(), SettleError> {
-        let rolled_back = |error| SettleError { error, rolled_back: true };
+        let rolled_back = |error| SettleError {
+            error,
+            rolled_back: true,
+        };
         let Some(postgres) = self.store.transactions() else {
             return Err(rolled_back(StoreError::Unsupported("transactions")));
         };
         let written = match ending {
             Ending::Complete(stored) => {
-                self.timed("complete", postgres.complete_in(&mut transaction, lease, stored)).await
+                self.timed(
+                    "complete",
+                    postgres.complete_in(&mut transaction, lease, stored),
+                )
+                .await
             }
-            Ending::Release => self.timed("release", postgres.release_in(&mut transaction, lease)).await,
+            Ending::Release => {
+                self.timed("release", postgres.release_in(&mut transaction, lease))
+                    .await
+            }
             Ending::Rollback | Ending::Abandon => {
                 // Roll the writes back, then free the key: nothing ran.
                 let _ = transaction.rollback().await;
-                return self.timed("release", self.store.release(lease)).await.map_err(rolled_back);
+                return self
+                    .timed("release", self.store.release(lease))
+                    .await
+                    .map_err(rolled_back);
             }
         };
         if let Err(error) = written {
@@ -914,10 +1069,17 @@ impl<S: Store> Guard<S> {
 
     /// Completes the record, trying again on transient failures: a response
     /// that is not stored turns into an unknown outcome for every retry.
-    async fn complete_with_retries(&self, lease: &Lease, stored: &StoredResponse) -> Result<(), StoreError> {
+    async fn complete_with_retries(
+        &self,
+        lease: &Lease,
+        stored: &StoredResponse,
+    ) -> Result<(), StoreError> {
         let mut pause = Duration::from_millis(50);
         for _ in 0..2 {
-            match self.timed("complete", self.store.complete(lease, stored)).await {
+            match self
+                .timed("complete", self.store.complete(lease, stored))
+                .await
+            {
                 Err(StoreError::Unavailable(_) | StoreError::Timeout(_)) => {
                     tokio::time::sleep(pause).await;
                     pause *= 2;
@@ -925,7 +1087,8 @@ impl<S: Store> Guard<S> {
                 other => return other,
             }
         }
-        self.timed("complete", self.store.complete(lease, stored)).await
+        self.timed("complete", self.store.complete(lease, stored))
+            .await
     }
 
     #[cfg(feature = "postgres")]
@@ -972,12 +1135,25 @@ async fn timed<T>(
     let result = tokio::time::timeout(timeout, future)
         .await
         .unwrap_or(Err(StoreError::Timeout(timeout)));
-    observe_store(operation, started, !matches!(result, Err(StoreError::Unavailable(_) | StoreError::Timeout(_))));
+    observe_store(
+        operation,
+        started,
+        !matches!(
+            result,
+            Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
+        ),
+    );
     result
 }
 
 /// Renews the lease every third of its length until aborted or lost.
-async fn renew_periodically<S: Store>(store: S, lease: Lease, length: Duration, timeout: Duration, route: String) {
+async fn renew_periodically<S: Store>(
+    store: S,
+    lease: Lease,
+    length: Duration,
+    timeout: Duration,
+    route: String,
+) {
     let period = length / 3;
     loop {
         tokio::time::sleep(period).await;
@@ -988,7 +1164,9 @@ async fn renew_periodically<S: Store>(store: S, lease: Lease, length: Duration, 
                 tracing::error!(route = %route, key = %lease.key, "lease lost while the handler runs; its completion will be refused");
                 return;
             }
-            Err(error) => tracing::warn!(error = %error, route = %route, "lease renewal failed; will try again"),
+            Err(error) => {
+                tracing::warn!(error = %error, route = %route, "lease renewal failed; will try again")
+            }
         }
     }
 }

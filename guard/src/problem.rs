@@ -37,10 +37,9 @@ pub fn problem_response(problem: &HttpApiProblem) -> Response<Body> {
     let status = problem.status.unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = Response::new(Body::from(problem.json_bytes()));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(PROBLEM_JSON),
-    );
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
     response
 }
 
@@ -226,9 +225,8 @@ impl Rejection {
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::RequestInFlight { retry_after, .. } | Self::StoreUnavailable { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            Self::RequestInFlight { retry_after, .. }
+            | Self::StoreUnavailable { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }

@@ -31,7 +31,9 @@ pub async fn purge_periodically<S: Store>(store: S, interval: Duration, batch: u
         match purge_expired(&store, batch).await {
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "purged expired idempotency records"),
-            Err(error) => tracing::warn!(error = %error, "purging expired idempotency records failed"),
+            Err(error) => {
+                tracing::warn!(error = %error, "purging expired idempotency records failed")
+            }
         }
     }
 }

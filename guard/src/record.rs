@@ -179,9 +179,15 @@ mod tests {
             headers: HeaderMap::new(),
             body: Some(Bytes::new()),
         };
-        assert_eq!(record(Duration::seconds(5), None).state(), RecordState::InFlight);
+        assert_eq!(
+            record(Duration::seconds(5), None).state(),
+            RecordState::InFlight
+        );
         assert_eq!(record(Duration::ZERO, None).state(), RecordState::Abandoned);
-        assert_eq!(record(Duration::seconds(-5), None).state(), RecordState::Abandoned);
+        assert_eq!(
+            record(Duration::seconds(-5), None).state(),
+            RecordState::Abandoned
+        );
         assert_eq!(
             record(Duration::seconds(-5), Some(done)).state(),
             RecordState::Completed

@@ -73,9 +73,10 @@ pub(crate) fn replay(stored: &StoredResponse, body: Bytes) -> Response<Body> {
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = stored.status;
     *response.headers_mut() = stored.headers.clone();
-    response
-        .headers_mut()
-        .insert(IDEMPOTENT_REPLAYED.clone(), HeaderValue::from_static("true"));
+    response.headers_mut().insert(
+        IDEMPOTENT_REPLAYED.clone(),
+        HeaderValue::from_static("true"),
+    );
     response
 }
 
@@ -140,10 +141,16 @@ mod tests {
     #[test]
     fn stores_what_the_spec_says() {
         for code in [200, 201, 204, 301, 400, 404, 409, 422] {
-            assert!(default_stored_status(StatusCode::from_u16(code).unwrap()), "{code}");
+            assert!(
+                default_stored_status(StatusCode::from_u16(code).unwrap()),
+                "{code}"
+            );
         }
         for code in [408, 425, 429, 500, 502, 503, 504] {
-            assert!(!default_stored_status(StatusCode::from_u16(code).unwrap()), "{code}");
+            assert!(
+                !default_stored_status(StatusCode::from_u16(code).unwrap()),
+                "{code}"
+            );
         }
     }
 
@@ -151,7 +158,10 @@ mod tests {
     fn no_store_is_found_among_other_directives() {
         let mut headers = HeaderMap::new();
         assert!(!is_no_store(&headers));
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, No-Store"));
+        headers.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("private, No-Store"),
+        );
         assert!(is_no_store(&headers));
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         assert!(!is_no_store(&headers));
@@ -169,7 +179,10 @@ mod tests {
             ("location", "/payments/1"),
             ("content-type", "application/json"),
         ] {
-            headers.append(HeaderName::from_static(name), HeaderValue::from_static(value));
+            headers.append(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
         }
         let kept = headers_to_store(&headers, &[header::DATE, header::SET_COOKIE]);
         let names: Vec<&str> = kept.keys().map(HeaderName::as_str).collect();

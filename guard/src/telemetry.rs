@@ -135,9 +135,39 @@ pub fn describe() {
 
 /// The histogram buckets the exporters use for store latency, in seconds.
 pub const STORE_DURATION_BUCKETS: &[f64] = &[
-    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    2.5, 5.0,
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0,
 ];
+
+/// Installs a Prometheus recorder for the guard's metrics (with the store
+/// latency buckets of [`STORE_DURATION_BUCKETS`]) and returns its handle:
+/// serve `handle.render()` at `/metrics`. Histograms are compacted by a
+/// background task every 5 seconds.
+///
+/// # Errors
+///
+/// When a global recorder is already installed.
+#[cfg(feature = "prometheus")]
+pub fn install_prometheus()
+-> Result<metrics_exporter_prometheus::PrometheusHandle, metrics_exporter_prometheus::BuildError> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(STORE_DURATION_SECONDS.to_owned()),
+            STORE_DURATION_BUCKETS,
+        )?
+        .install_recorder()?;
+    describe();
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            ticks.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
 
 #[cfg(test)]
 mod tests {
@@ -148,7 +178,15 @@ mod tests {
     fn attempt_labels_are_bounded() {
         let mut headers = HeaderMap::new();
         assert_eq!(attempt_label(&headers), "unknown");
-        for (value, label) in [("0", "0"), ("3", "3"), (" 9 ", "9"), ("10", "10+"), ("99999999999999999999", "unknown"), ("-1", "unknown"), ("x", "unknown")] {
+        for (value, label) in [
+            ("0", "0"),
+            ("3", "3"),
+            (" 9 ", "9"),
+            ("10", "10+"),
+            ("99999999999999999999", "unknown"),
+            ("-1", "unknown"),
+            ("x", "unknown"),
+        ] {
             headers.insert(RETRY_ATTEMPT, HeaderValue::from_static(value));
             assert_eq!(attempt_label(&headers), label, "{value}");
         }

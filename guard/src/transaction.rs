@@ -84,7 +84,12 @@ impl IntoResponse for TxRejection {
             }
         };
         tracing::error!(error = %self, "transactional mode: no transaction for the handler");
-        problem_response(&problem(status, name, "Transaction unavailable", &self.to_string()))
+        problem_response(&problem(
+            status,
+            name,
+            "Transaction unavailable",
+            &self.to_string(),
+        ))
     }
 }
 

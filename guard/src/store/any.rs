@@ -77,7 +77,11 @@ impl Store for AnyStore {
         delegate!(self, store => store.claim(new).await)
     }
 
-    async fn take_over(&self, previous: LeaseToken, new: &NewRecord<'_>) -> Result<Option<Lease>, StoreError> {
+    async fn take_over(
+        &self,
+        previous: LeaseToken,
+        new: &NewRecord<'_>,
+    ) -> Result<Option<Lease>, StoreError> {
         delegate!(self, store => store.take_over(previous, new).await)
     }
 

@@ -151,20 +151,30 @@ impl PostgresStore {
     /// # Errors
     ///
     /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
-    pub async fn release_in(&self, transaction: &mut PgConnection, lease: &Lease) -> Result<(), StoreError> {
+    pub async fn release_in(
+        &self,
+        transaction: &mut PgConnection,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
         let result = lease_query(RELEASE, lease).execute(transaction).await?;
         fenced(result.rows_affected())
     }
 }
 
-fn lease_query(sql: &'static str, lease: &Lease) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+fn lease_query(
+    sql: &'static str,
+    lease: &Lease,
+) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
     sqlx::query(sql)
         .bind(lease.scope.as_str())
         .bind(lease.key.as_str())
         .bind(lease.token.as_uuid())
 }
 
-fn complete_query(lease: &Lease, response: &StoredResponse) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+fn complete_query(
+    lease: &Lease,
+    response: &StoredResponse,
+) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
     lease_query(COMPLETE, lease)
         .bind(i16::try_from(response.status.as_u16()).unwrap_or(i16::MAX))
         .bind(response.encode_headers())
@@ -177,7 +187,11 @@ fn millis(duration: Duration) -> i64 {
 
 /// A fenced write changed one row, or its lease was lost.
 fn fenced(rows: u64) -> Result<(), StoreError> {
-    if rows == 1 { Ok(()) } else { Err(StoreError::LeaseLost) }
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost)
+    }
 }
 
 fn record_from_row(row: &PgRow, scope: &str, key: &str) -> Result<Record, StoreError> {
@@ -192,7 +206,9 @@ fn record_from_row(row: &PgRow, scope: &str, key: &str) -> Result<Record, StoreE
                 .ok()
                 .and_then(|s| http::StatusCode::from_u16(s).ok())
                 .ok_or(crate::record::CorruptRecord("the stored status is invalid"))?;
-            let headers: Vec<u8> = row.try_get::<Option<Vec<u8>>, _>("response_headers")?.unwrap_or_default();
+            let headers: Vec<u8> = row
+                .try_get::<Option<Vec<u8>>, _>("response_headers")?
+                .unwrap_or_default();
             let body: Option<Vec<u8>> = row.try_get("response_body")?;
             Some(StoredResponse {
                 status,
@@ -240,13 +256,21 @@ impl Store for PostgresStore {
             // The row we conflicted with is visible unless it was committed
             // after this statement's snapshot: then simply ask again.
             if row.try_get::<Option<Vec<u8>>, _>("fingerprint")?.is_some() {
-                return Ok(Claim::Existing(Box::new(record_from_row(&row, new.scope, new.key)?)));
+                return Ok(Claim::Existing(Box::new(record_from_row(
+                    &row, new.scope, new.key,
+                )?)));
             }
         }
-        Err(StoreError::Unavailable("the claim kept racing a concurrent insert".into()))
+        Err(StoreError::Unavailable(
+            "the claim kept racing a concurrent insert".into(),
+        ))
     }
 
-    async fn take_over(&self, previous: LeaseToken, new: &NewRecord<'_>) -> Result<Option<Lease>, StoreError> {
+    async fn take_over(
+        &self,
+        previous: LeaseToken,
+        new: &NewRecord<'_>,
+    ) -> Result<Option<Lease>, StoreError> {
         let result = sqlx::query(TAKE_OVER)
             .bind(new.scope)
             .bind(new.key)

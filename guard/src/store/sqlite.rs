@@ -8,7 +8,9 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
 use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
 
@@ -124,21 +126,31 @@ fn millis(duration: Duration) -> i64 {
 }
 
 fn fenced(rows: u64) -> Result<(), StoreError> {
-    if rows == 1 { Ok(()) } else { Err(StoreError::LeaseLost) }
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost)
+    }
 }
 
 fn token_bytes(token: LeaseToken) -> Vec<u8> {
     token.as_uuid().as_bytes().to_vec()
 }
 
-fn record_from_row(row: &SqliteRow, scope: &str, key: &str, observed_at: OffsetDateTime) -> Result<Record, StoreError> {
+fn record_from_row(
+    row: &SqliteRow,
+    scope: &str,
+    key: &str,
+    observed_at: OffsetDateTime,
+) -> Result<Record, StoreError> {
     let corrupt = crate::record::CorruptRecord;
     let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
     let fingerprint: [u8; 32] = fingerprint
         .try_into()
         .map_err(|_| corrupt("the fingerprint is not 32 bytes"))?;
     let token: Vec<u8> = row.try_get("lease_token")?;
-    let token = uuid::Uuid::from_slice(&token).map_err(|_| corrupt("the lease token is not 16 bytes"))?;
+    let token =
+        uuid::Uuid::from_slice(&token).map_err(|_| corrupt("the lease token is not 16 bytes"))?;
     let status: Option<i64> = row.try_get("response_status")?;
     let response = match status {
         Some(status) => {
@@ -146,7 +158,9 @@ fn record_from_row(row: &SqliteRow, scope: &str, key: &str, observed_at: OffsetD
                 .ok()
                 .and_then(|s| http::StatusCode::from_u16(s).ok())
                 .ok_or(corrupt("the stored status is invalid"))?;
-            let headers: Vec<u8> = row.try_get::<Option<Vec<u8>>, _>("response_headers")?.unwrap_or_default();
+            let headers: Vec<u8> = row
+                .try_get::<Option<Vec<u8>>, _>("response_headers")?
+                .unwrap_or_default();
             let body: Option<Vec<u8>> = row.try_get("response_body")?;
             Some(StoredResponse {
                 status,
@@ -201,10 +215,16 @@ impl Store for SqliteStore {
                 return Ok(Claim::Existing(Box::new(record)));
             }
         }
-        Err(StoreError::Unavailable("the claim kept racing a concurrent release".into()))
+        Err(StoreError::Unavailable(
+            "the claim kept racing a concurrent release".into(),
+        ))
     }
 
-    async fn take_over(&self, previous: LeaseToken, new: &NewRecord<'_>) -> Result<Option<Lease>, StoreError> {
+    async fn take_over(
+        &self,
+        previous: LeaseToken,
+        new: &NewRecord<'_>,
+    ) -> Result<Option<Lease>, StoreError> {
         let result = sqlx::query(TAKE_OVER)
             .bind(new.scope)
             .bind(new.key)
@@ -265,7 +285,8 @@ impl Store for SqliteStore {
             .bind(key)
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|row| record_from_row(&row, scope, key, observed_at)).transpose()
+        row.map(|row| record_from_row(&row, scope, key, observed_at))
+            .transpose()
     }
 
     async fn purge(&self, limit: u32) -> Result<u64, StoreError> {

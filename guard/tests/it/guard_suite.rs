@@ -8,7 +8,9 @@ use axum::body::Body;
 use bytes::Bytes;
 use futures_util::stream;
 use http::{HeaderValue, Method, Request, StatusCode};
-use idempotency_guard::{AbandonedPolicy, FailureMode, IdempotencyLayer, InFlightPolicy, RecordState, Store};
+use idempotency_guard::{
+    AbandonedPolicy, FailureMode, IdempotencyLayer, InFlightPolicy, RecordState, Store,
+};
 
 use crate::support::{Answer, Breakable, TestDb, abandon, app, call, send};
 
@@ -70,24 +72,48 @@ fn with_body(builder: http::request::Builder, body: &str) -> Request<Body> {
 pub(crate) async fn unguarded_methods_pass_through<S: Store + Breakable>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     for method in [Method::GET, Method::PUT] {
-        let answer = call(&router, Request::builder().method(method).uri("/things").body(Body::empty()).unwrap()).await;
+        let answer = call(
+            &router,
+            Request::builder()
+                .method(method)
+                .uri("/things")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
         assert_eq!(answer.status, StatusCode::CREATED);
         assert!(!answer.replayed());
     }
     assert_eq!(runs.get(), 2);
     // PUT becomes guarded when configured.
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()).with_methods([Method::PUT]));
-    let answer = call(&router, Request::put("/things").body(Body::empty()).unwrap()).await;
+    let answer = call(
+        &router,
+        Request::put("/things").body(Body::empty()).unwrap(),
+    )
+    .await;
     assert_eq!(answer.problem(), "key-missing");
-    let answer = call(&router, Request::post("/things").body(Body::empty()).unwrap()).await;
-    assert_eq!(answer.status, StatusCode::CREATED, "POST is no longer guarded");
+    let answer = call(
+        &router,
+        Request::post("/things").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(
+        answer.status,
+        StatusCode::CREATED,
+        "POST is no longer guarded"
+    );
     assert_eq!(runs.get(), 1);
 }
 
 pub(crate) async fn missing_key_is_refused<S: Store + Breakable>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     for method in [Method::POST, Method::PATCH] {
-        let request = Request::builder().method(method).uri("/things").body(Body::from("{}")).unwrap();
+        let request = Request::builder()
+            .method(method)
+            .uri("/things")
+            .body(Body::from("{}"))
+            .unwrap();
         let answer = call(&router, request).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST);
         assert_eq!(answer.problem(), "key-missing");
@@ -105,7 +131,11 @@ pub(crate) async fn optional_key_runs_unguarded<S: Store + Breakable>(db: TestDb
     }
     assert_eq!(runs.get(), 2, "no key: each request runs");
     let answer = send(&router, "has space", "{}").await;
-    assert_eq!(answer.problem(), "key-invalid", "an invalid key is still refused");
+    assert_eq!(
+        answer.problem(),
+        "key-invalid",
+        "an invalid key is still refused"
+    );
     assert_eq!(runs.get(), 2);
 }
 
@@ -124,33 +154,53 @@ pub(crate) async fn invalid_keys_are_refused<S: Store + Breakable>(db: TestDb<S>
     ];
     for value in values {
         let mut request = with_body(request(None), "{}");
-        request.headers_mut().insert("idempotency-key", value.clone());
+        request
+            .headers_mut()
+            .insert("idempotency-key", value.clone());
         let answer = call(&router, request).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{value:?}");
         assert_eq!(answer.problem(), "key-invalid", "{value:?}");
     }
     let mut twice = with_body(post("one"), "{}");
-    twice.headers_mut().append("idempotency-key", HeaderValue::from_static("two"));
+    twice
+        .headers_mut()
+        .append("idempotency-key", HeaderValue::from_static("two"));
     let answer = call(&router, twice).await;
     assert_eq!(answer.problem(), "key-invalid");
     assert_eq!(runs.get(), 0);
-    assert!(db.store.get("default", "one").await.unwrap().is_none(), "no record is left behind");
+    assert!(
+        db.store.get("default", "one").await.unwrap().is_none(),
+        "no record is left behind"
+    );
     // The longest valid key, and a quoted one, are fine.
     let max = "k".repeat(255);
     assert_eq!(send(&router, &max, "{}").await.status, StatusCode::CREATED);
-    assert_eq!(send(&router, "\"quoted\"", "{}").await.status, StatusCode::CREATED);
-    assert!(send(&router, "quoted", "{}").await.replayed(), "the quoted and bare forms are one key");
+    assert_eq!(
+        send(&router, "\"quoted\"", "{}").await.status,
+        StatusCode::CREATED
+    );
+    assert!(
+        send(&router, "quoted", "{}").await.replayed(),
+        "the quoted and bare forms are one key"
+    );
 }
 
 pub(crate) async fn invalid_scope_is_refused<S: Store + Breakable>(db: TestDb<S>) {
-    let layer = IdempotencyLayer::new(db.store.clone())
-        .with_scope(|parts| parts.headers.get("x-tenant").map(|v| v.to_str().unwrap_or("").to_owned()).unwrap_or_default());
+    let layer = IdempotencyLayer::new(db.store.clone()).with_scope(|parts| {
+        parts
+            .headers
+            .get("x-tenant")
+            .map(|v| v.to_str().unwrap_or("").to_owned())
+            .unwrap_or_default()
+    });
     let (router, runs) = app(layer);
     let answer = send(&router, "k", "{}").await;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST);
     assert_eq!(answer.problem(), "scope-invalid");
     let mut request = with_body(post("k"), "{}");
-    request.headers_mut().insert("x-tenant", HeaderValue::from_str(&"t".repeat(256)).unwrap());
+    request
+        .headers_mut()
+        .insert("x-tenant", HeaderValue::from_str(&"t".repeat(256)).unwrap());
     assert_eq!(call(&router, request).await.problem(), "scope-invalid");
     assert_eq!(runs.get(), 0);
 }
@@ -162,42 +212,79 @@ pub(crate) async fn oversized_bodies_are_refused<S: Store + Breakable>(db: TestD
     assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(answer.problem(), "body-too-large");
     // No Content-Length: the limit still holds while streaming.
-    let chunks: Vec<Result<Bytes, std::io::Error>> = (0..16).map(|_| Ok(Bytes::from(vec![b'y'; 128]))).collect();
-    let streamed = post("streamed").body(Body::from_stream(stream::iter(chunks))).unwrap();
+    let chunks: Vec<Result<Bytes, std::io::Error>> =
+        (0..16).map(|_| Ok(Bytes::from(vec![b'y'; 128]))).collect();
+    let streamed = post("streamed")
+        .body(Body::from_stream(stream::iter(chunks)))
+        .unwrap();
     assert!(streamed.headers().get("content-length").is_none());
     let answer = call(&router, streamed).await;
     assert_eq!(answer.problem(), "body-too-large");
     assert_eq!(runs.get(), 0);
     assert!(db.store.get("default", "streamed").await.unwrap().is_none());
     let fits = "z".repeat(1024);
-    assert_eq!(call(&router, with_body(post("fits"), &fits)).await.status, StatusCode::CREATED);
+    assert_eq!(
+        call(&router, with_body(post("fits"), &fits)).await.status,
+        StatusCode::CREATED
+    );
 }
 
-pub(crate) async fn new_key_runs_once_and_replays_byte_for_byte<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn new_key_runs_once_and_replays_byte_for_byte<S: Store + Breakable>(
+    db: TestDb<S>,
+) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let first = send(&router, "order-1", r#"{"amount":100,"currency":"EUR"}"#).await;
     assert_eq!(first.status, StatusCode::CREATED);
-    assert!(first.header("idempotent-replayed").is_none(), "absent on a first execution");
-    assert_eq!(first.header("set-cookie"), Some("session=abc"), "the first caller gets every header");
-    let record = db.store.get("default", "order-1").await.unwrap().expect("a record");
-    assert_eq!(record.state(), RecordState::Completed, "stored before it was sent");
+    assert!(
+        first.header("idempotent-replayed").is_none(),
+        "absent on a first execution"
+    );
+    assert_eq!(
+        first.header("set-cookie"),
+        Some("session=abc"),
+        "the first caller gets every header"
+    );
+    let record = db
+        .store
+        .get("default", "order-1")
+        .await
+        .unwrap()
+        .expect("a record");
+    assert_eq!(
+        record.state(),
+        RecordState::Completed,
+        "stored before it was sent"
+    );
 
     // The same JSON written differently is the same request.
-    let replay = send(&router, "order-1", "{ \"currency\" : \"EUR\",\n \"amount\": 100 }").await;
+    let replay = send(
+        &router,
+        "order-1",
+        "{ \"currency\" : \"EUR\",\n \"amount\": 100 }",
+    )
+    .await;
     assert_eq!(replay.status, first.status);
     assert_eq!(replay.body, first.body, "byte for byte");
     assert!(replay.replayed());
     for name in ["content-type", "location", "x-run"] {
         assert_eq!(replay.header(name), first.header(name), "{name}");
     }
-    assert!(replay.header("set-cookie").is_none(), "Set-Cookie is not stored");
+    assert!(
+        replay.header("set-cookie").is_none(),
+        "Set-Cookie is not stored"
+    );
     assert!(replay.header("date").is_none(), "Date is not stored");
     assert_eq!(runs.get(), 1);
 }
 
-pub(crate) async fn reused_key_with_another_request_is_refused<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn reused_key_with_another_request_is_refused<S: Store + Breakable>(
+    db: TestDb<S>,
+) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
-    assert_eq!(send(&router, "k", r#"{"amount":1}"#).await.status, StatusCode::CREATED);
+    assert_eq!(
+        send(&router, "k", r#"{"amount":1}"#).await.status,
+        StatusCode::CREATED
+    );
     let answer = send(&router, "k", r#"{"amount":2}"#).await;
     assert_eq!(answer.status, StatusCode::CONFLICT);
     assert_eq!(answer.problem(), "key-reused");
@@ -205,17 +292,26 @@ pub(crate) async fn reused_key_with_another_request_is_refused<S: Store + Breaka
     let other_query = with_body(post("k").uri("/things?again=1"), r#"{"amount":1}"#);
     assert_eq!(call(&router, other_query).await.problem(), "key-reused");
     assert_eq!(runs.get(), 1);
-    let (router, _) = app(IdempotencyLayer::new(db.store.clone()).with_mismatch_status(StatusCode::UNPROCESSABLE_ENTITY));
+    let (router, _) = app(IdempotencyLayer::new(db.store.clone())
+        .with_mismatch_status(StatusCode::UNPROCESSABLE_ENTITY));
     let answer = send(&router, "k", r#"{"amount":3}"#).await;
     assert_eq!(answer.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(answer.problem(), "key-reused");
 }
 
-pub(crate) async fn in_flight_duplicate_is_refused_with_retry_after<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn in_flight_duplicate_is_refused_with_retry_after<S: Store + Breakable>(
+    db: TestDb<S>,
+) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let slow = tokio::spawn({
         let router = router.clone();
-        async move { call(&router, with_body(post("k").header("x-delay-ms", "600"), "{}")).await }
+        async move {
+            call(
+                &router,
+                with_body(post("k").header("x-delay-ms", "600"), "{}"),
+            )
+            .await
+        }
     });
     tokio::time::sleep(Duration::from_millis(150)).await;
     let answer = send(&router, "k", "{}").await;
@@ -228,11 +324,18 @@ pub(crate) async fn in_flight_duplicate_is_refused_with_retry_after<S: Store + B
 }
 
 pub(crate) async fn in_flight_duplicate_waits_for_the_replay<S: Store + Breakable>(db: TestDb<S>) {
-    let layer = IdempotencyLayer::new(db.store.clone()).with_in_flight(InFlightPolicy::Wait(Duration::from_secs(10)));
+    let layer = IdempotencyLayer::new(db.store.clone())
+        .with_in_flight(InFlightPolicy::Wait(Duration::from_secs(10)));
     let (router, runs) = app(layer);
     let slow = tokio::spawn({
         let router = router.clone();
-        async move { call(&router, with_body(post("k").header("x-delay-ms", "400"), "{}")).await }
+        async move {
+            call(
+                &router,
+                with_body(post("k").header("x-delay-ms", "400"), "{}"),
+            )
+            .await
+        }
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = std::time::Instant::now();
@@ -241,16 +344,26 @@ pub(crate) async fn in_flight_duplicate_waits_for_the_replay<S: Store + Breakabl
     assert_eq!(waited.status, StatusCode::CREATED);
     assert!(waited.replayed());
     assert_eq!(waited.body, first.body);
-    assert!(started.elapsed() < Duration::from_secs(5), "woken by the completion, well before the bound");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "woken by the completion, well before the bound"
+    );
     assert_eq!(runs.get(), 1);
 }
 
 pub(crate) async fn wait_ends_in_409_at_its_bound<S: Store + Breakable>(db: TestDb<S>) {
-    let layer = IdempotencyLayer::new(db.store.clone()).with_in_flight(InFlightPolicy::Wait(Duration::from_millis(200)));
+    let layer = IdempotencyLayer::new(db.store.clone())
+        .with_in_flight(InFlightPolicy::Wait(Duration::from_millis(200)));
     let (router, runs) = app(layer);
     let slow = tokio::spawn({
         let router = router.clone();
-        async move { call(&router, with_body(post("k").header("x-delay-ms", "1500"), "{}")).await }
+        async move {
+            call(
+                &router,
+                with_body(post("k").header("x-delay-ms", "1500"), "{}"),
+            )
+            .await
+        }
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let answer = send(&router, "k", "{}").await;
@@ -271,21 +384,44 @@ pub(crate) async fn abandoned_run_answers_outcome_unknown<S: Store + Breakable>(
 }
 
 pub(crate) async fn abandoned_run_runs_again_when_allowed<S: Store + Breakable>(db: TestDb<S>) {
-    let (router, runs) = app(IdempotencyLayer::new(db.store.clone()).with_abandoned(AbandonedPolicy::RunAgain));
+    let (router, runs) =
+        app(IdempotencyLayer::new(db.store.clone()).with_abandoned(AbandonedPolicy::RunAgain));
     abandon(&db.store, "crashed", "{}", false).await;
-    let answers = futures_util::future::join_all((0..10).map(|_| send(&router, "crashed", "{}"))).await;
-    assert!(answers.iter().all(|a| matches!(a.status, StatusCode::CREATED | StatusCode::CONFLICT)));
-    assert_eq!(runs.get(), 1, "the takeover runs once, however many retries race for it");
+    let answers =
+        futures_util::future::join_all((0..10).map(|_| send(&router, "crashed", "{}"))).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a.status, StatusCode::CREATED | StatusCode::CONFLICT))
+    );
+    assert_eq!(
+        runs.get(),
+        1,
+        "the takeover runs once, however many retries race for it"
+    );
     assert!(send(&router, "crashed", "{}").await.replayed());
     assert_eq!(runs.get(), 1);
 }
 
-pub(crate) async fn oversized_response_is_sent_once_and_never_replayed<S: Store + Breakable>(db: TestDb<S>) {
-    let (router, runs) = app(IdempotencyLayer::new(db.store.clone()).with_stored_response_limit(1000));
-    let first = call(&router, with_body(post("big").header("x-body-bytes", "5000"), "{}")).await;
+pub(crate) async fn oversized_response_is_sent_once_and_never_replayed<S: Store + Breakable>(
+    db: TestDb<S>,
+) {
+    let (router, runs) =
+        app(IdempotencyLayer::new(db.store.clone()).with_stored_response_limit(1000));
+    let first = call(
+        &router,
+        with_body(post("big").header("x-body-bytes", "5000"), "{}"),
+    )
+    .await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(first.body.len(), 5000, "the first caller gets all of it");
-    assert!(first.body.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    assert!(
+        first
+            .body
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i % 251) as u8)
+    );
     let second = send(&router, "big", "{}").await;
     assert_eq!(second.status, StatusCode::CONFLICT);
     assert_eq!(second.problem(), "response-not-stored");
@@ -293,7 +429,8 @@ pub(crate) async fn oversized_response_is_sent_once_and_never_replayed<S: Store 
 }
 
 pub(crate) async fn failing_store_fails_closed<S: Store + Breakable>(db: TestDb<S>) {
-    let (router, runs) = app(IdempotencyLayer::new(db.store.clone()).with_store_timeout(Duration::from_secs(2)));
+    let (router, runs) =
+        app(IdempotencyLayer::new(db.store.clone()).with_store_timeout(Duration::from_secs(2)));
     db.store.break_store().await;
     let answer = send(&router, "k", "{}").await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -304,7 +441,8 @@ pub(crate) async fn failing_store_fails_closed<S: Store + Breakable>(db: TestDb<
 }
 
 pub(crate) async fn failing_store_fails_open_when_told<S: Store + Breakable>(db: TestDb<S>) {
-    let (router, runs) = app(IdempotencyLayer::new(db.store.clone()).with_failure_mode(FailureMode::Open));
+    let (router, runs) =
+        app(IdempotencyLayer::new(db.store.clone()).with_failure_mode(FailureMode::Open));
     db.store.break_store().await;
     let answer = send(&router, "k", "{}").await;
     assert_eq!(answer.status, StatusCode::CREATED);
@@ -316,20 +454,42 @@ pub(crate) async fn unstored_statuses_release_the_key<S: Store + Breakable>(db: 
     let mut expected_runs = 0;
     for status in ["500", "503", "408", "425", "429"] {
         let key = format!("released-{status}");
-        let answer = call(&router, with_body(post(&key).header("x-status", status), "{}")).await;
+        let answer = call(
+            &router,
+            with_body(post(&key).header("x-status", status), "{}"),
+        )
+        .await;
         assert_eq!(answer.status.as_str(), status);
-        assert!(db.store.get("default", &key).await.unwrap().is_none(), "{status}: released");
+        assert!(
+            db.store.get("default", &key).await.unwrap().is_none(),
+            "{status}: released"
+        );
         let retry = send(&router, &key, "{}").await;
-        assert_eq!(retry.status, StatusCode::CREATED, "{status}: the retry runs");
+        assert_eq!(
+            retry.status,
+            StatusCode::CREATED,
+            "{status}: the retry runs"
+        );
         expected_runs += 2;
     }
-    let answer = call(&router, with_body(post("no-store").header("x-no-store", "1"), "{}")).await;
+    let answer = call(
+        &router,
+        with_body(post("no-store").header("x-no-store", "1"), "{}"),
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::CREATED);
-    assert!(db.store.get("default", "no-store").await.unwrap().is_none(), "no-store: released");
+    assert!(
+        db.store.get("default", "no-store").await.unwrap().is_none(),
+        "no-store: released"
+    );
     assert!(!send(&router, "no-store", "{}").await.replayed());
     expected_runs += 2;
     // A 4xx answer is an answer: it is stored and replayed.
-    let answer = call(&router, with_body(post("bad").header("x-status", "422"), "{}")).await;
+    let answer = call(
+        &router,
+        with_body(post("bad").header("x-status", "422"), "{}"),
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::UNPROCESSABLE_ENTITY);
     let replay = send(&router, "bad", "{}").await;
     assert_eq!(replay.status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -340,47 +500,89 @@ pub(crate) async fn unstored_statuses_release_the_key<S: Store + Breakable>(db: 
 
 pub(crate) async fn panicking_handler_releases_the_key<S: Store + Breakable>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
-    let answer = call(&router, with_body(post("boom").header("x-panic", "1"), "{}")).await;
+    let answer = call(
+        &router,
+        with_body(post("boom").header("x-panic", "1"), "{}"),
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(answer.problem(), "handler-failed");
     assert!(db.store.get("default", "boom").await.unwrap().is_none());
-    assert_eq!(send(&router, "boom", "{}").await.status, StatusCode::CREATED);
+    assert_eq!(
+        send(&router, "boom", "{}").await.status,
+        StatusCode::CREATED
+    );
     assert_eq!(runs.get(), 2);
 }
 
-pub(crate) async fn handler_past_max_time_is_cut_off_and_abandoned<S: Store + Breakable>(db: TestDb<S>) {
-    let layer = IdempotencyLayer::new(db.store.clone()).with_max_handler_time(Duration::from_millis(300));
+pub(crate) async fn handler_past_max_time_is_cut_off_and_abandoned<S: Store + Breakable>(
+    db: TestDb<S>,
+) {
+    let layer =
+        IdempotencyLayer::new(db.store.clone()).with_max_handler_time(Duration::from_millis(300));
     let (router, runs) = app(layer);
     let started = std::time::Instant::now();
-    let answer = call(&router, with_body(post("slow").header("x-delay-ms", "5000"), "{}")).await;
-    assert!(started.elapsed() < Duration::from_secs(3), "cut off near the bound");
+    let answer = call(
+        &router,
+        with_body(post("slow").header("x-delay-ms", "5000"), "{}"),
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "cut off near the bound"
+    );
     assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(answer.problem(), "handler-timeout");
     let record = db.store.get("default", "slow").await.unwrap().unwrap();
     assert_eq!(record.state(), RecordState::Abandoned);
-    assert_eq!(send(&router, "slow", "{}").await.problem(), "outcome-unknown");
+    assert_eq!(
+        send(&router, "slow", "{}").await.problem(),
+        "outcome-unknown"
+    );
     assert_eq!(runs.get(), 1);
 }
 
 pub(crate) async fn lease_is_renewed_while_the_handler_runs<S: Store + Breakable>(db: TestDb<S>) {
-    let (router, runs) = app(IdempotencyLayer::new(db.store.clone()).with_lease(Duration::from_secs(1)));
+    let (router, runs) =
+        app(IdempotencyLayer::new(db.store.clone()).with_lease(Duration::from_secs(1)));
     let slow = tokio::spawn({
         let router = router.clone();
-        async move { call(&router, with_body(post("long").header("x-delay-ms", "2600"), "{}")).await }
+        async move {
+            call(
+                &router,
+                with_body(post("long").header("x-delay-ms", "2600"), "{}"),
+            )
+            .await
+        }
     });
     tokio::time::sleep(Duration::from_millis(2000)).await;
     let record = db.store.get("default", "long").await.unwrap().unwrap();
-    assert_eq!(record.state(), RecordState::InFlight, "renewed past its first second");
-    assert_eq!(send(&router, "long", "{}").await.problem(), "request-in-flight");
+    assert_eq!(
+        record.state(),
+        RecordState::InFlight,
+        "renewed past its first second"
+    );
+    assert_eq!(
+        send(&router, "long", "{}").await.problem(),
+        "request-in-flight"
+    );
     assert_eq!(slow.await.unwrap().status, StatusCode::CREATED);
     assert!(send(&router, "long", "{}").await.replayed());
     assert_eq!(runs.get(), 1);
 }
 
-async fn fire(router: &axum::Router, n: usize, key: impl Fn(usize) -> String, delay_ms: &str) -> Vec<Answer> {
+async fn fire(
+    router: &axum::Router,
+    n: usize,
+    key: impl Fn(usize) -> String,
+    delay_ms: &str,
+) -> Vec<Answer> {
     let requests = (0..n).map(|i| {
         let router = router.clone();
-        let request = with_body(post(&key(i)).header("x-delay-ms", delay_ms), r#"{"amount":5}"#);
+        let request = with_body(
+            post(&key(i)).header("x-delay-ms", delay_ms),
+            r#"{"amount":5}"#,
+        );
         tokio::spawn(async move { call(&router, request).await })
     });
     let mut answers = Vec::with_capacity(n);
@@ -394,25 +596,45 @@ pub(crate) async fn concurrent_identical_requests_run_once<S: Store + Breakable>
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let answers = fire(&router, 200, |_| "same".into(), "300").await;
     assert_eq!(runs.get(), 1, "the handler ran exactly once");
-    let executed: Vec<&Answer> = answers.iter().filter(|a| a.status == StatusCode::CREATED && !a.replayed()).collect();
+    let executed: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED && !a.replayed())
+        .collect();
     assert_eq!(executed.len(), 1, "one answer is the execution");
     for answer in &answers {
         match answer.status {
             StatusCode::CREATED => assert_eq!(answer.body, executed[0].body),
             StatusCode::CONFLICT => assert_eq!(answer.problem(), "request-in-flight"),
-            other => panic!("unexpected {other}: {}", String::from_utf8_lossy(&answer.body)),
+            other => panic!(
+                "unexpected {other}: {}",
+                String::from_utf8_lossy(&answer.body)
+            ),
         }
     }
 }
 
-pub(crate) async fn concurrent_identical_requests_that_wait_all_get_the_same_replay<S: Store + Breakable>(db: TestDb<S>) {
-    let layer = IdempotencyLayer::new(db.store.clone()).with_in_flight(InFlightPolicy::Wait(Duration::from_secs(20)));
+pub(crate) async fn concurrent_identical_requests_that_wait_all_get_the_same_replay<
+    S: Store + Breakable,
+>(
+    db: TestDb<S>,
+) {
+    let layer = IdempotencyLayer::new(db.store.clone())
+        .with_in_flight(InFlightPolicy::Wait(Duration::from_secs(20)));
     let (router, runs) = app(layer);
     let answers = fire(&router, 200, |_| "same".into(), "300").await;
     assert_eq!(runs.get(), 1);
-    let first = &answers.iter().find(|a| !a.replayed()).expect("one execution").body;
+    let first = &answers
+        .iter()
+        .find(|a| !a.replayed())
+        .expect("one execution")
+        .body;
     for answer in &answers {
-        assert_eq!(answer.status, StatusCode::CREATED, "{}", String::from_utf8_lossy(&answer.body));
+        assert_eq!(
+            answer.status,
+            StatusCode::CREATED,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
         assert_eq!(&answer.body, first, "byte-identical");
     }
     assert_eq!(answers.iter().filter(|a| a.replayed()).count(), 199);
@@ -421,37 +643,76 @@ pub(crate) async fn concurrent_identical_requests_that_wait_all_get_the_same_rep
 pub(crate) async fn concurrent_distinct_keys_all_run<S: Store + Breakable>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let answers = fire(&router, 200, |i| format!("key-{i}"), "10").await;
-    assert!(answers.iter().all(|a| a.status == StatusCode::CREATED && !a.replayed()));
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.status == StatusCode::CREATED && !a.replayed())
+    );
     assert_eq!(runs.get(), 200);
 }
 
 pub(crate) async fn same_key_in_two_scopes_is_two_records<S: Store + Breakable>(db: TestDb<S>) {
     let layer = IdempotencyLayer::new(db.store.clone()).with_scope(|parts| {
-        parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("default").to_owned()
+        parts
+            .headers
+            .get("x-tenant")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("default")
+            .to_owned()
     });
     let (router, runs) = app(layer);
-    let a = call(&router, with_body(post("shared").header("x-tenant", "a"), "{}")).await;
-    let b = call(&router, with_body(post("shared").header("x-tenant", "b"), r#"{"other":true}"#)).await;
-    assert_eq!((a.status, b.status), (StatusCode::CREATED, StatusCode::CREATED));
-    assert!(!a.replayed() && !b.replayed(), "neither sees the other's record");
+    let a = call(
+        &router,
+        with_body(post("shared").header("x-tenant", "a"), "{}"),
+    )
+    .await;
+    let b = call(
+        &router,
+        with_body(post("shared").header("x-tenant", "b"), r#"{"other":true}"#),
+    )
+    .await;
+    assert_eq!(
+        (a.status, b.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(
+        !a.replayed() && !b.replayed(),
+        "neither sees the other's record"
+    );
     assert_ne!(a.body, b.body);
     assert_eq!(runs.get(), 2);
     assert!(db.store.get("a", "shared").await.unwrap().is_some());
     assert!(db.store.get("b", "shared").await.unwrap().is_some());
-    let replay = call(&router, with_body(post("shared").header("x-tenant", "a"), "{}")).await;
+    let replay = call(
+        &router,
+        with_body(post("shared").header("x-tenant", "a"), "{}"),
+    )
+    .await;
     assert_eq!(replay.body, a.body);
 }
 
-pub(crate) async fn disconnected_client_does_not_cancel_the_handler<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn disconnected_client_does_not_cancel_the_handler<S: Store + Breakable>(
+    db: TestDb<S>,
+) {
     use tower::ServiceExt;
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let request = with_body(post("gone").header("x-delay-ms", "300"), "{}");
     // Dropping the response future is what hyper does when the client goes away.
-    let dropped = tokio::time::timeout(Duration::from_millis(50), router.clone().oneshot(request)).await;
+    let dropped =
+        tokio::time::timeout(Duration::from_millis(50), router.clone().oneshot(request)).await;
     assert!(dropped.is_err(), "the client gave up before the answer");
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let record = db.store.get("default", "gone").await.unwrap().expect("the record");
-    assert_eq!(record.state(), RecordState::Completed, "the handler finished and its answer was stored");
+    let record = db
+        .store
+        .get("default", "gone")
+        .await
+        .unwrap()
+        .expect("the record");
+    assert_eq!(
+        record.state(),
+        RecordState::Completed,
+        "the handler finished and its answer was stored"
+    );
     let retry = send(&router, "gone", "{}").await;
     assert!(retry.replayed());
     assert_eq!(retry.status, StatusCode::CREATED);

@@ -3,6 +3,10 @@
 //! (PostgreSQL at `TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`;
 //! SQLite in a temporary file).
 
+// Test code: a failed unwrap is a failed test (clippy.toml allows it in
+// `#[test]` functions; this extends that to the helpers beside them).
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 #[macro_use]

@@ -49,7 +49,13 @@ const FP: Fingerprint = Fingerprint::from_bytes([7; 32]);
 const LEASE: Duration = Duration::from_secs(30);
 const DAY: Duration = Duration::from_secs(86_400);
 
-fn new_record<'a>(scope: &'a str, key: &'a str, fingerprint: &'a Fingerprint, lease: Duration, retention: Duration) -> NewRecord<'a> {
+fn new_record<'a>(
+    scope: &'a str,
+    key: &'a str,
+    fingerprint: &'a Fingerprint,
+    lease: Duration,
+    retention: Duration,
+) -> NewRecord<'a> {
     NewRecord {
         scope,
         key,
@@ -72,7 +78,10 @@ async fn acquire<S: Store>(store: &S, new: &NewRecord<'_>) -> Lease {
 
 fn response(body: Option<Bytes>) -> StoredResponse {
     let mut headers = HeaderMap::new();
-    headers.append("content-type", HeaderValue::from_static("application/octet-stream"));
+    headers.append(
+        "content-type",
+        HeaderValue::from_static("application/octet-stream"),
+    );
     headers.append("x-multi", HeaderValue::from_static("1"));
     headers.append("x-multi", HeaderValue::from_static("2"));
     StoredResponse {
@@ -128,7 +137,10 @@ pub(crate) async fn existing_record_is_returned_untouched<S: Store>(store: S) {
 
 pub(crate) async fn complete_stores_binary_and_1_mib_bodies<S: Store>(store: S) {
     for (key, body) in [
-        ("binary", Bytes::from((0..=255u8).cycle().take(4096).collect::<Vec<u8>>())),
+        (
+            "binary",
+            Bytes::from((0..=255u8).cycle().take(4096).collect::<Vec<u8>>()),
+        ),
         ("mebibyte", Bytes::from(vec![0xa5u8; 1024 * 1024])),
         ("empty", Bytes::new()),
     ] {
@@ -138,9 +150,16 @@ pub(crate) async fn complete_stores_binary_and_1_mib_bodies<S: Store>(store: S) 
         let record = store.get("s", key).await.unwrap().expect("the record");
         assert_eq!(record.state(), RecordState::Completed);
         assert!(record.completed_at.is_some());
-        assert_eq!(record.response.as_ref(), Some(&stored), "{key}: stored byte for byte");
+        assert_eq!(
+            record.response.as_ref(),
+            Some(&stored),
+            "{key}: stored byte for byte"
+        );
         // A second completion is refused: the record is no longer in flight.
-        assert!(matches!(store.complete(&lease, &stored).await, Err(StoreError::LeaseLost)));
+        assert!(matches!(
+            store.complete(&lease, &stored).await,
+            Err(StoreError::LeaseLost)
+        ));
     }
 }
 
@@ -155,46 +174,102 @@ pub(crate) async fn response_too_large_to_store_is_completed_without_body<S: Sto
 }
 
 pub(crate) async fn renew_extends_the_lease_and_zero_abandons_it<S: Store>(store: S) {
-    let lease = acquire(&store, &new_record("s", "k", &FP, Duration::from_secs(2), DAY)).await;
-    store.renew(&lease, Duration::from_secs(120)).await.expect("renew");
+    let lease = acquire(
+        &store,
+        &new_record("s", "k", &FP, Duration::from_secs(2), DAY),
+    )
+    .await;
+    store
+        .renew(&lease, Duration::from_secs(120))
+        .await
+        .expect("renew");
     let record = store.get("s", "k").await.unwrap().unwrap();
-    assert!(record.lease_remaining() > Duration::from_secs(100), "renewed to 120 s");
+    assert!(
+        record.lease_remaining() > Duration::from_secs(100),
+        "renewed to 120 s"
+    );
     assert_eq!(record.state(), RecordState::InFlight);
-    store.renew(&lease, Duration::ZERO).await.expect("end the lease");
+    store
+        .renew(&lease, Duration::ZERO)
+        .await
+        .expect("end the lease");
     let record = store.get("s", "k").await.unwrap().unwrap();
     assert_eq!(record.state(), RecordState::Abandoned);
     // An abandoned record can still be completed by its holder, if nobody took over.
-    store.complete(&lease, &response(Some(Bytes::from_static(b"late")))).await.unwrap();
-    assert!(matches!(store.renew(&lease, LEASE).await, Err(StoreError::LeaseLost)), "completed records are not renewed");
+    store
+        .complete(&lease, &response(Some(Bytes::from_static(b"late"))))
+        .await
+        .unwrap();
+    assert!(
+        matches!(store.renew(&lease, LEASE).await, Err(StoreError::LeaseLost)),
+        "completed records are not renewed"
+    );
 }
 
 pub(crate) async fn release_frees_the_key<S: Store>(store: S) {
     let lease = acquire(&store, &new_record("s", "k", &FP, LEASE, DAY)).await;
-    let stranger = Lease { token: LeaseToken::new(), ..lease.clone() };
-    assert!(matches!(store.release(&stranger).await, Err(StoreError::LeaseLost)), "a wrong token releases nothing");
+    let stranger = Lease {
+        token: LeaseToken::new(),
+        ..lease.clone()
+    };
+    assert!(
+        matches!(store.release(&stranger).await, Err(StoreError::LeaseLost)),
+        "a wrong token releases nothing"
+    );
     assert!(store.get("s", "k").await.unwrap().is_some());
     store.release(&lease).await.expect("release");
     assert!(store.get("s", "k").await.unwrap().is_none());
-    assert!(matches!(store.release(&lease).await, Err(StoreError::LeaseLost)), "nothing left to release");
+    assert!(
+        matches!(store.release(&lease).await, Err(StoreError::LeaseLost)),
+        "nothing left to release"
+    );
     acquire(&store, &new_record("s", "k", &FP, LEASE, DAY)).await;
 }
 
 pub(crate) async fn fencing_refuses_a_holder_after_takeover<S: Store>(store: S) {
-    let first = acquire(&store, &new_record("s", "k", &FP, Duration::from_millis(200), DAY)).await;
+    let first = acquire(
+        &store,
+        &new_record("s", "k", &FP, Duration::from_millis(200), DAY),
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let record = store.get("s", "k").await.unwrap().unwrap();
     assert_eq!(record.state(), RecordState::Abandoned);
     let takeover = new_record("s", "k", &FP, LEASE, DAY);
-    let second = store.take_over(record.lease_token, &takeover).await.unwrap().expect("the lapsed lease is taken over");
+    let second = store
+        .take_over(record.lease_token, &takeover)
+        .await
+        .unwrap()
+        .expect("the lapsed lease is taken over");
     // The first holder can overwrite nothing any more.
-    assert!(matches!(store.complete(&first, &response(Some(Bytes::from_static(b"old")))).await, Err(StoreError::LeaseLost)));
-    assert!(matches!(store.renew(&first, LEASE).await, Err(StoreError::LeaseLost)));
-    assert!(matches!(store.release(&first).await, Err(StoreError::LeaseLost)));
-    assert!(store.take_over(first.token, &new_record("s", "k", &FP, LEASE, DAY)).await.unwrap().is_none());
+    assert!(matches!(
+        store
+            .complete(&first, &response(Some(Bytes::from_static(b"old"))))
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.renew(&first, LEASE).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.release(&first).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(
+        store
+            .take_over(first.token, &new_record("s", "k", &FP, LEASE, DAY))
+            .await
+            .unwrap()
+            .is_none()
+    );
     let record = store.get("s", "k").await.unwrap().unwrap();
     assert_eq!(record.lease_token, second.token);
     assert_eq!(record.state(), RecordState::InFlight);
-    store.complete(&second, &response(Some(Bytes::from_static(b"new")))).await.unwrap();
+    store
+        .complete(&second, &response(Some(Bytes::from_static(b"new"))))
+        .await
+        .unwrap();
     let record = store.get("s", "k").await.unwrap().unwrap();
     assert_eq!(record.response.unwrap().body.unwrap(), "new");
 }
@@ -202,24 +277,56 @@ pub(crate) async fn fencing_refuses_a_holder_after_takeover<S: Store>(store: S) 
 pub(crate) async fn take_over_refuses_a_live_lease<S: Store>(store: S) {
     let lease = acquire(&store, &new_record("s", "k", &FP, LEASE, DAY)).await;
     let takeover = new_record("s", "k", &FP, LEASE, DAY);
-    assert!(store.take_over(lease.token, &takeover).await.unwrap().is_none(), "a live lease is never taken over");
-    store.complete(&lease, &response(Some(Bytes::new()))).await.unwrap();
-    assert!(store.take_over(lease.token, &takeover).await.unwrap().is_none(), "nor a completed record within retention");
+    assert!(
+        store
+            .take_over(lease.token, &takeover)
+            .await
+            .unwrap()
+            .is_none(),
+        "a live lease is never taken over"
+    );
+    store
+        .complete(&lease, &response(Some(Bytes::new())))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .take_over(lease.token, &takeover)
+            .await
+            .unwrap()
+            .is_none(),
+        "nor a completed record within retention"
+    );
     let record = store.get("s", "k").await.unwrap().unwrap();
     assert_eq!(record.lease_token, lease.token);
 }
 
 pub(crate) async fn take_over_replaces_an_expired_record<S: Store>(store: S) {
-    let lease = acquire(&store, &new_record("s", "k", &FP, LEASE, Duration::from_millis(200))).await;
-    store.complete(&lease, &response(Some(Bytes::from_static(b"old")))).await.unwrap();
+    let lease = acquire(
+        &store,
+        &new_record("s", "k", &FP, LEASE, Duration::from_millis(200)),
+    )
+    .await;
+    store
+        .complete(&lease, &response(Some(Bytes::from_static(b"old"))))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let Claim::Existing(record) = store.claim(&new_record("s", "k", &FP, LEASE, DAY)).await.unwrap() else {
+    let Claim::Existing(record) = store
+        .claim(&new_record("s", "k", &FP, LEASE, DAY))
+        .await
+        .unwrap()
+    else {
         panic!("an expired record is still reported until purged");
     };
     assert!(record.is_expired());
     let other = Fingerprint::from_bytes([3; 32]);
     let new = new_record("s", "k", &other, LEASE, DAY);
-    let lease = store.take_over(record.lease_token, &new).await.unwrap().expect("take over");
+    let lease = store
+        .take_over(record.lease_token, &new)
+        .await
+        .unwrap()
+        .expect("take over");
     let record = store.get("s", "k").await.unwrap().unwrap();
     assert_eq!(record.lease_token, lease.token);
     assert_eq!(record.fingerprint, other);
@@ -230,22 +337,48 @@ pub(crate) async fn take_over_replaces_an_expired_record<S: Store>(store: S) {
 pub(crate) async fn purge_removes_expired_records_and_only_those<S: Store>(store: S) {
     for i in 0..25 {
         let key = format!("short-{i}");
-        let lease = acquire(&store, &new_record("s", &key, &FP, LEASE, Duration::from_millis(100))).await;
+        let lease = acquire(
+            &store,
+            &new_record("s", &key, &FP, LEASE, Duration::from_millis(100)),
+        )
+        .await;
         if i % 2 == 0 {
-            store.complete(&lease, &response(Some(Bytes::new()))).await.unwrap();
+            store
+                .complete(&lease, &response(Some(Bytes::new())))
+                .await
+                .unwrap();
         }
     }
     for i in 0..5 {
-        acquire(&store, &new_record("s", &format!("long-{i}"), &FP, LEASE, DAY)).await;
+        acquire(
+            &store,
+            &new_record("s", &format!("long-{i}"), &FP, LEASE, DAY),
+        )
+        .await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let purged = idempotency_guard::purge::purge_expired(&store, 10).await.unwrap();
+    let purged = idempotency_guard::purge::purge_expired(&store, 10)
+        .await
+        .unwrap();
     assert_eq!(purged, 25, "all expired records, in batches of 10");
     for i in 0..25 {
-        assert!(store.get("s", &format!("short-{i}")).await.unwrap().is_none());
+        assert!(
+            store
+                .get("s", &format!("short-{i}"))
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
     for i in 0..5 {
-        assert!(store.get("s", &format!("long-{i}")).await.unwrap().is_some(), "unexpired records stay");
+        assert!(
+            store
+                .get("s", &format!("long-{i}"))
+                .await
+                .unwrap()
+                .is_some(),
+            "unexpired records stay"
+        );
     }
     assert_eq!(store.purge(10).await.unwrap(), 0);
 }
@@ -253,15 +386,28 @@ pub(crate) async fn purge_removes_expired_records_and_only_those<S: Store>(store
 pub(crate) async fn scopes_are_isolated<S: Store>(store: S) {
     let a = acquire(&store, &new_record("tenant-a", "same-key", &FP, LEASE, DAY)).await;
     let other = Fingerprint::from_bytes([4; 32]);
-    let b = acquire(&store, &new_record("tenant-b", "same-key", &other, LEASE, DAY)).await;
+    let b = acquire(
+        &store,
+        &new_record("tenant-b", "same-key", &other, LEASE, DAY),
+    )
+    .await;
     assert_ne!(a.token, b.token);
-    store.complete(&a, &response(Some(Bytes::from_static(b"a")))).await.unwrap();
+    store
+        .complete(&a, &response(Some(Bytes::from_static(b"a"))))
+        .await
+        .unwrap();
     let record_b = store.get("tenant-b", "same-key").await.unwrap().unwrap();
     assert_eq!(record_b.state(), RecordState::InFlight);
     assert_eq!(record_b.fingerprint, other);
     // A lease of one scope writes nothing in the other.
-    let cross = Lease { scope: "tenant-b".into(), ..a.clone() };
-    assert!(matches!(store.release(&cross).await, Err(StoreError::LeaseLost)));
+    let cross = Lease {
+        scope: "tenant-b".into(),
+        ..a.clone()
+    };
+    assert!(matches!(
+        store.release(&cross).await,
+        Err(StoreError::LeaseLost)
+    ));
     // Scope and key are not concatenated anywhere they could collide.
     acquire(&store, &new_record("tenant-a:same", "key", &FP, LEASE, DAY)).await;
     acquire(&store, &new_record("tenant-a", "same:key", &FP, LEASE, DAY)).await;
@@ -273,13 +419,26 @@ pub(crate) async fn keys_of_255_visible_ascii_characters_round_trip<S: Store>(st
     let key: String = visible.chars().cycle().take(255).collect();
     assert_eq!(key.len(), 255);
     let lease = acquire(&store, &new_record("s", &key, &FP, LEASE, DAY)).await;
-    store.complete(&lease, &response(Some(Bytes::from_static(b"ok")))).await.unwrap();
-    let record = store.get("s", &key).await.unwrap().expect("found by the same key");
+    store
+        .complete(&lease, &response(Some(Bytes::from_static(b"ok"))))
+        .await
+        .unwrap();
+    let record = store
+        .get("s", &key)
+        .await
+        .unwrap()
+        .expect("found by the same key");
     assert_eq!(record.key, key);
     for injection in ["' or 1=1 --", "*", "k\\", "%", "_", "{s}"] {
         let lease = acquire(&store, &new_record("s", injection, &FP, LEASE, DAY)).await;
         assert_eq!(lease.key, injection);
-        assert!(store.get("s", &format!("{injection}x")).await.unwrap().is_none());
+        assert!(
+            store
+                .get("s", &format!("{injection}x"))
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
 }
 

@@ -43,12 +43,17 @@ impl<S> Drop for TestDb<S> {
             let schema = schema.clone();
             // Drop runs inside the test's runtime: clean up from a thread of its own.
             let _ = std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
                 runtime.block_on(async {
                     if let Ok(pool) = admin_pool().await {
-                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("drop schema if exists \"{schema}\" cascade")))
-                            .execute(&pool)
-                            .await;
+                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "drop schema if exists \"{schema}\" cascade"
+                        )))
+                        .execute(&pool)
+                        .await;
                         pool.close().await;
                     }
                 });
@@ -102,7 +107,9 @@ pub(crate) async fn postgres() -> TestDb<PostgresStore> {
 pub(crate) async fn sqlite() -> TestDb<SqliteStore> {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let url = format!("sqlite://{}", dir.path().join("records.db").display());
-    let store = SqliteStore::connect(&url).await.expect("open the SQLite file");
+    let store = SqliteStore::connect(&url)
+        .await
+        .expect("open the SQLite file");
     store.migrate().await.expect("migrate SQLite");
     TestDb {
         store,
@@ -144,7 +151,12 @@ impl Runs {
 /// `x-body-bytes` (answer a body of that many bytes), `x-no-store`.
 async fn handler(State(runs): State<Runs>, headers: HeaderMap, body: Bytes) -> Response<Body> {
     let run = runs.0.fetch_add(1, Ordering::SeqCst) + 1;
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
     if let Some(ms) = header("x-delay-ms").and_then(|v| v.parse().ok()) {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
@@ -180,7 +192,10 @@ async fn handler(State(runs): State<Runs>, headers: HeaderMap, body: Bytes) -> R
 pub(crate) fn app<S: Store>(layer: IdempotencyLayer<S>) -> (Router, Runs) {
     let runs = Runs::default();
     let router = Router::new()
-        .route("/things", post(handler).patch(handler).put(handler).get(handler))
+        .route(
+            "/things",
+            post(handler).patch(handler).put(handler).get(handler),
+        )
         .route_layer(layer)
         .with_state(runs.clone());
     (router, runs)
@@ -197,7 +212,9 @@ pub(crate) fn request(key: Option<&str>) -> http::request::Builder {
 
 /// Sends `POST /things` with a key and a JSON body.
 pub(crate) async fn send(router: &Router, key: &str, body: &str) -> Answer {
-    let request = request(Some(key)).body(Body::from(body.to_owned())).unwrap();
+    let request = request(Some(key))
+        .body(Body::from(body.to_owned()))
+        .unwrap();
     call(router, request).await
 }
 
@@ -235,7 +252,9 @@ impl Answer {
     /// problem's shape on the way.
     pub(crate) fn problem(&self) -> String {
         assert_eq!(
-            self.headers.get("content-type").map(|v| v.to_str().unwrap()),
+            self.headers
+                .get("content-type")
+                .map(|v| v.to_str().unwrap()),
             Some("application/problem+json"),
             "not a problem: {} {}",
             self.status,
@@ -243,7 +262,10 @@ impl Answer {
         );
         let json = self.json();
         assert_eq!(json["status"], self.status.as_u16(), "problem status");
-        assert!(json["title"].is_string() && json["detail"].is_string(), "title and detail");
+        assert!(
+            json["title"].is_string() && json["detail"].is_string(),
+            "title and detail"
+        );
         json["type"]
             .as_str()
             .and_then(|t| t.strip_prefix("urn:idempotency:"))
@@ -277,9 +299,11 @@ pub(crate) async fn abandon<S: Store>(store: &S, key: &str, body: &str, transact
         retention: Duration::from_secs(3600),
         transactional,
     };
-    assert!(matches!(store.claim(&new).await.unwrap(), Claim::Acquired(_)));
+    assert!(matches!(
+        store.claim(&new).await.unwrap(),
+        Claim::Acquired(_)
+    ));
     tokio::time::sleep(Duration::from_millis(400)).await;
     let record = store.get("default", key).await.unwrap().unwrap();
     assert_eq!(record.state(), RecordState::Abandoned);
 }
-

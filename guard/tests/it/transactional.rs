@@ -26,13 +26,23 @@ struct Hooks {
 /// Inserts one payment row through the guard's transaction, then obeys
 /// `x-delay-ms`, `x-status`, `x-hold` (wait for the test), `x-panic` and
 /// `x-no-store`.
-async fn pay(State(hooks): State<Hooks>, mut tx: Tx, headers: HeaderMap, body: Bytes) -> (StatusCode, HeaderMap, String) {
+async fn pay(
+    State(hooks): State<Hooks>,
+    mut tx: Tx,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, HeaderMap, String) {
     let (id,): (i64,) = sqlx::query_as("insert into payments_t (body) values ($1) returning id")
         .bind(body.to_vec())
         .fetch_one(&mut *tx)
         .await
         .expect("insert the payment");
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
     if header("x-hold").is_some() {
         hooks.wrote.notify_one();
         hooks.proceed.notified().await;
@@ -43,7 +53,10 @@ async fn pay(State(hooks): State<Hooks>, mut tx: Tx, headers: HeaderMap, body: B
     if header("x-panic").is_some() {
         panic!("told to panic after writing");
     }
-    let status = header("x-status").and_then(|v| v.parse().ok()).and_then(|v| StatusCode::from_u16(v).ok()).unwrap_or(StatusCode::CREATED);
+    let status = header("x-status")
+        .and_then(|v| v.parse().ok())
+        .and_then(|v| StatusCode::from_u16(v).ok())
+        .unwrap_or(StatusCode::CREATED);
     let mut out = HeaderMap::new();
     if header("x-no-store").is_some() {
         out.insert("cache-control", "no-store".parse().unwrap());
@@ -51,7 +64,9 @@ async fn pay(State(hooks): State<Hooks>, mut tx: Tx, headers: HeaderMap, body: B
     (status, out, format!(r#"{{"id":{id}}}"#))
 }
 
-async fn setup(layer: impl FnOnce(IdempotencyLayer<PostgresStore>) -> IdempotencyLayer<PostgresStore>) -> (crate::support::TestDb<PostgresStore>, Router, Hooks) {
+async fn setup(
+    layer: impl FnOnce(IdempotencyLayer<PostgresStore>) -> IdempotencyLayer<PostgresStore>,
+) -> (crate::support::TestDb<PostgresStore>, Router, Hooks) {
     let db = postgres().await;
     sqlx::query("create table payments_t (id bigserial primary key, body bytea not null)")
         .execute(db.store.pool())
@@ -59,16 +74,25 @@ async fn setup(layer: impl FnOnce(IdempotencyLayer<PostgresStore>) -> Idempotenc
         .unwrap();
     let hooks = Hooks::default();
     let guard = layer(IdempotencyLayer::new(db.store.clone()).with_transactional_mode(true));
-    let router = Router::new().route("/things", post(pay)).route_layer(guard).with_state(hooks.clone());
+    let router = Router::new()
+        .route("/things", post(pay))
+        .route_layer(guard)
+        .with_state(hooks.clone());
     (db, router, hooks)
 }
 
 async fn payments(store: &PostgresStore) -> i64 {
-    sqlx::query_scalar("select count(*) from payments_t").fetch_one(store.pool()).await.unwrap()
+    sqlx::query_scalar("select count(*) from payments_t")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
 }
 
 fn post_with(key: &str, name: &str, value: &str) -> http::Request<Body> {
-    request(Some(key)).header(name, value).body(Body::from("{}")).unwrap()
+    request(Some(key))
+        .header(name, value)
+        .body(Body::from("{}"))
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -88,7 +112,12 @@ async fn writes_commit_with_the_stored_response() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failure_status_rolls_writes_back_and_frees_the_key() {
     let (db, router, _) = setup(|l| l).await;
-    assert_eq!(call(&router, post_with("k", "x-status", "500")).await.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        call(&router, post_with("k", "x-status", "500"))
+            .await
+            .status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
     assert_eq!(payments(&db.store).await, 0, "the write was rolled back");
     assert!(db.store.get("default", "k").await.unwrap().is_none());
     assert_eq!(send(&router, "k", "{}").await.status, StatusCode::CREATED);
@@ -112,7 +141,10 @@ async fn a_timeout_rolls_back_and_the_retry_runs_once() {
     assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(answer.problem(), "handler-timeout");
     assert_eq!(payments(&db.store).await, 0, "cut off: nothing committed");
-    assert!(db.store.get("default", "k").await.unwrap().is_none(), "and the key is free");
+    assert!(
+        db.store.get("default", "k").await.unwrap().is_none(),
+        "and the key is free"
+    );
     assert_eq!(send(&router, "k", "{}").await.status, StatusCode::CREATED);
     assert!(send(&router, "k", "{}").await.replayed());
     assert_eq!(payments(&db.store).await, 1);
@@ -124,10 +156,18 @@ async fn a_crashed_run_is_taken_over_and_runs_once() {
     // A process claimed the key, wrote in its transaction and died: the
     // transaction rolled back and its lease lapsed.
     abandon(&db.store, "crashed", "{}", true).await;
-    let answers = futures_util::future::join_all((0..20).map(|_| send(&router, "crashed", "{}"))).await;
-    let executed = answers.iter().filter(|a| a.status == StatusCode::CREATED && !a.replayed()).count();
+    let answers =
+        futures_util::future::join_all((0..20).map(|_| send(&router, "crashed", "{}"))).await;
+    let executed = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED && !a.replayed())
+        .count();
     assert_eq!(executed, 1, "exactly one retry takes over");
-    assert!(answers.iter().all(|a| a.status == StatusCode::CREATED || a.problem() == "request-in-flight"));
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.status == StatusCode::CREATED || a.problem() == "request-in-flight")
+    );
     assert_eq!(payments(&db.store).await, 1, "no duplicate row");
     assert!(send(&router, "crashed", "{}").await.replayed());
 }
@@ -148,14 +188,27 @@ async fn a_lost_lease_refuses_the_completion_and_rolls_back() {
     hooks.proceed.notify_one();
     let answer = first.await.unwrap();
     assert_eq!(answer.status, StatusCode::CONFLICT);
-    assert_eq!(answer.problem(), "request-in-flight", "the new holder answers for the key");
-    assert_eq!(payments(&db.store).await, 0, "the fenced-out run committed nothing");
+    assert_eq!(
+        answer.problem(),
+        "request-in-flight",
+        "the new holder answers for the key"
+    );
+    assert_eq!(
+        payments(&db.store).await,
+        0,
+        "the fenced-out run committed nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_store_keeps_the_writes_and_frees_the_key() {
     let (db, router, _) = setup(|l| l).await;
-    assert_eq!(call(&router, post_with("k", "x-no-store", "1")).await.status, StatusCode::CREATED);
+    assert_eq!(
+        call(&router, post_with("k", "x-no-store", "1"))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
     assert_eq!(payments(&db.store).await, 1);
     assert!(db.store.get("default", "k").await.unwrap().is_none());
 }
@@ -169,5 +222,11 @@ async fn concurrent_identical_requests_write_once() {
     }))
     .await;
     assert_eq!(payments(&db.store).await, 1);
-    assert_eq!(answers.iter().filter(|a| a.status == StatusCode::CREATED && !a.replayed()).count(), 1);
+    assert_eq!(
+        answers
+            .iter()
+            .filter(|a| a.status == StatusCode::CREATED && !a.replayed())
+            .count(),
+        1
+    );
 }
