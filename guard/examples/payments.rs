@@ -230,7 +230,7 @@ async fn render_metrics(State(state): State<AppState>) -> String {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+pub(crate) async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),

@@ -83,6 +83,25 @@ impl IdempotencyKey {
             .map_err(|_| KeyError::InvalidCharacter)
     }
 
+    /// Validates a key given as it is stored (already unquoted), as in the
+    /// status service's path: 1 to 255 visible ASCII characters.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError::Empty`], [`KeyError::TooLong`] or [`KeyError::InvalidCharacter`].
+    pub fn from_raw(raw: &str) -> Result<Self, KeyError> {
+        if raw.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if raw.len() > MAX_KEY_LEN {
+            return Err(KeyError::TooLong);
+        }
+        if !raw.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+            return Err(KeyError::InvalidCharacter);
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
     /// Reads the key from request headers.
     ///
     /// # Errors

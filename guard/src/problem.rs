@@ -7,40 +7,93 @@
 //! scope.
 //!
 //! `type` is a URN, which `http::Uri` (and so the `problem_details` crate)
-//! cannot hold; [`http_api_problem`] keeps it as text.
+//! cannot hold, and `http-api-problem` keeps extension members in a hash
+//! map, whose order changes from one answer to the next: an answer about
+//! another scope's key must not differ in any byte from one about an absent
+//! key. [`Problem`] is the small struct that does both right.
 
 use std::time::Duration;
 
 use axum::body::Body;
 use http::{HeaderValue, Response, StatusCode, header};
-use http_api_problem::HttpApiProblem;
+use serde::{Deserialize, Serialize};
 
 use crate::KeyError;
 
 /// The media type of every problem answer.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
-/// A problem with `type` = `urn:idempotency:<name>`, a title and a detail.
+/// An RFC 9457 problem: `type` = `urn:idempotency:<name>`, `title`,
+/// `status`, `detail`, and extension members in a fixed (sorted) order.
 ///
 /// The service renders its own problems (`unauthorized`, `key-not-found`,
-/// `bad-request`) through this function too, so every problem of the
-/// product has the same shape.
-pub fn problem(status: StatusCode, name: &str, title: &str, detail: &str) -> HttpApiProblem {
-    HttpApiProblem::new(status)
-        .type_url(format!("urn:idempotency:{name}"))
-        .title(title)
-        .detail(detail)
+/// `bad-request`) with this type too, so every problem of the product has
+/// the same shape.
+///
+/// ```
+/// use http::StatusCode;
+/// use idempotency_guard::problem::Problem;
+///
+/// let problem = Problem::new(StatusCode::NOT_FOUND, "key-not-found", "Key not found", "No record.")
+///     .with("key", "k-1");
+/// assert_eq!(
+///     serde_json::to_string(&problem).unwrap(),
+///     r#"{"type":"urn:idempotency:key-not-found","title":"Key not found","status":404,"detail":"No record.","key":"k-1"}"#
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Problem {
+    /// `urn:idempotency:<name>`.
+    #[serde(rename = "type")]
+    pub problem_type: String,
+    /// A short summary of the problem type.
+    pub title: String,
+    /// The HTTP status.
+    pub status: u16,
+    /// What went wrong with this request.
+    pub detail: String,
+    /// Extension members (`key`, `advice`), sorted by name.
+    #[serde(flatten)]
+    pub extensions: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Turns a problem into a response with the problem+json content type.
-pub fn problem_response(problem: &HttpApiProblem) -> Response<Body> {
-    let status = problem.status.unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = Response::new(Body::from(problem.json_bytes()));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-    response
+impl Problem {
+    /// A problem named `name` (the part of `type` after `urn:idempotency:`).
+    pub fn new(status: StatusCode, name: &str, title: &str, detail: &str) -> Self {
+        Self {
+            problem_type: format!("urn:idempotency:{name}"),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail: detail.to_owned(),
+            extensions: serde_json::Map::new(),
+        }
+    }
+
+    /// Adds an extension member.
+    pub fn with(mut self, name: &str, value: impl Serialize) -> Self {
+        if let Ok(value) = serde_json::to_value(value) {
+            self.extensions.insert(name.to_owned(), value);
+        }
+        self
+    }
+
+    /// The problem's name: the part of `type` after `urn:idempotency:`.
+    pub fn name(&self) -> Option<&str> {
+        self.problem_type.strip_prefix("urn:idempotency:")
+    }
+
+    /// The response: this problem as JSON, with its status and the
+    /// problem+json content type.
+    pub fn into_response(self) -> Response<Body> {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = status;
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        response
+    }
 }
 
 /// Why the guard answered instead of the handler.
@@ -234,11 +287,11 @@ impl Rejection {
     /// Renders the rejection as its problem+json response.
     pub fn into_response(self) -> Response<Body> {
         let (title, detail) = self.title_and_detail();
-        let mut problem = problem(self.status(), self.name(), title, &detail);
+        let mut problem = Problem::new(self.status(), self.name(), title, &detail);
         if let Some(key) = self.key() {
-            problem.set_value("key", &key);
+            problem = problem.with("key", key);
         }
-        let mut response = problem_response(&problem);
+        let mut response = problem.into_response();
         if let Some(retry_after) = self.retry_after() {
             response
                 .headers_mut()

@@ -199,6 +199,24 @@ pub trait Store: Clone + Send + Sync + 'static {
         key: &str,
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
+    /// Reads the records of many keys of one scope, in the order of `keys`.
+    ///
+    /// The default reads them one by one; stores override it with one
+    /// round trip.
+    fn get_many(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> impl Future<Output = Result<Vec<Option<Record>>, StoreError>> + Send {
+        async move {
+            let mut records = Vec::with_capacity(keys.len());
+            for key in keys {
+                records.push(self.get(scope, key).await?);
+            }
+            Ok(records)
+        }
+    }
+
     /// Deletes up to `limit` records past their retention; returns how many.
     fn purge(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
 

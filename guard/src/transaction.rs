@@ -29,7 +29,7 @@ use http::request::Parts;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
-use crate::problem::{problem, problem_response};
+use crate::problem::Problem;
 
 /// The handler's share of the guard's transaction: derefs to the
 /// [`PgConnection`] of the transaction that will also commit the stored
@@ -84,12 +84,7 @@ impl IntoResponse for TxRejection {
             }
         };
         tracing::error!(error = %self, "transactional mode: no transaction for the handler");
-        problem_response(&problem(
-            status,
-            name,
-            "Transaction unavailable",
-            &self.to_string(),
-        ))
+        Problem::new(status, name, "Transaction unavailable", &self.to_string()).into_response()
     }
 }
 

@@ -72,6 +72,20 @@ impl AnyStore {
     }
 }
 
+#[cfg(feature = "postgres")]
+impl From<crate::store::postgres::PostgresStore> for AnyStore {
+    fn from(store: crate::store::postgres::PostgresStore) -> Self {
+        Self::Postgres(store)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl From<crate::store::sqlite::SqliteStore> for AnyStore {
+    fn from(store: crate::store::sqlite::SqliteStore) -> Self {
+        Self::Sqlite(store)
+    }
+}
+
 impl Store for AnyStore {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
         delegate!(self, store => store.claim(new).await)
@@ -99,6 +113,14 @@ impl Store for AnyStore {
 
     async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
         delegate!(self, store => store.get(scope, key).await)
+    }
+
+    async fn get_many(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Record>>, StoreError> {
+        delegate!(self, store => store.get_many(scope, keys).await)
     }
 
     async fn purge(&self, limit: u32) -> Result<u64, StoreError> {

@@ -65,6 +65,12 @@ const GET: &str = concat!(
     " from idempotency_records where scope = $1 and key = $2"
 );
 
+const GET_MANY: &str = concat!(
+    "select key, ",
+    record_columns!(),
+    " from idempotency_records where scope = $1 and key = any($2)"
+);
+
 const PURGE: &str = "delete from idempotency_records where (scope, key) in (
         select scope, key from idempotency_records
         where expires_at <= now()
@@ -312,6 +318,25 @@ impl Store for PostgresStore {
             .fetch_optional(&self.pool)
             .await?;
         row.map(|row| record_from_row(&row, scope, key)).transpose()
+    }
+
+    async fn get_many(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Record>>, StoreError> {
+        let rows = sqlx::query(GET_MANY)
+            .bind(scope)
+            .bind(keys)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut found = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let key: String = row.try_get("key")?;
+            let record = record_from_row(row, scope, &key)?;
+            found.insert(key, record);
+        }
+        Ok(keys.iter().map(|key| found.get(*key).cloned()).collect())
     }
 
     async fn purge(&self, limit: u32) -> Result<u64, StoreError> {

@@ -15,8 +15,8 @@ mod store_suite;
 mod guard_suite;
 mod transactional;
 
-store_suite!(postgres_store, crate::support::postgres);
-store_suite!(sqlite_store, crate::support::sqlite);
+store_suite!(postgres_store, idempotency_tests::postgres);
+store_suite!(sqlite_store, idempotency_tests::sqlite);
 
-guard_suite!(postgres_guard, crate::support::postgres);
-guard_suite!(sqlite_guard, crate::support::sqlite);
+guard_suite!(postgres_guard, idempotency_tests::postgres);
+guard_suite!(sqlite_guard, idempotency_tests::sqlite);

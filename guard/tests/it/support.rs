@@ -1,7 +1,6 @@
-//! Fixtures: a fresh store per test on a real server, and a test app whose
-//! handler counts its runs.
+//! The guard's test app: a handler that counts its runs, behind the layer.
+//! Stores come from the shared fixtures of `idempotency-tests`.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -12,128 +11,9 @@ use axum::extract::State;
 use axum::routing::post;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
-use idempotency_guard::store::postgres::PostgresStore;
-use idempotency_guard::store::sqlite::SqliteStore;
 use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, IdempotencyLayer, RecordState, Store};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tower::ServiceExt;
-
-/// The PostgreSQL server tests use; each test gets a schema of its own.
-pub(crate) fn postgres_url() -> String {
-    std::env::var("TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A store on a fresh database that is dropped with it.
-pub(crate) struct TestDb<S> {
-    pub(crate) store: S,
-    cleanup: Cleanup,
-}
-
-enum Cleanup {
-    PostgresSchema(String),
-    SqliteDir(#[allow(dead_code)] tempfile::TempDir),
-}
-
-impl<S> Drop for TestDb<S> {
-    fn drop(&mut self) {
-        if let Cleanup::PostgresSchema(schema) = &self.cleanup {
-            let schema = schema.clone();
-            // Drop runs inside the test's runtime: clean up from a thread of its own.
-            let _ = std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                runtime.block_on(async {
-                    if let Ok(pool) = admin_pool().await {
-                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                            "drop schema if exists \"{schema}\" cascade"
-                        )))
-                        .execute(&pool)
-                        .await;
-                        pool.close().await;
-                    }
-                });
-            })
-            .join();
-        }
-    }
-}
-
-async fn admin_pool() -> Result<sqlx::PgPool, sqlx::Error> {
-    PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(&postgres_url())
-        .await
-}
-
-/// A PostgreSQL store in a fresh schema of the test database, migrated.
-pub(crate) async fn postgres() -> TestDb<PostgresStore> {
-    let url = postgres_url();
-    let admin = admin_pool().await.unwrap_or_else(|error| {
-        panic!(
-            "PostgreSQL is not answering at {url} ({error}). Start it with \
-             `pg_ctlcluster --skip-systemctl-redirect 15 main start`, or point TEST_POSTGRES_URL at a server."
-        )
-    });
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(sqlx::AssertSqlSafe(format!("create schema \"{schema}\"")))
-        .execute(&admin)
-        .await
-        .expect("create the test schema");
-    admin.close().await;
-    let options = PgConnectOptions::from_str(&url)
-        .expect("TEST_POSTGRES_URL is a postgres URL")
-        .options([("search_path", schema.as_str())]);
-    let pool = PgPoolOptions::new()
-        .max_connections(16)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(options)
-        .await
-        .expect("connect to the test schema");
-    let store = PostgresStore::new(pool);
-    store.migrate().await.expect("migrate the test schema");
-    TestDb {
-        store,
-        cleanup: Cleanup::PostgresSchema(schema),
-    }
-}
-
-/// An SQLite store in a fresh file of a temporary directory, migrated.
-pub(crate) async fn sqlite() -> TestDb<SqliteStore> {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let url = format!("sqlite://{}", dir.path().join("records.db").display());
-    let store = SqliteStore::connect(&url)
-        .await
-        .expect("open the SQLite file");
-    store.migrate().await.expect("migrate SQLite");
-    TestDb {
-        store,
-        cleanup: Cleanup::SqliteDir(dir),
-    }
-}
-
-/// Makes a store unreachable, as if its server went away.
-pub(crate) trait Breakable {
-    /// Closes the store's connections for good.
-    fn break_store(&self) -> impl std::future::Future<Output = ()> + Send;
-}
-
-impl Breakable for PostgresStore {
-    async fn break_store(&self) {
-        self.pool().close().await;
-    }
-}
-
-impl Breakable for SqliteStore {
-    async fn break_store(&self) {
-        self.pool().close().await;
-    }
-}
+pub(crate) use idempotency_tests::{Answer, Breakable, TestDb, call};
 
 /// How many times the test handler ran.
 #[derive(Clone, Default)]
@@ -216,70 +96,6 @@ pub(crate) async fn send(router: &Router, key: &str, body: &str) -> Answer {
         .body(Body::from(body.to_owned()))
         .unwrap();
     call(router, request).await
-}
-
-/// Sends any request.
-pub(crate) async fn call(router: &Router, request: Request<Body>) -> Answer {
-    let response = router.clone().oneshot(request).await.unwrap();
-    Answer::read(response).await
-}
-
-/// A response, read whole.
-#[derive(Debug, Clone)]
-pub(crate) struct Answer {
-    pub(crate) status: StatusCode,
-    pub(crate) headers: HeaderMap,
-    pub(crate) body: Bytes,
-}
-
-impl Answer {
-    pub(crate) async fn read(response: Response<Body>) -> Self {
-        let (parts, body) = response.into_parts();
-        Self {
-            status: parts.status,
-            headers: parts.headers,
-            body: body.collect().await.unwrap().to_bytes(),
-        }
-    }
-
-    /// The body as JSON.
-    pub(crate) fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&self.body)))
-    }
-
-    /// The problem `type` name after `urn:idempotency:`, checking the
-    /// problem's shape on the way.
-    pub(crate) fn problem(&self) -> String {
-        assert_eq!(
-            self.headers
-                .get("content-type")
-                .map(|v| v.to_str().unwrap()),
-            Some("application/problem+json"),
-            "not a problem: {} {}",
-            self.status,
-            String::from_utf8_lossy(&self.body)
-        );
-        let json = self.json();
-        assert_eq!(json["status"], self.status.as_u16(), "problem status");
-        assert!(
-            json["title"].is_string() && json["detail"].is_string(),
-            "title and detail"
-        );
-        json["type"]
-            .as_str()
-            .and_then(|t| t.strip_prefix("urn:idempotency:"))
-            .unwrap_or_else(|| panic!("problem type: {json}"))
-            .to_owned()
-    }
-
-    pub(crate) fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-
-    pub(crate) fn replayed(&self) -> bool {
-        self.header("idempotent-replayed") == Some("true")
-    }
 }
 
 /// Claims `key` directly in the store with a short lease that nobody

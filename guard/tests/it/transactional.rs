@@ -14,7 +14,8 @@ use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::{IdempotencyLayer, RecordState, Store, Tx};
 use tokio::sync::Notify;
 
-use crate::support::{abandon, call, postgres, request, send};
+use crate::support::{abandon, call, request, send};
+use idempotency_tests::postgres;
 
 /// Lets a test hold the handler between its write and its answer.
 #[derive(Clone, Default)]
@@ -66,7 +67,7 @@ async fn pay(
 
 async fn setup(
     layer: impl FnOnce(IdempotencyLayer<PostgresStore>) -> IdempotencyLayer<PostgresStore>,
-) -> (crate::support::TestDb<PostgresStore>, Router, Hooks) {
+) -> (idempotency_tests::TestDb<PostgresStore>, Router, Hooks) {
     let db = postgres().await;
     sqlx::query("create table payments_t (id bigserial primary key, body bytea not null)")
         .execute(db.store.pool())

@@ -1,0 +1,64 @@
+//! The command line: subcommands and one flat set of flags, each with an
+//! environment fallback.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// The key-status service: tells a client that lost its answer whether its
+/// idempotency key already ran.
+#[derive(Debug, Parser)]
+#[command(name = "idempotency-service", version, about)]
+pub struct Cli {
+    /// What to do (default: serve).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Settings shared by every subcommand.
+    #[command(flatten)]
+    pub config: Config,
+}
+
+/// The subcommands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+pub enum Command {
+    /// Serve the status API (the default).
+    Serve,
+    /// Apply pending migrations and exit: safe to run from several deploy
+    /// jobs at once; exits non-zero with the reason when it fails.
+    Migrate,
+}
+
+/// Settings, as flags with environment fallbacks.
+#[derive(Debug, Clone, Parser)]
+pub struct Config {
+    /// The store: `postgres://...` or `sqlite://...` (the same database the
+    /// guarded app uses).
+    #[arg(long, env = "DATABASE_URL", default_value = "sqlite://idempotency.db")]
+    pub database_url: String,
+    /// A Redis URL, when the records live in Redis.
+    #[arg(long, env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// The address to listen on.
+    #[arg(long, env = "LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// A file of `<scope> <token>` lines (`#` starts a comment).
+    #[arg(long, env = "TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// `<scope> <token>` pairs, separated by `;` or newlines, beside (or
+    /// instead of) the file.
+    #[arg(long, env = "TOKENS", hide_env_values = true)]
+    pub tokens: Option<String>,
+    /// Seconds between purges of expired records (0: never purge).
+    #[arg(long, env = "PURGE_INTERVAL_SECS", default_value_t = 60)]
+    pub purge_interval_secs: u64,
+    /// Apply pending migrations when serving starts.
+    #[arg(long, env = "MIGRATE_ON_START", default_value_t = true, action = clap::ArgAction::Set)]
+    pub migrate_on_start: bool,
+    /// The `retry_after_seconds` hint for in-flight keys.
+    #[arg(long, env = "RETRY_AFTER_SECS", default_value_t = 1)]
+    pub retry_after_secs: u64,
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "LOG_JSON", default_value_t = false, action = clap::ArgAction::Set)]
+    pub log_json: bool,
+}

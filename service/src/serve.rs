@@ -1,0 +1,149 @@
+//! Running the service: `serve` and `migrate`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency_guard::store::AnyStore;
+
+use crate::auth::{Tokens, TokensError};
+use crate::config::Config;
+use crate::routes::{AppState, build_router};
+
+/// Why the service could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// The store could not be reached.
+    #[error("cannot connect to the store")]
+    Connect(#[source] idempotency_guard::StoreError),
+    /// A migration failed.
+    #[error(transparent)]
+    Migrate(#[from] idempotency_guard::MigrationError),
+    /// The tokens could not be read.
+    #[error("cannot read the tokens")]
+    Tokens(#[source] TokensError),
+    /// The Redis store was asked for but is not in this build.
+    #[error("REDIS_URL is set, but this build has no Redis store")]
+    RedisUnavailable,
+    /// The metrics recorder could not be installed.
+    #[error("cannot install the metrics recorder")]
+    Metrics(#[source] metrics_exporter_prometheus::BuildError),
+    /// The listener failed.
+    #[error("cannot listen on {address}")]
+    Listen {
+        /// The address.
+        address: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server failed while serving.
+    #[error("the server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+async fn connect(config: &Config) -> Result<AnyStore, ServiceError> {
+    if config.redis_url.is_some() {
+        return Err(ServiceError::RedisUnavailable);
+    }
+    AnyStore::connect(&config.database_url)
+        .await
+        .map_err(ServiceError::Connect)
+}
+
+/// Applies pending migrations (`idempotency-service migrate`).
+///
+/// # Errors
+///
+/// When the store cannot be reached or a migration fails.
+pub async fn migrate(config: &Config) -> Result<(), ServiceError> {
+    let store = connect(config).await?;
+    store.migrate().await?;
+    tracing::info!(store = store.kind(), "migrations applied");
+    Ok(())
+}
+
+fn tokens(config: &Config) -> Result<Tokens, ServiceError> {
+    let mut tokens = match &config.tokens_file {
+        Some(path) => Tokens::from_file(path).map_err(ServiceError::Tokens)?,
+        None => Tokens::default(),
+    };
+    if let Some(pairs) = &config.tokens {
+        tokens.add_pairs(pairs).map_err(ServiceError::Tokens)?;
+    }
+    if tokens.is_empty() {
+        tracing::warn!(
+            "no tokens configured: every /v1 request will be refused (set TOKENS_FILE or TOKENS)"
+        );
+    }
+    Ok(tokens)
+}
+
+/// Serves the status API until SIGTERM or Ctrl-C, then lets in-flight
+/// requests finish.
+///
+/// # Errors
+///
+/// When the store, the tokens, the listener or the server fail.
+pub async fn serve(config: Config) -> Result<(), ServiceError> {
+    let tokens = tokens(&config)?;
+    let store = connect(&config).await?;
+    if config.migrate_on_start {
+        store.migrate().await?;
+    }
+    let metrics =
+        idempotency_guard::telemetry::install_prometheus().map_err(ServiceError::Metrics)?;
+    let purge = (config.purge_interval_secs > 0).then(|| {
+        let interval = Duration::from_secs(config.purge_interval_secs);
+        tokio::spawn(idempotency_guard::purge::purge_periodically(
+            store.clone(),
+            interval,
+            1000,
+        ))
+    });
+    let state = AppState {
+        store: store.clone(),
+        tokens: Arc::new(tokens),
+        metrics: Some(metrics),
+        retry_after: Duration::from_secs(config.retry_after_secs),
+    };
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServiceError::Listen {
+            address: config.listen,
+            source,
+        })?;
+    tracing::info!(listen = %config.listen, store = store.kind(), "key-status service listening");
+    let served = axum::serve(listener, build_router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(ServiceError::Serve);
+    if let Some(purge) = purge {
+        purge.abort();
+    }
+    tracing::info!("key-status service stopped");
+    served
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+}

@@ -1,0 +1,164 @@
+//! What the service says about a record: a pure mapping from the record
+//! (read with the store's clock) to the [`KeyStatus`] answer.
+
+use std::time::Duration;
+
+use idempotency_client::status::{Advice, KeyState, KeyStatus};
+use idempotency_guard::{Fingerprint, Record, RecordState};
+
+/// The status of `record`, or `None` when the record counts as absent:
+/// past its retention, or a transactional-mode run whose lease lapsed
+/// (its writes were rolled back with it: nothing ran).
+pub fn key_status(
+    record: &Record,
+    fingerprint: Option<&Fingerprint>,
+    retry_after: Duration,
+) -> Option<KeyStatus> {
+    if record.is_expired() {
+        return None;
+    }
+    let state = record.state();
+    if state == RecordState::Abandoned && record.transactional {
+        return None;
+    }
+    let response = record.response.as_ref();
+    let (state, advice) = match state {
+        RecordState::InFlight => (KeyState::InFlight, Advice::Wait),
+        // A response too large to store cannot be replayed: reconcile.
+        RecordState::Completed if response.is_some_and(|r| r.body.is_none()) => {
+            (KeyState::Completed, Advice::Reconcile)
+        }
+        RecordState::Completed => (KeyState::Completed, Advice::Replay),
+        RecordState::Abandoned => (KeyState::Abandoned, Advice::Reconcile),
+    };
+    let retry_after_seconds = (state == KeyState::InFlight).then(|| {
+        let wait = retry_after.min(record.lease_remaining());
+        (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
+    });
+    Some(KeyStatus {
+        key: record.key.clone(),
+        state,
+        advice,
+        fingerprint: record.fingerprint.to_string(),
+        method: record.method.clone(),
+        path: record.path.clone(),
+        response_status: response.map(|r| r.status.as_u16()),
+        response_stored: response.map(|r| r.body.is_some()),
+        created_at: record.created_at,
+        completed_at: record.completed_at,
+        expires_at: record.expires_at,
+        retry_after_seconds,
+        fingerprint_matches: fingerprint.map(|f| *f == record.fingerprint),
+        found: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, StatusCode};
+    use idempotency_guard::{LeaseToken, StoredResponse};
+    use time::OffsetDateTime;
+
+    fn record(state: RecordState, transactional: bool) -> Record {
+        let now = OffsetDateTime::now_utc();
+        let secs = time::Duration::seconds;
+        let (lease_expires_at, response) = match state {
+            RecordState::InFlight => (now + secs(30), None),
+            RecordState::Abandoned => (now - secs(1), None),
+            RecordState::Completed => (
+                now + secs(30),
+                Some(StoredResponse {
+                    status: StatusCode::CREATED,
+                    headers: HeaderMap::new(),
+                    body: Some(Vec::new().into()),
+                }),
+            ),
+        };
+        Record {
+            scope: "s".into(),
+            key: "k".into(),
+            fingerprint: Fingerprint::from_bytes([1; 32]),
+            method: "POST".into(),
+            path: "/p".into(),
+            lease_token: LeaseToken::new(),
+            lease_expires_at,
+            transactional,
+            response,
+            created_at: now - secs(5),
+            completed_at: (state == RecordState::Completed).then_some(now),
+            expires_at: now + secs(3600),
+            observed_at: now,
+        }
+    }
+
+    #[test]
+    fn each_state_has_its_advice_and_fields() {
+        let second = Duration::from_secs(1);
+        let running = key_status(&record(RecordState::InFlight, false), None, second).unwrap();
+        assert_eq!(
+            (running.state, running.advice, running.retry_after_seconds),
+            (KeyState::InFlight, Advice::Wait, Some(1))
+        );
+        assert_eq!(running.response_status, None);
+        let done = key_status(&record(RecordState::Completed, false), None, second).unwrap();
+        assert_eq!(
+            (done.state, done.advice),
+            (KeyState::Completed, Advice::Replay)
+        );
+        assert_eq!(
+            (
+                done.response_status,
+                done.response_stored,
+                done.retry_after_seconds
+            ),
+            (Some(201), Some(true), None)
+        );
+        assert!(done.completed_at.is_some());
+        let lost = key_status(&record(RecordState::Abandoned, false), None, second).unwrap();
+        assert_eq!(
+            (lost.state, lost.advice),
+            (KeyState::Abandoned, Advice::Reconcile)
+        );
+    }
+
+    #[test]
+    fn transactional_lapses_and_expired_records_count_as_absent() {
+        assert!(
+            key_status(
+                &record(RecordState::Abandoned, true),
+                None,
+                Duration::from_secs(1)
+            )
+            .is_none()
+        );
+        let mut expired = record(RecordState::Completed, false);
+        expired.expires_at = expired.observed_at;
+        assert!(key_status(&expired, None, Duration::from_secs(1)).is_none());
+    }
+
+    #[test]
+    fn reports_whether_the_fingerprint_matches() {
+        let r = record(RecordState::Completed, false);
+        let same = Fingerprint::from_bytes([1; 32]);
+        let other = Fingerprint::from_bytes([2; 32]);
+        assert_eq!(
+            key_status(&r, Some(&same), Duration::ZERO)
+                .unwrap()
+                .fingerprint_matches,
+            Some(true)
+        );
+        assert_eq!(
+            key_status(&r, Some(&other), Duration::ZERO)
+                .unwrap()
+                .fingerprint_matches,
+            Some(false)
+        );
+        assert_eq!(
+            key_status(&r, None, Duration::ZERO)
+                .unwrap()
+                .fingerprint_matches,
+            None
+        );
+    }
+}

@@ -1,0 +1,15 @@
+//! The key-status service's integration tests: every endpoint on every
+//! store, the OpenAPI document, and one run over a real socket.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+#[macro_use]
+mod api_suite;
+mod openapi;
+mod socket;
+
+api_suite!(postgres_api, idempotency_tests::postgres);
+api_suite!(sqlite_api, idempotency_tests::sqlite);

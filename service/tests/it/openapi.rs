@@ -1,0 +1,87 @@
+//! The OpenAPI document: valid OpenAPI 3.1, and complete.
+
+use serde_json::Value;
+
+use crate::support::document;
+
+#[test]
+fn the_document_is_valid_openapi_3_1() {
+    let meta: Value = serde_json::from_str(include_str!("schemas/openapi-3.1.json")).unwrap();
+    let validator = jsonschema::validator_for(&meta).expect("the OpenAPI 3.1 schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(document())
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "not valid OpenAPI 3.1: {errors:#?}");
+    assert_eq!(document()["openapi"], "3.1.0");
+    // The check has teeth: a document without `info` is refused.
+    let mut broken = document().clone();
+    broken.as_object_mut().unwrap().remove("info");
+    assert!(!validator.is_valid(&broken));
+}
+
+#[test]
+fn every_endpoint_schema_and_problem_answer_is_documented() {
+    let paths = document()["paths"].as_object().unwrap();
+    let mut documented: Vec<&str> = paths.keys().map(String::as_str).collect();
+    documented.sort_unstable();
+    assert_eq!(
+        documented,
+        [
+            "/healthz",
+            "/metrics",
+            "/openapi.json",
+            "/readyz",
+            "/v1/keys/lookup",
+            "/v1/keys/{key}"
+        ]
+    );
+    let statuses = |path: &str, method: &str| -> Vec<String> {
+        let mut codes: Vec<String> = document()["paths"][path][method]["responses"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        codes.sort();
+        codes
+    };
+    assert_eq!(
+        statuses("/v1/keys/{key}", "get"),
+        ["200", "400", "401", "404", "503"]
+    );
+    assert_eq!(
+        statuses("/v1/keys/lookup", "post"),
+        ["200", "400", "401", "413", "503"]
+    );
+    assert_eq!(statuses("/readyz", "get"), ["200", "503"]);
+    for (path, method) in [("/v1/keys/{key}", "get"), ("/v1/keys/lookup", "post")] {
+        let operation = &document()["paths"][path][method];
+        assert_eq!(
+            operation["security"][0]["bearer"],
+            serde_json::json!([]),
+            "{path} needs the bearer token"
+        );
+        let problem =
+            &operation["responses"]["401"]["content"]["application/problem+json"]["schema"]["$ref"];
+        assert_eq!(problem, "#/components/schemas/Problem");
+    }
+    let schemas = document()["components"]["schemas"].as_object().unwrap();
+    for name in [
+        "KeyStatus",
+        "KeyState",
+        "Advice",
+        "LookupRequest",
+        "LookupResponse",
+        "LookupResult",
+        "MissingKey",
+        "Problem",
+        "Health",
+    ] {
+        assert!(schemas.contains_key(name), "schema {name}");
+    }
+    assert_eq!(
+        document()["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+}

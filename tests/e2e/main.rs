@@ -1,0 +1,7 @@
+//! End-to-end tests across crates and real processes: the payments example
+//! and the key-status service, on one database.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+mod lost_response;

@@ -1,0 +1,119 @@
+//! Real processes for end-to-end tests: started with an environment,
+//! waited for until they answer, killed (for real) when dropped.
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+/// A free port on loopback (the listener is closed before the port is used).
+///
+/// # Panics
+///
+/// When no port can be bound.
+pub fn free_address() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("a local address")
+}
+
+/// A child process that is killed when dropped.
+pub struct Process {
+    child: Child,
+    /// The address it listens on.
+    pub address: SocketAddr,
+    program: String,
+}
+
+impl Process {
+    /// Starts `program` with `LISTEN` set to a free address and `env`, and
+    /// waits until `health_path` answers 200 (at most 30 s).
+    ///
+    /// # Panics
+    ///
+    /// When it cannot start, or exits or stays silent before answering.
+    pub async fn start(program: &str, env: &[(&str, &str)], health_path: &str) -> Self {
+        let address = free_address();
+        Self::start_at(program, address, env, health_path).await
+    }
+
+    /// Like [`Process::start`], on a given address (to restart a process
+    /// where it was).
+    ///
+    /// # Panics
+    ///
+    /// When it cannot start, or exits or stays silent before answering.
+    pub async fn start_at(
+        program: &str,
+        address: SocketAddr,
+        env: &[(&str, &str)],
+        health_path: &str,
+    ) -> Self {
+        let mut command = Command::new(program);
+        command
+            .env("LISTEN", address.to_string())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+        let mut process = Self {
+            child,
+            address,
+            program: program.to_owned(),
+        };
+        process.wait_until_answering(health_path).await;
+        process
+    }
+
+    async fn wait_until_answering(&mut self, health_path: &str) {
+        let url = format!("http://{}{health_path}", self.address);
+        for _ in 0..300 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{} exited with {status} before answering", self.program);
+            }
+            if status_of_get(&url).await == Some(200) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{} did not answer {url} within 30 s", self.program);
+    }
+
+    /// Kills the process with SIGKILL (no cleanup, no graceful shutdown) and
+    /// waits for it to be gone.
+    ///
+    /// # Panics
+    ///
+    /// When the process cannot be killed.
+    pub async fn kill(mut self) {
+        self.child.kill().await.expect("kill -9");
+    }
+}
+
+/// The status code of a plain `GET`, over a raw TCP connection (so this
+/// helper needs no HTTP client).
+async fn status_of_get(url: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(host))
+            .await
+            .ok()?
+            .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut head = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(2), stream.read_exact(&mut head))
+        .await
+        .ok()?
+        .ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
