@@ -4,4 +4,5 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
+mod compose;
 mod lost_response;
