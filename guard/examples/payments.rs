@@ -11,12 +11,15 @@
 //! - `GET /metrics`: Prometheus text.
 //!
 //! Environment: `DATABASE_URL` (`postgres://...` or `sqlite://...`; default
-//! `sqlite://payments.db`), `LISTEN` (default `127.0.0.1:3000`),
+//! `sqlite://payments.db`; the payments live there), `STORE` (where the
+//! guard keeps its records: `sql`, the default, is the same database;
+//! `redis` or `tiered` with `REDIS_URL`, one URL or a comma-separated
+//! cluster, and `REDIS_PREFIX`), `LISTEN` (default `127.0.0.1:3000`),
 //! `LEASE_SECS` (default 60), `IDEMPOTENCY_GUARD=off` to run without the
 //! guard (to watch retries double-charge). The scope is the `X-Tenant`
-//! header (`default` when absent). On PostgreSQL the guard runs in
-//! transactional mode: the payment row and the stored response commit
-//! together.
+//! header (`default` when absent). When the records are in PostgreSQL (the
+//! `sql` or `tiered` store) the guard runs in transactional mode: the
+//! payment row and the stored response commit together.
 
 use std::time::Duration;
 
@@ -26,8 +29,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idempotency_guard::store::AnyStore;
-use idempotency_guard::{IdempotencyLayer, Tx};
+use idempotency_guard::store::{AnyStore, StoreKind};
+use idempotency_guard::{IdempotencyLayer, Store, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, SqlitePool};
 
@@ -246,25 +249,38 @@ pub(crate) async fn main() -> anyhow::Result<()> {
         .unwrap_or(60);
     let guarded = std::env::var("IDEMPOTENCY_GUARD").map_or(true, |v| v != "off");
 
-    let store = AnyStore::connect(&url)
+    let kind: StoreKind = std::env::var("STORE")
+        .unwrap_or_else(|_| "sql".into())
+        .parse()
+        .map_err(anyhow::Error::msg)?;
+    let redis_url = std::env::var("REDIS_URL").ok();
+    let prefix = std::env::var("REDIS_PREFIX").unwrap_or_else(|_| "idem".into());
+    let store = AnyStore::open(kind, &url, redis_url.as_deref(), &prefix)
         .await
-        .with_context(|| format!("connect to {url}"))?;
+        .with_context(|| format!("open the {kind:?} store"))?;
     store
         .migrate()
         .await
         .context("run the idempotency migrations")?;
-    let db = match &store {
-        AnyStore::Postgres(store) => {
-            sqlx::query(CREATE_POSTGRES).execute(store.pool()).await?;
-            Db::Postgres(store.pool().clone())
+    // The payments live in DATABASE_URL, whichever store keeps the records.
+    let payments_db = AnyStore::connect(&url)
+        .await
+        .with_context(|| format!("connect to {url}"))?;
+    let db = match payments_db {
+        AnyStore::Postgres(payments) => {
+            sqlx::query(CREATE_POSTGRES)
+                .execute(payments.pool())
+                .await?;
+            Db::Postgres(payments.pool().clone())
         }
-        AnyStore::Sqlite(store) => {
-            sqlx::query(CREATE_SQLITE).execute(store.pool()).await?;
-            Db::Sqlite(store.pool().clone())
+        AnyStore::Sqlite(payments) => {
+            sqlx::query(CREATE_SQLITE).execute(payments.pool()).await?;
+            Db::Sqlite(payments.pool().clone())
         }
-        _ => anyhow::bail!("unsupported store"),
+        _ => anyhow::bail!("DATABASE_URL must name PostgreSQL or SQLite"),
     };
-    let transactional = matches!(db, Db::Postgres(_));
+    // Records in PostgreSQL (the sql or tiered store): transactional mode.
+    let transactional = store.transactions().is_some();
     let metrics = idempotency_guard::telemetry::install_prometheus()?;
     tokio::spawn(idempotency_guard::purge::purge_periodically(
         store.clone(),

@@ -13,11 +13,15 @@ use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "redis")]
+pub mod tiered;
 
 mod any;
-pub use any::AnyStore;
+pub use any::{AnyStore, StoreKind};
 
 /// The random token that identifies one lease on a record.
 ///

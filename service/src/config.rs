@@ -36,9 +36,17 @@ pub struct Config {
     /// guarded app uses).
     #[arg(long, env = "DATABASE_URL", default_value = "sqlite://idempotency.db")]
     pub database_url: String,
-    /// A Redis URL, when the records live in Redis.
+    /// Where the records live: `sql` (the database URL's store), `redis`
+    /// (Redis, or Redis Cluster when the Redis URL lists several nodes) or
+    /// `tiered` (Redis in front of PostgreSQL).
+    #[arg(long, env = "STORE", default_value = "sql")]
+    pub store: idempotency_guard::store::StoreKind,
+    /// Redis: `redis://host:port`, or comma-separated node URLs of a cluster.
     #[arg(long, env = "REDIS_URL")]
     pub redis_url: Option<String>,
+    /// The prefix of every Redis key the store writes.
+    #[arg(long, env = "REDIS_PREFIX", default_value = "idem")]
+    pub redis_prefix: String,
     /// The address to listen on.
     #[arg(long, env = "LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,

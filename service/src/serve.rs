@@ -22,9 +22,6 @@ pub enum ServiceError {
     /// The tokens could not be read.
     #[error("cannot read the tokens")]
     Tokens(#[source] TokensError),
-    /// The Redis store was asked for but is not in this build.
-    #[error("REDIS_URL is set, but this build has no Redis store")]
-    RedisUnavailable,
     /// The metrics recorder could not be installed.
     #[error("cannot install the metrics recorder")]
     Metrics(#[source] metrics_exporter_prometheus::BuildError),
@@ -43,12 +40,14 @@ pub enum ServiceError {
 }
 
 async fn connect(config: &Config) -> Result<AnyStore, ServiceError> {
-    if config.redis_url.is_some() {
-        return Err(ServiceError::RedisUnavailable);
-    }
-    AnyStore::connect(&config.database_url)
-        .await
-        .map_err(ServiceError::Connect)
+    AnyStore::open(
+        config.store,
+        &config.database_url,
+        config.redis_url.as_deref(),
+        &config.redis_prefix,
+    )
+    .await
+    .map_err(ServiceError::Connect)
 }
 
 /// Applies pending migrations (`idempotency-service migrate`).

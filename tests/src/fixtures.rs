@@ -6,8 +6,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use idempotency_guard::store::postgres::PostgresStore;
+use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::sqlite::SqliteStore;
+use idempotency_guard::store::tiered::TieredStore;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::partition::Partition;
 
 /// The PostgreSQL server tests use (`TEST_POSTGRES_URL`, default
 /// `postgres://postgres@127.0.0.1:5432/test`); each test gets a schema of
@@ -21,17 +25,75 @@ pub fn postgres_url() -> String {
 pub struct TestDb<S> {
     /// The store.
     pub store: S,
-    cleanup: Cleanup,
+    cleanup: Vec<Cleanup>,
+    breaker: Breaker,
 }
 
 enum Cleanup {
     PostgresSchema(String),
     SqliteDir(#[allow(dead_code)] tempfile::TempDir),
+    RedisPrefix { nodes: Vec<String>, prefix: String },
+}
+
+/// How a test makes the store unreachable.
+enum Breaker {
+    PostgresPool(sqlx::PgPool),
+    SqlitePool(sqlx::SqlitePool),
+    Partition(Partition),
+    /// The tiered store: PostgreSQL (what breaking closes) and Redis's partition.
+    Tiered {
+        postgres: sqlx::PgPool,
+        redis: Partition,
+    },
+    Unbreakable(&'static str),
+}
+
+impl<S> TestDb<S> {
+    /// Makes the store unreachable for good, as if its server went away:
+    /// closes its pool, or cuts its network path.
+    ///
+    /// # Panics
+    ///
+    /// For a store whose fixture cannot break it (the message says why).
+    pub async fn break_store(&self) {
+        match &self.breaker {
+            Breaker::PostgresPool(pool) => pool.close().await,
+            Breaker::SqlitePool(pool) => pool.close().await,
+            Breaker::Partition(partition) => partition.cut(),
+            Breaker::Tiered { postgres, .. } => postgres.close().await,
+            Breaker::Unbreakable(why) => panic!("this store cannot be broken in tests: {why}"),
+        }
+    }
+
+    /// The partition between the store and its Redis, for stores that
+    /// reach Redis through one.
+    pub fn redis_partition(&self) -> Option<&Partition> {
+        match &self.breaker {
+            Breaker::Partition(partition)
+            | Breaker::Tiered {
+                redis: partition, ..
+            } => Some(partition),
+            _ => None,
+        }
+    }
 }
 
 impl<S> Drop for TestDb<S> {
     fn drop(&mut self) {
-        if let Cleanup::PostgresSchema(schema) = &self.cleanup {
+        for cleanup in self.cleanup.drain(..) {
+            cleanup.run();
+        }
+    }
+}
+
+impl Cleanup {
+    fn run(self) {
+        if let Cleanup::RedisPrefix { nodes, prefix } = &self {
+            let (nodes, prefix) = (nodes.clone(), prefix.clone());
+            let _ = std::thread::spawn(move || delete_redis_prefix(&nodes, &prefix)).join();
+            return;
+        }
+        if let Cleanup::PostgresSchema(schema) = &self {
             let schema = schema.clone();
             // Drop runs inside the test's runtime: clean up from a thread of its own.
             let _ = std::thread::spawn(move || {
@@ -89,11 +151,12 @@ pub async fn postgres() -> TestDb<PostgresStore> {
         .connect_with(options)
         .await
         .expect("connect to the test schema");
-    let store = PostgresStore::new(pool);
+    let store = PostgresStore::new(pool.clone());
     store.migrate().await.expect("migrate the test schema");
     TestDb {
         store,
-        cleanup: Cleanup::PostgresSchema(schema),
+        cleanup: vec![Cleanup::PostgresSchema(schema)],
+        breaker: Breaker::PostgresPool(pool),
     }
 }
 
@@ -105,27 +168,11 @@ pub async fn sqlite() -> TestDb<SqliteStore> {
         .await
         .expect("open the SQLite file");
     store.migrate().await.expect("migrate SQLite");
+    let pool = store.pool().clone();
     TestDb {
         store,
-        cleanup: Cleanup::SqliteDir(dir),
-    }
-}
-
-/// Makes a store unreachable, as if its server went away.
-pub trait Breakable {
-    /// Closes the store's connections for good.
-    fn break_store(&self) -> impl std::future::Future<Output = ()> + Send;
-}
-
-impl Breakable for PostgresStore {
-    async fn break_store(&self) {
-        self.pool().close().await;
-    }
-}
-
-impl Breakable for SqliteStore {
-    async fn break_store(&self) {
-        self.pool().close().await;
+        cleanup: vec![Cleanup::SqliteDir(dir)],
+        breaker: Breaker::SqlitePool(pool),
     }
 }
 
@@ -187,5 +234,147 @@ impl Drop for TestDatabase {
             });
         })
         .join();
+    }
+}
+
+/// The Redis tests use (`TEST_REDIS_URL`, default `redis://127.0.0.1:6379`);
+/// each test keeps its keys under a prefix of its own.
+pub fn redis_url() -> String {
+    std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// The Redis Cluster tests use (`TEST_REDIS_CLUSTER_URLS`, comma-separated,
+/// default the three masters `.ci/redis-cluster` starts on 7101-7103).
+pub fn redis_cluster_urls() -> Vec<String> {
+    std::env::var("TEST_REDIS_CLUSTER_URLS")
+        .unwrap_or_else(|_| {
+            "redis://127.0.0.1:7101,redis://127.0.0.1:7102,redis://127.0.0.1:7103".to_owned()
+        })
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
+fn test_prefix() -> String {
+    format!("test-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The address of a `redis://host:port` URL.
+fn redis_address(url: &str) -> std::net::SocketAddr {
+    let authority = url
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap_or("");
+    let authority = authority.rsplit('@').next().unwrap_or(authority);
+    std::net::ToSocketAddrs::to_socket_addrs(authority)
+        .ok()
+        .and_then(|mut addresses| addresses.next())
+        .unwrap_or_else(|| panic!("not a redis://host:port URL: {url}"))
+}
+
+/// Deletes every key under `prefix` on each node (a cluster's masters, or one Redis).
+fn delete_redis_prefix(nodes: &[String], prefix: &str) {
+    for node in nodes {
+        let Ok(client) = redis::Client::open(node.as_str()) else {
+            continue;
+        };
+        let Ok(mut connection) = client.get_connection() else {
+            continue;
+        };
+        let pattern = format!("{prefix}:*");
+        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg(&pattern)
+            .query(&mut connection)
+            .unwrap_or_default();
+        for key in keys {
+            let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(key).query(&mut connection);
+        }
+    }
+}
+
+/// A Redis store under a fresh prefix, reaching Redis through a
+/// [`Partition`] so the test can cut it off.
+///
+/// # Panics
+///
+/// When Redis does not answer (the message says how to start it).
+pub async fn redis() -> TestDb<RedisStore> {
+    let url = redis_url();
+    let partition = Partition::start(redis_address(&url)).await;
+    let prefix = test_prefix();
+    let store = RedisStore::connect(&format!("redis://{}", partition.address), &prefix)
+        .await
+        .unwrap_or_else(|error| {
+            panic!(
+                "Redis is not answering at {url} ({error}). Start it with `redis-server --daemonize yes \
+                 --bind 127.0.0.1 --port 6379 --save '' --appendonly no`, or point TEST_REDIS_URL at a server."
+            )
+        });
+    TestDb {
+        store,
+        cleanup: vec![Cleanup::RedisPrefix {
+            nodes: vec![url],
+            prefix,
+        }],
+        breaker: Breaker::Partition(partition),
+    }
+}
+
+/// A Redis Cluster store under a fresh prefix.
+///
+/// # Panics
+///
+/// When the cluster does not answer (the message says how to start it).
+pub async fn redis_cluster() -> TestDb<RedisStore> {
+    let urls = redis_cluster_urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let prefix = test_prefix();
+    let store = RedisStore::connect_cluster(&nodes, &prefix).await.unwrap_or_else(|error| {
+        panic!(
+            "Redis Cluster is not answering at {urls:?} ({error}). Start it with `.ci/redis-cluster`, \
+             or point TEST_REDIS_CLUSTER_URLS at a cluster."
+        )
+    });
+    TestDb {
+        store,
+        cleanup: vec![Cleanup::RedisPrefix {
+            nodes: urls,
+            prefix,
+        }],
+        breaker: Breaker::Unbreakable(
+            "cluster clients learn node addresses from the cluster itself, so no partition sits in their path",
+        ),
+    }
+}
+
+/// A tiered store: PostgreSQL in a fresh schema, Redis under a fresh prefix
+/// behind a [`Partition`]. Breaking it closes PostgreSQL (the truth); the
+/// partition cuts Redis alone.
+///
+/// # Panics
+///
+/// When PostgreSQL or Redis does not answer.
+pub async fn tiered() -> TestDb<TieredStore> {
+    let mut postgres = postgres().await;
+    let mut redis = redis().await;
+    let store = TieredStore::new(postgres.store.clone(), redis.store.clone());
+    let mut cleanup = std::mem::take(&mut postgres.cleanup);
+    cleanup.append(&mut redis.cleanup);
+    let breaker = std::mem::replace(&mut postgres.breaker, Breaker::Unbreakable("moved"));
+    let partition = std::mem::replace(&mut redis.breaker, Breaker::Unbreakable("moved"));
+    let Breaker::Partition(partition) = partition else {
+        unreachable!("the Redis fixture uses a partition")
+    };
+    TestDb {
+        store,
+        cleanup,
+        breaker: match breaker {
+            Breaker::PostgresPool(pool) => Breaker::Tiered {
+                postgres: pool,
+                redis: partition,
+            },
+            other => other,
+        },
     }
 }

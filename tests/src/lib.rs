@@ -7,8 +7,14 @@
 
 pub mod answer;
 pub mod fixtures;
+pub mod partition;
 pub mod process;
+pub mod redis_server;
 
 pub use answer::{Answer, call};
-pub use fixtures::{Breakable, TestDatabase, TestDb, postgres, postgres_database, sqlite};
+pub use fixtures::{
+    TestDatabase, TestDb, postgres, postgres_database, redis, redis_cluster, sqlite, tiered,
+};
+pub use partition::Partition;
 pub use process::Process;
+pub use redis_server::RedisServer;

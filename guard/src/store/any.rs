@@ -16,6 +16,40 @@ pub enum AnyStore {
     /// See [`SqliteStore`](crate::store::sqlite::SqliteStore).
     #[cfg(feature = "sqlite")]
     Sqlite(crate::store::sqlite::SqliteStore),
+    /// See [`RedisStore`](crate::store::redis::RedisStore) (one Redis or a cluster).
+    #[cfg(feature = "redis")]
+    Redis(crate::store::redis::RedisStore),
+    /// See [`TieredStore`](crate::store::tiered::TieredStore).
+    #[cfg(feature = "redis")]
+    Tiered(crate::store::tiered::TieredStore),
+}
+
+/// Which store [`AnyStore::open`] builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StoreKind {
+    /// The SQL store the database URL names (`postgres://` or `sqlite:`).
+    #[default]
+    Sql,
+    /// Redis, or Redis Cluster when the Redis URL lists several nodes.
+    Redis,
+    /// Redis in front of PostgreSQL.
+    Tiered,
+}
+
+impl std::str::FromStr for StoreKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "sql" => Ok(Self::Sql),
+            "redis" => Ok(Self::Redis),
+            "tiered" => Ok(Self::Tiered),
+            other => Err(format!(
+                "unknown store {other:?}: expected sql, redis or tiered"
+            )),
+        }
+    }
 }
 
 /// Runs the same expression on whichever store `self` holds.
@@ -26,6 +60,10 @@ macro_rules! delegate {
             AnyStore::Postgres($store) => $body,
             #[cfg(feature = "sqlite")]
             AnyStore::Sqlite($store) => $body,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis($store) => $body,
+            #[cfg(feature = "redis")]
+            AnyStore::Tiered($store) => $body,
         }
     };
 }
@@ -52,23 +90,115 @@ impl AnyStore {
         Err(StoreError::Unsupported("this database URL scheme"))
     }
 
-    /// Applies the store's pending migrations.
+    /// Opens the store of `kind`: `database_url` names the SQL store (and
+    /// the PostgreSQL of the tiered store); `redis_url` names Redis, or a
+    /// cluster when it lists several comma-separated node URLs; Redis keys
+    /// start with `redis_prefix`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unsupported`] when a URL the kind needs is missing or
+    /// of the wrong scheme, [`StoreError::Unavailable`] when a server
+    /// cannot be reached.
+    pub async fn open(
+        kind: StoreKind,
+        database_url: &str,
+        redis_url: Option<&str>,
+        redis_prefix: &str,
+    ) -> Result<Self, StoreError> {
+        match kind {
+            StoreKind::Sql => Self::connect(database_url).await,
+            #[cfg(feature = "redis")]
+            StoreKind::Redis => {
+                let url = redis_url.ok_or(StoreError::Unsupported(
+                    "the Redis store without a Redis URL",
+                ))?;
+                Ok(Self::Redis(connect_redis(url, redis_prefix).await?))
+            }
+            #[cfg(feature = "redis")]
+            StoreKind::Tiered => {
+                let url = redis_url.ok_or(StoreError::Unsupported(
+                    "the tiered store without a Redis URL",
+                ))?;
+                let Self::Postgres(postgres) = Self::connect(database_url).await? else {
+                    return Err(StoreError::Unsupported(
+                        "the tiered store over a database that is not PostgreSQL",
+                    ));
+                };
+                let cache = connect_redis(url, redis_prefix).await?;
+                Ok(Self::Tiered(crate::store::tiered::TieredStore::new(
+                    postgres, cache,
+                )))
+            }
+            #[cfg(not(feature = "redis"))]
+            StoreKind::Redis | StoreKind::Tiered => {
+                let _ = (redis_url, redis_prefix);
+                Err(StoreError::Unsupported("Redis (the redis feature is off)"))
+            }
+        }
+    }
+
+    /// Applies the store's pending migrations (Redis has none).
     ///
     /// # Errors
     ///
     /// Returns the migration that failed, or the connection error.
     pub async fn migrate(&self) -> Result<(), crate::MigrationError> {
-        delegate!(self, store => store.migrate().await)
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(store) => store.migrate().await,
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(store) => store.migrate().await,
+            #[cfg(feature = "redis")]
+            Self::Redis(_) => Ok(()),
+            #[cfg(feature = "redis")]
+            Self::Tiered(store) => store.postgres().migrate().await,
+        }
     }
 
-    /// The store's kind, for logs: `postgres` or `sqlite`.
+    /// The store's kind, for logs: `postgres`, `sqlite`, `redis` or `tiered`.
     pub fn kind(&self) -> &'static str {
         match self {
             #[cfg(feature = "postgres")]
             Self::Postgres(_) => "postgres",
             #[cfg(feature = "sqlite")]
             Self::Sqlite(_) => "sqlite",
+            #[cfg(feature = "redis")]
+            Self::Redis(_) => "redis",
+            #[cfg(feature = "redis")]
+            Self::Tiered(_) => "tiered",
         }
+    }
+}
+
+/// One Redis, or a cluster when `url` lists several nodes.
+#[cfg(feature = "redis")]
+async fn connect_redis(
+    url: &str,
+    prefix: &str,
+) -> Result<crate::store::redis::RedisStore, StoreError> {
+    let nodes: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    match nodes.as_slice() {
+        [one] => crate::store::redis::RedisStore::connect(one, prefix).await,
+        many => crate::store::redis::RedisStore::connect_cluster(many, prefix).await,
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<crate::store::redis::RedisStore> for AnyStore {
+    fn from(store: crate::store::redis::RedisStore) -> Self {
+        Self::Redis(store)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<crate::store::tiered::TieredStore> for AnyStore {
+    fn from(store: crate::store::tiered::TieredStore) -> Self {
+        Self::Tiered(store)
     }
 }
 

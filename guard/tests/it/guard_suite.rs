@@ -12,11 +12,16 @@ use idempotency_guard::{
     AbandonedPolicy, FailureMode, IdempotencyLayer, InFlightPolicy, RecordState, Store,
 };
 
-use crate::support::{Answer, Breakable, TestDb, abandon, app, call, send};
+use crate::support::{Answer, TestDb, abandon, app, call, send};
 
-/// Instantiates the guard suite for one store.
+/// Instantiates the guard suite for one store. The outage tests need a
+/// fixture that can make the store unreachable; list them explicitly as
+/// `outages: []` for a store that cannot be cut off in tests.
 macro_rules! guard_suite {
     ($backend:ident, $fixture:path) => {
+        guard_suite!($backend, $fixture, outages: [failing_store_fails_closed, failing_store_fails_open_when_told]);
+    };
+    ($backend:ident, $fixture:path, outages: [$($outage:ident),*]) => {
         mod $backend {
             use $crate::guard_suite as suite;
 
@@ -35,8 +40,6 @@ macro_rules! guard_suite {
                 abandoned_run_answers_outcome_unknown,
                 abandoned_run_runs_again_when_allowed,
                 oversized_response_is_sent_once_and_never_replayed,
-                failing_store_fails_closed,
-                failing_store_fails_open_when_told,
                 unstored_statuses_release_the_key,
                 panicking_handler_releases_the_key,
                 handler_past_max_time_is_cut_off_and_abandoned,
@@ -46,6 +49,7 @@ macro_rules! guard_suite {
                 concurrent_distinct_keys_all_run,
                 same_key_in_two_scopes_is_two_records,
                 disconnected_client_does_not_cancel_the_handler,
+                $($outage,)*
             );
         }
     };
@@ -69,7 +73,7 @@ fn with_body(builder: http::request::Builder, body: &str) -> Request<Body> {
     builder.body(Body::from(body.to_owned())).unwrap()
 }
 
-pub(crate) async fn unguarded_methods_pass_through<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn unguarded_methods_pass_through<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     for method in [Method::GET, Method::PUT] {
         let answer = call(
@@ -106,7 +110,7 @@ pub(crate) async fn unguarded_methods_pass_through<S: Store + Breakable>(db: Tes
     assert_eq!(runs.get(), 1);
 }
 
-pub(crate) async fn missing_key_is_refused<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn missing_key_is_refused<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     for method in [Method::POST, Method::PATCH] {
         let request = Request::builder()
@@ -122,7 +126,7 @@ pub(crate) async fn missing_key_is_refused<S: Store + Breakable>(db: TestDb<S>) 
     assert_eq!(runs.get(), 0);
 }
 
-pub(crate) async fn optional_key_runs_unguarded<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn optional_key_runs_unguarded<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()).with_key_required(false));
     for _ in 0..2 {
         let answer = call(&router, with_body(request(None), "{}")).await;
@@ -139,7 +143,7 @@ pub(crate) async fn optional_key_runs_unguarded<S: Store + Breakable>(db: TestDb
     assert_eq!(runs.get(), 2);
 }
 
-pub(crate) async fn invalid_keys_are_refused<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn invalid_keys_are_refused<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let long = "k".repeat(256);
     let values: Vec<HeaderValue> = vec![
@@ -185,7 +189,7 @@ pub(crate) async fn invalid_keys_are_refused<S: Store + Breakable>(db: TestDb<S>
     );
 }
 
-pub(crate) async fn invalid_scope_is_refused<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn invalid_scope_is_refused<S: Store>(db: TestDb<S>) {
     let layer = IdempotencyLayer::new(db.store.clone()).with_scope(|parts| {
         parts
             .headers
@@ -205,7 +209,7 @@ pub(crate) async fn invalid_scope_is_refused<S: Store + Breakable>(db: TestDb<S>
     assert_eq!(runs.get(), 0);
 }
 
-pub(crate) async fn oversized_bodies_are_refused<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn oversized_bodies_are_refused<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()).with_body_limit(1024));
     let big = "x".repeat(2048);
     let answer = call(&router, with_body(post("declared"), &big)).await;
@@ -229,9 +233,7 @@ pub(crate) async fn oversized_bodies_are_refused<S: Store + Breakable>(db: TestD
     );
 }
 
-pub(crate) async fn new_key_runs_once_and_replays_byte_for_byte<S: Store + Breakable>(
-    db: TestDb<S>,
-) {
+pub(crate) async fn new_key_runs_once_and_replays_byte_for_byte<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let first = send(&router, "order-1", r#"{"amount":100,"currency":"EUR"}"#).await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -277,9 +279,7 @@ pub(crate) async fn new_key_runs_once_and_replays_byte_for_byte<S: Store + Break
     assert_eq!(runs.get(), 1);
 }
 
-pub(crate) async fn reused_key_with_another_request_is_refused<S: Store + Breakable>(
-    db: TestDb<S>,
-) {
+pub(crate) async fn reused_key_with_another_request_is_refused<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     assert_eq!(
         send(&router, "k", r#"{"amount":1}"#).await.status,
@@ -299,9 +299,7 @@ pub(crate) async fn reused_key_with_another_request_is_refused<S: Store + Breaka
     assert_eq!(answer.problem(), "key-reused");
 }
 
-pub(crate) async fn in_flight_duplicate_is_refused_with_retry_after<S: Store + Breakable>(
-    db: TestDb<S>,
-) {
+pub(crate) async fn in_flight_duplicate_is_refused_with_retry_after<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let slow = tokio::spawn({
         let router = router.clone();
@@ -323,7 +321,7 @@ pub(crate) async fn in_flight_duplicate_is_refused_with_retry_after<S: Store + B
     assert_eq!(runs.get(), 1);
 }
 
-pub(crate) async fn in_flight_duplicate_waits_for_the_replay<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn in_flight_duplicate_waits_for_the_replay<S: Store>(db: TestDb<S>) {
     let layer = IdempotencyLayer::new(db.store.clone())
         .with_in_flight(InFlightPolicy::Wait(Duration::from_secs(10)));
     let (router, runs) = app(layer);
@@ -351,7 +349,7 @@ pub(crate) async fn in_flight_duplicate_waits_for_the_replay<S: Store + Breakabl
     assert_eq!(runs.get(), 1);
 }
 
-pub(crate) async fn wait_ends_in_409_at_its_bound<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn wait_ends_in_409_at_its_bound<S: Store>(db: TestDb<S>) {
     let layer = IdempotencyLayer::new(db.store.clone())
         .with_in_flight(InFlightPolicy::Wait(Duration::from_millis(200)));
     let (router, runs) = app(layer);
@@ -373,7 +371,7 @@ pub(crate) async fn wait_ends_in_409_at_its_bound<S: Store + Breakable>(db: Test
     assert_eq!(runs.get(), 1);
 }
 
-pub(crate) async fn abandoned_run_answers_outcome_unknown<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn abandoned_run_answers_outcome_unknown<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     abandon(&db.store, "crashed", "{}", false).await;
     let answer = send(&router, "crashed", "{}").await;
@@ -383,7 +381,7 @@ pub(crate) async fn abandoned_run_answers_outcome_unknown<S: Store + Breakable>(
     assert_eq!(runs.get(), 0);
 }
 
-pub(crate) async fn abandoned_run_runs_again_when_allowed<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn abandoned_run_runs_again_when_allowed<S: Store>(db: TestDb<S>) {
     let (router, runs) =
         app(IdempotencyLayer::new(db.store.clone()).with_abandoned(AbandonedPolicy::RunAgain));
     abandon(&db.store, "crashed", "{}", false).await;
@@ -403,9 +401,7 @@ pub(crate) async fn abandoned_run_runs_again_when_allowed<S: Store + Breakable>(
     assert_eq!(runs.get(), 1);
 }
 
-pub(crate) async fn oversized_response_is_sent_once_and_never_replayed<S: Store + Breakable>(
-    db: TestDb<S>,
-) {
+pub(crate) async fn oversized_response_is_sent_once_and_never_replayed<S: Store>(db: TestDb<S>) {
     let (router, runs) =
         app(IdempotencyLayer::new(db.store.clone()).with_stored_response_limit(1000));
     let first = call(
@@ -428,10 +424,10 @@ pub(crate) async fn oversized_response_is_sent_once_and_never_replayed<S: Store 
     assert_eq!(runs.get(), 1);
 }
 
-pub(crate) async fn failing_store_fails_closed<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn failing_store_fails_closed<S: Store>(db: TestDb<S>) {
     let (router, runs) =
         app(IdempotencyLayer::new(db.store.clone()).with_store_timeout(Duration::from_secs(2)));
-    db.store.break_store().await;
+    db.break_store().await;
     let answer = send(&router, "k", "{}").await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(answer.problem(), "store-unavailable");
@@ -440,16 +436,16 @@ pub(crate) async fn failing_store_fails_closed<S: Store + Breakable>(db: TestDb<
     assert_eq!(runs.get(), 0, "the handler did not run");
 }
 
-pub(crate) async fn failing_store_fails_open_when_told<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn failing_store_fails_open_when_told<S: Store>(db: TestDb<S>) {
     let (router, runs) =
         app(IdempotencyLayer::new(db.store.clone()).with_failure_mode(FailureMode::Open));
-    db.store.break_store().await;
+    db.break_store().await;
     let answer = send(&router, "k", "{}").await;
     assert_eq!(answer.status, StatusCode::CREATED);
     assert_eq!(runs.get(), 1);
 }
 
-pub(crate) async fn unstored_statuses_release_the_key<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn unstored_statuses_release_the_key<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let mut expected_runs = 0;
     for status in ["500", "503", "408", "425", "429"] {
@@ -498,7 +494,7 @@ pub(crate) async fn unstored_statuses_release_the_key<S: Store + Breakable>(db: 
     assert_eq!(runs.get(), expected_runs);
 }
 
-pub(crate) async fn panicking_handler_releases_the_key<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn panicking_handler_releases_the_key<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let answer = call(
         &router,
@@ -515,9 +511,7 @@ pub(crate) async fn panicking_handler_releases_the_key<S: Store + Breakable>(db:
     assert_eq!(runs.get(), 2);
 }
 
-pub(crate) async fn handler_past_max_time_is_cut_off_and_abandoned<S: Store + Breakable>(
-    db: TestDb<S>,
-) {
+pub(crate) async fn handler_past_max_time_is_cut_off_and_abandoned<S: Store>(db: TestDb<S>) {
     let layer =
         IdempotencyLayer::new(db.store.clone()).with_max_handler_time(Duration::from_millis(300));
     let (router, runs) = app(layer);
@@ -542,7 +536,7 @@ pub(crate) async fn handler_past_max_time_is_cut_off_and_abandoned<S: Store + Br
     assert_eq!(runs.get(), 1);
 }
 
-pub(crate) async fn lease_is_renewed_while_the_handler_runs<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn lease_is_renewed_while_the_handler_runs<S: Store>(db: TestDb<S>) {
     let (router, runs) =
         app(IdempotencyLayer::new(db.store.clone()).with_lease(Duration::from_secs(1)));
     let slow = tokio::spawn({
@@ -592,7 +586,7 @@ async fn fire(
     answers
 }
 
-pub(crate) async fn concurrent_identical_requests_run_once<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn concurrent_identical_requests_run_once<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let answers = fire(&router, 200, |_| "same".into(), "300").await;
     assert_eq!(runs.get(), 1, "the handler ran exactly once");
@@ -613,9 +607,7 @@ pub(crate) async fn concurrent_identical_requests_run_once<S: Store + Breakable>
     }
 }
 
-pub(crate) async fn concurrent_identical_requests_that_wait_all_get_the_same_replay<
-    S: Store + Breakable,
->(
+pub(crate) async fn concurrent_identical_requests_that_wait_all_get_the_same_replay<S: Store>(
     db: TestDb<S>,
 ) {
     let layer = IdempotencyLayer::new(db.store.clone())
@@ -640,7 +632,7 @@ pub(crate) async fn concurrent_identical_requests_that_wait_all_get_the_same_rep
     assert_eq!(answers.iter().filter(|a| a.replayed()).count(), 199);
 }
 
-pub(crate) async fn concurrent_distinct_keys_all_run<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn concurrent_distinct_keys_all_run<S: Store>(db: TestDb<S>) {
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let answers = fire(&router, 200, |i| format!("key-{i}"), "10").await;
     assert!(
@@ -651,7 +643,7 @@ pub(crate) async fn concurrent_distinct_keys_all_run<S: Store + Breakable>(db: T
     assert_eq!(runs.get(), 200);
 }
 
-pub(crate) async fn same_key_in_two_scopes_is_two_records<S: Store + Breakable>(db: TestDb<S>) {
+pub(crate) async fn same_key_in_two_scopes_is_two_records<S: Store>(db: TestDb<S>) {
     let layer = IdempotencyLayer::new(db.store.clone()).with_scope(|parts| {
         parts
             .headers
@@ -691,9 +683,7 @@ pub(crate) async fn same_key_in_two_scopes_is_two_records<S: Store + Breakable>(
     assert_eq!(replay.body, a.body);
 }
 
-pub(crate) async fn disconnected_client_does_not_cancel_the_handler<S: Store + Breakable>(
-    db: TestDb<S>,
-) {
+pub(crate) async fn disconnected_client_does_not_cancel_the_handler<S: Store>(db: TestDb<S>) {
     use tower::ServiceExt;
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
     let request = with_body(post("gone").header("x-delay-ms", "300"), "{}");

@@ -13,10 +13,21 @@ mod support;
 mod store_suite;
 #[macro_use]
 mod guard_suite;
+mod metrics_probe;
+mod redis_faults;
 mod transactional;
 
 store_suite!(postgres_store, idempotency_tests::postgres);
 store_suite!(sqlite_store, idempotency_tests::sqlite);
+store_suite!(redis_store, idempotency_tests::redis);
+store_suite!(redis_cluster_store, idempotency_tests::redis_cluster);
+store_suite!(tiered_store, idempotency_tests::tiered);
 
 guard_suite!(postgres_guard, idempotency_tests::postgres);
 guard_suite!(sqlite_guard, idempotency_tests::sqlite);
+guard_suite!(redis_guard, idempotency_tests::redis);
+guard_suite!(tiered_guard, idempotency_tests::tiered);
+// A cluster client learns node addresses from the cluster, so no partition
+// sits in its path to cut: the outage tests run on single Redis, which
+// shares every line of the store's error handling with the cluster.
+guard_suite!(redis_cluster_guard, idempotency_tests::redis_cluster, outages: []);

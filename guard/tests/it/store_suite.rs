@@ -312,21 +312,22 @@ pub(crate) async fn take_over_replaces_an_expired_record<S: Store>(store: S) {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let Claim::Existing(record) = store
-        .claim(&new_record("s", "k", &FP, LEASE, DAY))
-        .await
-        .unwrap()
-    else {
-        panic!("an expired record is still reported until purged");
-    };
-    assert!(record.is_expired());
     let other = Fingerprint::from_bytes([3; 32]);
     let new = new_record("s", "k", &other, LEASE, DAY);
-    let lease = store
-        .take_over(record.lease_token, &new)
-        .await
-        .unwrap()
-        .expect("take over");
+    let lease = match store.claim(&new).await.unwrap() {
+        // SQL stores keep an expired record until purged: take it over.
+        Claim::Existing(record) => {
+            assert!(record.is_expired(), "only an expired record is still there");
+            let again = new_record("s", "k", &other, LEASE, DAY);
+            store
+                .take_over(record.lease_token, &again)
+                .await
+                .unwrap()
+                .expect("take over")
+        }
+        // Stores with native expiry (Redis) have dropped it already.
+        Claim::Acquired(lease) => lease,
+    };
     let record = store.get("s", "k").await.unwrap().unwrap();
     assert_eq!(record.lease_token, lease.token);
     assert_eq!(record.fingerprint, other);
@@ -360,7 +361,9 @@ pub(crate) async fn purge_removes_expired_records_and_only_those<S: Store>(store
     let purged = idempotency_guard::purge::purge_expired(&store, 10)
         .await
         .unwrap();
-    assert_eq!(purged, 25, "all expired records, in batches of 10");
+    // SQL stores delete all 25, in batches of 10; stores with native expiry
+    // (Redis) have nothing left to delete. Either way they are gone:
+    assert!(purged == 25 || purged == 0, "purged {purged}");
     for i in 0..25 {
         assert!(
             store

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, IdempotencyLayer, RecordState, Store};
-pub(crate) use idempotency_tests::{Answer, Breakable, TestDb, call};
+pub(crate) use idempotency_tests::{Answer, TestDb, call};
 
 /// How many times the test handler ran.
 #[derive(Clone, Default)]

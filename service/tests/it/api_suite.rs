@@ -3,7 +3,7 @@
 use http::StatusCode;
 use idempotency_guard::Store;
 use idempotency_guard::store::AnyStore;
-use idempotency_tests::{Breakable, TestDb};
+use idempotency_tests::TestDb;
 use serde_json::{Value, json};
 
 use crate::support::{FP, Seed, TOKEN_A, TOKEN_B, call, get, lookup_request, router, seed};
@@ -53,9 +53,7 @@ fn fields(json: &Value) -> Vec<&str> {
     names
 }
 
-pub(crate) async fn each_state_answers_200_with_every_field<
-    S: Store + Breakable + Into<AnyStore>,
->(
+pub(crate) async fn each_state_answers_200_with_every_field<S: Store + Into<AnyStore>>(
     db: TestDb<S>,
 ) {
     for (key, state) in [
@@ -167,9 +165,7 @@ pub(crate) async fn each_state_answers_200_with_every_field<
     assert_eq!(running["retry_after_seconds"], 1);
 }
 
-pub(crate) async fn absent_key_answers_404_with_advice_retry<
-    S: Store + Breakable + Into<AnyStore>,
->(
+pub(crate) async fn absent_key_answers_404_with_advice_retry<S: Store + Into<AnyStore>>(
     db: TestDb<S>,
 ) {
     let router = router(db.store.clone().into());
@@ -181,9 +177,7 @@ pub(crate) async fn absent_key_answers_404_with_advice_retry<
     assert_eq!(json["key"], "never-sent");
 }
 
-pub(crate) async fn missing_or_wrong_token_answers_401<S: Store + Breakable + Into<AnyStore>>(
-    db: TestDb<S>,
-) {
+pub(crate) async fn missing_or_wrong_token_answers_401<S: Store + Into<AnyStore>>(db: TestDb<S>) {
     seed(&db.store, "tenant-a", "k", Seed::Completed).await;
     let router = router(db.store.clone().into());
     for token in [None, Some("token-of-nobody-0123456789"), Some("")] {
@@ -214,7 +208,7 @@ pub(crate) async fn missing_or_wrong_token_answers_401<S: Store + Breakable + In
 }
 
 pub(crate) async fn another_scopes_key_answers_exactly_like_an_absent_one<
-    S: Store + Breakable + Into<AnyStore>,
+    S: Store + Into<AnyStore>,
 >(
     db: TestDb<S>,
 ) {
@@ -254,9 +248,7 @@ pub(crate) async fn another_scopes_key_answers_exactly_like_an_absent_one<
     );
 }
 
-pub(crate) async fn records_that_count_as_absent_answer_404<
-    S: Store + Breakable + Into<AnyStore>,
->(
+pub(crate) async fn records_that_count_as_absent_answer_404<S: Store + Into<AnyStore>>(
     db: TestDb<S>,
 ) {
     // A transactional run whose lease lapsed committed nothing: nothing ran.
@@ -273,9 +265,7 @@ pub(crate) async fn records_that_count_as_absent_answer_404<
     assert_eq!(answer.json()["advice"], "retry");
 }
 
-pub(crate) async fn fingerprint_matches_true_and_false<S: Store + Breakable + Into<AnyStore>>(
-    db: TestDb<S>,
-) {
+pub(crate) async fn fingerprint_matches_true_and_false<S: Store + Into<AnyStore>>(db: TestDb<S>) {
     seed(&db.store, "tenant-a", "k", Seed::Completed).await;
     let router = router(db.store.clone().into());
     let same = call(
@@ -305,9 +295,7 @@ pub(crate) async fn fingerprint_matches_true_and_false<S: Store + Breakable + In
     assert_eq!(encoded.json()["fingerprint_matches"], true);
 }
 
-pub(crate) async fn invalid_keys_and_fingerprints_answer_400<
-    S: Store + Breakable + Into<AnyStore>,
->(
+pub(crate) async fn invalid_keys_and_fingerprints_answer_400<S: Store + Into<AnyStore>>(
     db: TestDb<S>,
 ) {
     seed(&db.store, "tenant-a", "k", Seed::Completed).await;
@@ -326,9 +314,7 @@ pub(crate) async fn invalid_keys_and_fingerprints_answer_400<
     }
 }
 
-pub(crate) async fn percent_encoded_keys_and_the_key_named_lookup<
-    S: Store + Breakable + Into<AnyStore>,
->(
+pub(crate) async fn percent_encoded_keys_and_the_key_named_lookup<S: Store + Into<AnyStore>>(
     db: TestDb<S>,
 ) {
     seed(&db.store, "tenant-a", "a/b?c#d%e", Seed::Completed).await;
@@ -347,9 +333,7 @@ pub(crate) async fn percent_encoded_keys_and_the_key_named_lookup<
     assert_eq!(answer.json()["state"], "in_flight");
 }
 
-pub(crate) async fn lookup_of_1000_keys_answers_in_order<S: Store + Breakable + Into<AnyStore>>(
-    db: TestDb<S>,
-) {
+pub(crate) async fn lookup_of_1000_keys_answers_in_order<S: Store + Into<AnyStore>>(db: TestDb<S>) {
     let keys: Vec<String> = (0..1000).map(|i| format!("key-{i:04}")).collect();
     for key in keys.iter().step_by(3) {
         seed(&db.store, "tenant-a", key, Seed::Completed).await;
@@ -381,9 +365,7 @@ pub(crate) async fn lookup_of_1000_keys_answers_in_order<S: Store + Breakable + 
     }
 }
 
-pub(crate) async fn lookup_outside_1_to_1000_keys_is_refused<
-    S: Store + Breakable + Into<AnyStore>,
->(
+pub(crate) async fn lookup_outside_1_to_1000_keys_is_refused<S: Store + Into<AnyStore>>(
     db: TestDb<S>,
 ) {
     let router = router(db.store.clone().into());
@@ -413,9 +395,7 @@ pub(crate) async fn lookup_outside_1_to_1000_keys_is_refused<
     assert_eq!(answer.problem(), "body-too-large");
 }
 
-pub(crate) async fn store_down_answers_503_and_readyz_says_so<
-    S: Store + Breakable + Into<AnyStore>,
->(
+pub(crate) async fn store_down_answers_503_and_readyz_says_so<S: Store + Into<AnyStore>>(
     db: TestDb<S>,
 ) {
     let router = router(db.store.clone().into());
@@ -423,7 +403,7 @@ pub(crate) async fn store_down_answers_503_and_readyz_says_so<
         call(&router, "/readyz", get("/readyz", None)).await.status,
         StatusCode::OK
     );
-    db.store.break_store().await;
+    db.break_store().await;
     let ready = call(&router, "/readyz", get("/readyz", None)).await;
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(ready.problem(), "store-unavailable");
@@ -445,9 +425,7 @@ pub(crate) async fn store_down_answers_503_and_readyz_says_so<
     assert_eq!(lookup.status, StatusCode::SERVICE_UNAVAILABLE);
 }
 
-pub(crate) async fn health_metrics_and_document_answer<S: Store + Breakable + Into<AnyStore>>(
-    db: TestDb<S>,
-) {
+pub(crate) async fn health_metrics_and_document_answer<S: Store + Into<AnyStore>>(db: TestDb<S>) {
     let router = router(db.store.clone().into());
     let health = call(&router, "/healthz", get("/healthz", None)).await;
     assert_eq!(health.json(), json!({"status": "ok"}));

@@ -1,0 +1,631 @@
+//! The Redis store: one Redis, or a Redis Cluster.
+//!
+//! Each record is one hash, at a key that encodes the scope with a length
+//! prefix (`<prefix>:r:<scope length>:<scope>:<key>`), so no scope or key can
+//! collide with another's or reach outside the store's prefix. Every
+//! operation is one Lua script on that single key: atomic on one Redis, and
+//! on a cluster within the key's one hash slot. Times come from the server's
+//! own clock (`TIME`), retention from native expiry (`PEXPIREAT`), so
+//! [`Store::purge`] has nothing to do.
+//!
+//! Completions, releases and abandonments are published on
+//! `<prefix>:events`; every store subscribes, so a request waiting for an
+//! in-flight key in one process is woken by its completion in another.
+//!
+//! Durability is Redis's: with `appendonly yes` and `appendfsync always` a
+//! crash loses nothing; with the defaults, a Redis crash can forget records,
+//! and a retry of a forgotten key runs again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Script, Value};
+use time::OffsetDateTime;
+
+use crate::record::CorruptRecord;
+use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
+use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
+
+/// Reads the server's clock in milliseconds; shared by every script.
+const NOW: &str = "local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+";
+
+/// Writes a fresh in-flight record (ARGV 2..8 of claim and take over).
+const WRITE_NEW: &str = "local function write_new(fp, method, path, token, lease, tx, retention)
+  redis.call('HSET', KEYS[1], 'fp', fp, 'method', method, 'path', path, 'state', 'in_flight',
+    'token', token, 'lease', now + tonumber(lease), 'tx', tx, 'created', now,
+    'expires', now + tonumber(retention))
+  redis.call('PEXPIREAT', KEYS[1], now + tonumber(retention))
+end
+";
+
+/// Claim: create the record, or return the existing one (and the clock).
+static CLAIM: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}{WRITE_NEW}
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {{0, now, redis.call('HGETALL', KEYS[1])}}
+end
+write_new(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+return {{1, now}}"
+    ))
+});
+
+/// Take over the record holding token ARGV[1] if its retention or lease ended.
+static TAKE_OVER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}{WRITE_NEW}
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+local state = redis.call('HGET', KEYS[1], 'state')
+local lease = tonumber(redis.call('HGET', KEYS[1], 'lease'))
+local expires = tonumber(redis.call('HGET', KEYS[1], 'expires'))
+if not (expires <= now or (state == 'in_flight' and lease <= now)) then return 0 end
+redis.call('DEL', KEYS[1])
+write_new(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+return 1"
+    ))
+});
+
+/// The fence every later write starts with: the record is in flight and
+/// holds token ARGV[1].
+const FENCE: &str = "if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1]
+  or redis.call('HGET', KEYS[1], 'state') ~= 'in_flight' then
+  return 0
+end
+";
+
+/// Complete: store status ARGV[2], headers ARGV[3], body ARGV[4] (when
+/// ARGV[5] is 1); publish on ARGV[6].
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{FENCE}{NOW}
+redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[2], 'headers', ARGV[3], 'completed', now)
+if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'body', ARGV[4]) end
+redis.call('PUBLISH', ARGV[6], KEYS[1])
+return 1"
+    ))
+});
+
+/// Renew the lease to ARGV[2] ms from now; a zero renewal ends it and is
+/// published on ARGV[3].
+static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{FENCE}{NOW}
+redis.call('HSET', KEYS[1], 'lease', now + tonumber(ARGV[2]))
+if tonumber(ARGV[2]) == 0 then redis.call('PUBLISH', ARGV[3], KEYS[1]) end
+return 1"
+    ))
+});
+
+/// Release: delete the in-flight record; publish on ARGV[2].
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{FENCE}
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], KEYS[1])
+return 1"
+    ))
+});
+
+/// Get: the record's fields and the clock, in one round trip.
+static GET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}return {{now, redis.call('HGETALL', KEYS[1])}}"
+    ))
+});
+
+/// Cache a completed record: replace the entry whole (one script, so no
+/// reader ever sees part of it) and expire it at ARGV[1] (ms); the fields
+/// follow as name/value pairs.
+static CACHE_PUT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('PEXPIREAT', KEYS[1], ARGV[1])
+return 1",
+    )
+});
+
+/// The connection: one Redis (reconnecting by itself), or a cluster.
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// Aborts the event subscriber when the last clone of the store is dropped.
+struct Subscriber(tokio::task::AbortHandle);
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Records in Redis or Redis Cluster.
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: Connection,
+    prefix: Arc<str>,
+    channel: Arc<str>,
+    events: RecordEvents,
+    _subscriber: Arc<Subscriber>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.connection {
+            Connection::Single(_) => "single",
+            Connection::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisStore")
+            .field("kind", &kind)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long one Redis command may take before it fails.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long connecting may take.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl From<redis::RedisError> for StoreError {
+    fn from(error: redis::RedisError) -> Self {
+        Self::Unavailable(Box::new(error))
+    }
+}
+
+impl RedisStore {
+    /// Connects to one Redis (`redis://host:port/db`), keeping records under
+    /// `prefix` (for example `idem`). The connection reconnects by itself.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the URL is invalid or Redis cannot be reached.
+    pub async fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(CONNECTION_TIMEOUT))
+            .set_number_of_retries(2);
+        let manager = client.get_connection_manager_with_config(config).await?;
+        Ok(Self::with_connection(
+            Connection::Single(manager),
+            client,
+            prefix,
+        ))
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes
+    /// (`redis://host:port` each), keeping records under `prefix`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when no node can be reached.
+    pub async fn connect_cluster(urls: &[&str], prefix: &str) -> Result<Self, StoreError> {
+        let first = urls
+            .first()
+            .ok_or(StoreError::Unsupported("a cluster without nodes"))?;
+        let cluster = redis::cluster::ClusterClientBuilder::new(urls.to_vec())
+            .response_timeout(RESPONSE_TIMEOUT)
+            .connection_timeout(CONNECTION_TIMEOUT)
+            .retries(2)
+            .build()?;
+        let connection = cluster.get_async_connection().await?;
+        // Classic pub/sub reaches every node of a cluster: one node will do.
+        let subscriber = redis::Client::open(*first)?;
+        Ok(Self::with_connection(
+            Connection::Cluster(connection),
+            subscriber,
+            prefix,
+        ))
+    }
+
+    fn with_connection(connection: Connection, subscriber: redis::Client, prefix: &str) -> Self {
+        let events = RecordEvents::new();
+        let channel: Arc<str> = format!("{prefix}:events").into();
+        let task = tokio::spawn(forward_events(
+            subscriber,
+            channel.clone(),
+            prefix.into(),
+            events.clone(),
+        ));
+        Self {
+            connection,
+            prefix: prefix.into(),
+            channel,
+            events,
+            _subscriber: Arc::new(Subscriber(task.abort_handle())),
+        }
+    }
+
+    /// The Redis key of a record.
+    fn record_key(&self, scope: &str, key: &str) -> Vec<u8> {
+        record_key(&self.prefix, RECORDS, scope, key)
+    }
+
+    async fn invoke(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
+        let value = match &self.connection {
+            Connection::Single(connection) => {
+                invocation.invoke_async(&mut connection.clone()).await?
+            }
+            Connection::Cluster(connection) => {
+                invocation.invoke_async(&mut connection.clone()).await?
+            }
+        };
+        Ok(value)
+    }
+
+    /// Reads a cached completed record (tiered store).
+    pub(crate) async fn cache_get(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<Record>, StoreError> {
+        let mut invocation = GET.prepare_invoke();
+        invocation.key(record_key(&self.prefix, CACHED, scope, key));
+        match self.invoke(&invocation).await? {
+            Value::Array(reply) if reply.len() == 2 => {
+                record_from_fields(scope, key, &reply[1], int(&reply[0])?)
+            }
+            _ => Err(CorruptRecord("the get script returned an unexpected shape").into()),
+        }
+    }
+
+    /// Caches a completed record until `expire_at` (tiered store).
+    pub(crate) async fn cache_put(
+        &self,
+        record: &Record,
+        expire_at: OffsetDateTime,
+    ) -> Result<(), StoreError> {
+        let Some(response) = &record.response else {
+            return Ok(());
+        };
+        let millis_of = |at: OffsetDateTime| {
+            i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+        };
+        let mut invocation = CACHE_PUT.prepare_invoke();
+        invocation
+            .key(record_key(&self.prefix, CACHED, &record.scope, &record.key))
+            .arg(millis_of(expire_at))
+            .arg("fp")
+            .arg(record.fingerprint.as_bytes().as_slice())
+            .arg("method")
+            .arg(&record.method)
+            .arg("path")
+            .arg(&record.path)
+            .arg("state")
+            .arg("completed")
+            .arg("token")
+            .arg(record.lease_token.as_uuid().as_bytes().as_slice())
+            .arg("lease")
+            .arg(millis_of(record.lease_expires_at))
+            .arg("tx")
+            .arg(if record.transactional { "1" } else { "0" })
+            .arg("created")
+            .arg(millis_of(record.created_at))
+            .arg("expires")
+            .arg(millis_of(record.expires_at))
+            .arg("status")
+            .arg(response.status.as_u16())
+            .arg("headers")
+            .arg(response.encode_headers())
+            .arg("completed")
+            .arg(millis_of(record.completed_at.unwrap_or(record.observed_at)));
+        if let Some(body) = &response.body {
+            invocation.arg("body").arg(body.as_ref());
+        }
+        self.invoke(&invocation).await.map(drop)
+    }
+
+    /// Announces that a record changed (tiered store), waking waiters in
+    /// every process.
+    pub(crate) async fn announce(&self, scope: &str, key: &str) -> Result<(), StoreError> {
+        let message = record_key(&self.prefix, RECORDS, scope, key);
+        let mut command = redis::cmd("PUBLISH");
+        command.arg(&*self.channel).arg(message);
+        match &self.connection {
+            Connection::Single(connection) => {
+                command
+                    .query_async::<Value>(&mut connection.clone())
+                    .await?
+            }
+            Connection::Cluster(connection) => {
+                command
+                    .query_async::<Value>(&mut connection.clone())
+                    .await?
+            }
+        };
+        Ok(())
+    }
+
+    async fn fenced(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<(), StoreError> {
+        match self.invoke(invocation).await? {
+            Value::Int(1) => Ok(()),
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
+}
+
+/// The namespace of records (`r`) and of the tiered store's cached
+/// completed records (`c`).
+const RECORDS: &str = "r";
+const CACHED: &str = "c";
+
+/// `<prefix>:<namespace>:<scope length>:<scope>:<key>`: the length prefix
+/// makes the encoding injective, so scope `a:b` with key `c` never meets
+/// scope `a` with key `b:c`.
+fn record_key(prefix: &str, namespace: &str, scope: &str, key: &str) -> Vec<u8> {
+    format!("{prefix}:{namespace}:{}:{scope}:{key}", scope.len()).into_bytes()
+}
+
+/// The scope and key of a record (or cache) key, if it is one of `prefix`.
+fn parse_record_key(prefix: &str, raw: &[u8]) -> Option<(String, String)> {
+    let rest = std::str::from_utf8(raw).ok()?.strip_prefix(prefix)?;
+    let rest = rest
+        .strip_prefix(":r:")
+        .or_else(|| rest.strip_prefix(":c:"))?;
+    let (length, rest) = rest.split_once(':')?;
+    let length: usize = length.parse().ok()?;
+    let scope = rest.get(..length)?;
+    let key = rest.get(length..)?.strip_prefix(':')?;
+    Some((scope.to_owned(), key.to_owned()))
+}
+
+/// Forwards the store's published events into `events`, reconnecting after
+/// failures, until aborted.
+async fn forward_events(
+    client: redis::Client,
+    channel: Arc<str>,
+    prefix: Arc<str>,
+    events: RecordEvents,
+) {
+    loop {
+        if let Ok(mut pubsub) = client.get_async_pubsub().await
+            && pubsub.subscribe(&*channel).await.is_ok()
+        {
+            let mut messages = pubsub.on_message();
+            while let Some(message) = messages.next().await {
+                if let Some((scope, key)) = parse_record_key(&prefix, message.get_payload_bytes()) {
+                    events.publish(&scope, &key);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn from_millis(millis: i64) -> Result<OffsetDateTime, CorruptRecord> {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(millis) * 1_000_000)
+        .map_err(|_| CorruptRecord("a stored time is out of range"))
+}
+
+fn int(value: &Value) -> Result<i64, CorruptRecord> {
+    match value {
+        Value::Int(n) => Ok(*n),
+        _ => Err(CorruptRecord("a script returned a non-integer")),
+    }
+}
+
+/// A record from `HGETALL` fields, read at `now` (the server's clock).
+fn record_from_fields(
+    scope: &str,
+    key: &str,
+    fields: &Value,
+    now: i64,
+) -> Result<Option<Record>, StoreError> {
+    let Value::Array(items) = fields else {
+        return Err(CorruptRecord("HGETALL did not return an array").into());
+    };
+    if items.is_empty() {
+        return Ok(None);
+    }
+    let mut map: HashMap<&[u8], &[u8]> = HashMap::with_capacity(items.len() / 2);
+    for pair in items.chunks_exact(2) {
+        if let (Value::BulkString(name), Value::BulkString(value)) = (&pair[0], &pair[1]) {
+            map.insert(name, value);
+        }
+    }
+    let field = |name: &str| -> Result<&[u8], CorruptRecord> {
+        map.get(name.as_bytes())
+            .copied()
+            .ok_or(CorruptRecord("a record field is missing"))
+    };
+    let text = |name: &str| -> Result<String, CorruptRecord> {
+        String::from_utf8(field(name)?.to_vec())
+            .map_err(|_| CorruptRecord("a text field is not UTF-8"))
+    };
+    let number = |name: &str| -> Result<i64, CorruptRecord> {
+        std::str::from_utf8(field(name)?)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or(CorruptRecord("a number field is invalid"))
+    };
+    let fingerprint: [u8; 32] = field("fp")?
+        .try_into()
+        .map_err(|_| CorruptRecord("the fingerprint is not 32 bytes"))?;
+    let token = uuid::Uuid::from_slice(field("token")?)
+        .map_err(|_| CorruptRecord("the lease token is not 16 bytes"))?;
+    let response = if field("state")? == b"completed" {
+        let status = u16::try_from(number("status")?)
+            .ok()
+            .and_then(|s| http::StatusCode::from_u16(s).ok())
+            .ok_or(CorruptRecord("the stored status is invalid"))?;
+        Some(StoredResponse {
+            status,
+            headers: StoredResponse::decode_headers(field("headers")?)?,
+            body: map
+                .get(b"body".as_slice())
+                .map(|body| bytes::Bytes::copy_from_slice(body)),
+        })
+    } else {
+        None
+    };
+    Ok(Some(Record {
+        scope: scope.to_owned(),
+        key: key.to_owned(),
+        fingerprint: Fingerprint::from_bytes(fingerprint),
+        method: text("method")?,
+        path: text("path")?,
+        lease_token: LeaseToken::from_uuid(token),
+        lease_expires_at: from_millis(number("lease")?)?,
+        transactional: field("tx")? == b"1",
+        response,
+        created_at: from_millis(number("created")?)?,
+        completed_at: map
+            .get(b"completed".as_slice())
+            .map(|_| number("completed"))
+            .transpose()?
+            .map(from_millis)
+            .transpose()?,
+        expires_at: from_millis(number("expires")?)?,
+        observed_at: from_millis(now)?,
+    }))
+}
+
+impl Store for RedisStore {
+    async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        let mut invocation = CLAIM.prepare_invoke();
+        invocation
+            .key(self.record_key(new.scope, new.key))
+            .arg(new.fingerprint.as_bytes().as_slice())
+            .arg(new.method)
+            .arg(new.path)
+            .arg(new.token.as_uuid().as_bytes().as_slice())
+            .arg(millis(new.lease))
+            .arg(if new.transactional { "1" } else { "0" })
+            .arg(millis(new.retention));
+        let Value::Array(reply) = self.invoke(&invocation).await? else {
+            return Err(CorruptRecord("the claim script returned no array").into());
+        };
+        match reply.as_slice() {
+            [acquired, _] if int(acquired)? == 1 => Ok(Claim::Acquired(new.lease())),
+            [_, now, fields] => {
+                let record = record_from_fields(new.scope, new.key, fields, int(now)?)?
+                    .ok_or(CorruptRecord("the existing record vanished"))?;
+                Ok(Claim::Existing(Box::new(record)))
+            }
+            _ => Err(CorruptRecord("the claim script returned an unexpected shape").into()),
+        }
+    }
+
+    async fn take_over(
+        &self,
+        previous: LeaseToken,
+        new: &NewRecord<'_>,
+    ) -> Result<Option<Lease>, StoreError> {
+        let mut invocation = TAKE_OVER.prepare_invoke();
+        invocation
+            .key(self.record_key(new.scope, new.key))
+            .arg(previous.as_uuid().as_bytes().as_slice())
+            .arg(new.fingerprint.as_bytes().as_slice())
+            .arg(new.method)
+            .arg(new.path)
+            .arg(new.token.as_uuid().as_bytes().as_slice())
+            .arg(millis(new.lease))
+            .arg(if new.transactional { "1" } else { "0" })
+            .arg(millis(new.retention));
+        let taken = matches!(self.invoke(&invocation).await?, Value::Int(1));
+        Ok(taken.then(|| new.lease()))
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        let mut invocation = COMPLETE.prepare_invoke();
+        invocation
+            .key(self.record_key(&lease.scope, &lease.key))
+            .arg(lease.token.as_uuid().as_bytes().as_slice())
+            .arg(response.status.as_u16())
+            .arg(response.encode_headers())
+            .arg(response.body.as_deref().unwrap_or_default())
+            .arg(if response.body.is_some() { "1" } else { "0" })
+            .arg(&*self.channel);
+        self.fenced(&invocation).await
+    }
+
+    async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
+        let mut invocation = RENEW.prepare_invoke();
+        invocation
+            .key(self.record_key(&lease.scope, &lease.key))
+            .arg(lease.token.as_uuid().as_bytes().as_slice())
+            .arg(millis(duration))
+            .arg(&*self.channel);
+        self.fenced(&invocation).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let mut invocation = RELEASE.prepare_invoke();
+        invocation
+            .key(self.record_key(&lease.scope, &lease.key))
+            .arg(lease.token.as_uuid().as_bytes().as_slice())
+            .arg(&*self.channel);
+        self.fenced(&invocation).await
+    }
+
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        let mut invocation = GET.prepare_invoke();
+        invocation.key(self.record_key(scope, key));
+        match self.invoke(&invocation).await? {
+            Value::Array(reply) if reply.len() == 2 => {
+                record_from_fields(scope, key, &reply[1], int(&reply[0])?)
+            }
+            _ => Err(CorruptRecord("the get script returned an unexpected shape").into()),
+        }
+    }
+
+    async fn get_many(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Record>>, StoreError> {
+        // One script per key, all in flight at once on the multiplexed
+        // connection (on a cluster, the keys live in many slots).
+        futures_util::future::try_join_all(keys.iter().map(|key| self.get(scope, key))).await
+    }
+
+    async fn purge(&self, _limit: u32) -> Result<u64, StoreError> {
+        // Records expire natively at the end of their retention.
+        Ok(0)
+    }
+
+    fn events(&self) -> &RecordEvents {
+        &self.events
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_keys_are_injective_and_parse_back() {
+        let a = record_key("idem", RECORDS, "a:b", "c");
+        let b = record_key("idem", RECORDS, "a", "b:c");
+        assert_ne!(a, b);
+        assert_eq!(a, b"idem:r:3:a:b:c");
+        assert_eq!(
+            parse_record_key("idem", &a),
+            Some(("a:b".into(), "c".into()))
+        );
+        assert_eq!(
+            parse_record_key("idem", &b),
+            Some(("a".into(), "b:c".into()))
+        );
+        assert_eq!(parse_record_key("other", &a), None);
+        assert_eq!(parse_record_key("idem", b"idem:r:99:short:k"), None);
+        let braces = record_key("idem", CACHED, "{t}", "k}{");
+        assert_eq!(
+            parse_record_key("idem", &braces),
+            Some(("{t}".into(), "k}{".into()))
+        );
+    }
+}
