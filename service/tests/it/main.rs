@@ -13,3 +13,5 @@ mod socket;
 
 api_suite!(postgres_api, idempotency_tests::postgres);
 api_suite!(sqlite_api, idempotency_tests::sqlite);
+api_suite!(redis_api, idempotency_tests::redis);
+api_suite!(tiered_api, idempotency_tests::tiered);
