@@ -15,7 +15,9 @@
 //! guard keeps its records: `sql`, the default, is the same database;
 //! `redis` or `tiered` with `REDIS_URL`, one URL or a comma-separated
 //! cluster, and `REDIS_PREFIX`), `LISTEN` (default `127.0.0.1:3000`),
-//! `LEASE_SECS` (default 60), `IDEMPOTENCY_GUARD=off` to run without the
+//! `LEASE_SECS` (default 60), `STORE_TIMEOUT_MS` (default 5000: a store
+//! slower than that fails the request closed with 503),
+//! `IDEMPOTENCY_GUARD=off` to run without the
 //! guard (to watch retries double-charge). The scope is the `X-Tenant`
 //! header (`default` when absent). When the records are in PostgreSQL (the
 //! `sql` or `tiered` store) the guard runs in transactional mode: the
@@ -108,7 +110,21 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
         tracing::error!(error = %self.0, "request failed");
-        (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
+        // A database that cannot be reached is a transient failure: 503
+        // tells the client to retry (the guard releases the key for it).
+        let unreachable = self.0.downcast_ref::<sqlx::Error>().is_some_and(|e| {
+            matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed)
+                || matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08")))
+        });
+        if unreachable {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database unavailable, retry later",
+            )
+                .into_response()
+        } else {
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
+        }
     }
 }
 
@@ -247,6 +263,12 @@ pub(crate) async fn main() -> anyhow::Result<()> {
         .transpose()
         .context("LEASE_SECS")?
         .unwrap_or(60);
+    let store_timeout = std::env::var("STORE_TIMEOUT_MS")
+        .ok()
+        .map(|v| v.parse())
+        .transpose()
+        .context("STORE_TIMEOUT_MS")?
+        .unwrap_or(5000);
     let guarded = std::env::var("IDEMPOTENCY_GUARD").map_or(true, |v| v != "off");
 
     let kind: StoreKind = std::env::var("STORE")
@@ -298,6 +320,7 @@ pub(crate) async fn main() -> anyhow::Result<()> {
         let guard = IdempotencyLayer::new(store)
             .with_scope(tenant)
             .with_lease(Duration::from_secs(lease))
+            .with_store_timeout(Duration::from_millis(store_timeout))
             .with_transactional_mode(transactional);
         payments = payments.route_layer(guard);
     } else {

@@ -679,6 +679,10 @@ impl<S: Store> Guard<S> {
                             }
                             Ok(None) => break, // someone else changed it first: claim again
                             Err(error) => {
+                                if matches!(error, StoreError::Timeout(_)) {
+                                    // The takeover may still land: free the key if it does.
+                                    self.release_in_background(new.lease());
+                                }
                                 return self.store_failed(attempt, error, inner, request).await;
                             }
                         }
@@ -1108,11 +1112,24 @@ impl<S: Store> Guard<S> {
     }
 
     /// Frees a lease from a task of its own, ignoring the result.
+    ///
+    /// A write that timed out may still land in the store later (a claim
+    /// queued behind a lock, say). So the release is tried again, every
+    /// quarter second, for twice the store timeout: a late claim is freed
+    /// rather than left to lapse into "outcome unknown" although nothing
+    /// ran. The token is this request's own, so nothing else is touched.
     fn release_in_background(&self, lease: Lease) {
         let store = self.store.clone();
         let timeout = self.config.store_timeout;
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(timeout, store.release(&lease)).await;
+            let attempts = (2 * timeout.as_millis() / 250).max(4);
+            for _ in 0..attempts {
+                if let Ok(Ok(())) = tokio::time::timeout(timeout, store.release(&lease)).await {
+                    store.events().publish(&lease.scope, &lease.key);
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
         });
     }
 

@@ -5,4 +5,5 @@
 #![allow(clippy::unwrap_used)]
 
 mod compose;
+mod crash;
 mod lost_response;

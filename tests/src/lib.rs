@@ -8,6 +8,7 @@
 pub mod answer;
 pub mod fixtures;
 pub mod partition;
+pub mod postgres_server;
 pub mod process;
 pub mod redis_server;
 
@@ -16,5 +17,6 @@ pub use fixtures::{
     TestDatabase, TestDb, postgres, postgres_database, redis, redis_cluster, sqlite, tiered,
 };
 pub use partition::Partition;
+pub use postgres_server::PostgresServer;
 pub use process::Process;
 pub use redis_server::RedisServer;

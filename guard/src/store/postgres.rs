@@ -100,7 +100,9 @@ impl PostgresStore {
     }
 
     /// Connects to `url` (`postgres://...`) with a pool of up to
-    /// `max_connections` and an acquire timeout of 5 s.
+    /// `max_connections`, an acquire timeout of 5 s, and a server-side
+    /// `statement_timeout` of 5 s (the layer's default store timeout), so a
+    /// statement the guard gave up on is abandoned by the server too.
     ///
     /// # Errors
     ///
@@ -108,6 +110,7 @@ impl PostgresStore {
     /// cannot be reached.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse()?;
+        let options = options.options([("statement_timeout", "5s")]);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))

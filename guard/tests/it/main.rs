@@ -15,6 +15,7 @@ mod store_suite;
 mod guard_suite;
 mod metrics_probe;
 mod redis_faults;
+mod slow_store;
 mod transactional;
 
 store_suite!(postgres_store, idempotency_tests::postgres);
