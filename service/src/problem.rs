@@ -31,6 +31,9 @@ pub enum ApiProblem {
     },
     /// 503 `store-unavailable`: the store failed or did not answer.
     StoreUnavailable,
+    /// 404 `not-found`: no such endpoint (a key with an unencoded `/`
+    /// lands here: percent-encode it).
+    RouteNotFound,
 }
 
 impl IntoResponse for ApiProblem {
@@ -55,6 +58,12 @@ impl IntoResponse for ApiProblem {
                 "body-too-large",
                 "Request body too large",
                 format!("The request body exceeds the limit of {limit} bytes."),
+            ),
+            Self::RouteNotFound => (
+                StatusCode::NOT_FOUND,
+                "not-found",
+                "Not found",
+                "No such endpoint. Keys go in one path segment: percent-encode `/` and other reserved characters.".to_owned(),
             ),
             Self::StoreUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,

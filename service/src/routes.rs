@@ -60,6 +60,7 @@ pub fn build_router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
         .route("/openapi.json", get(openapi_json))
+        .fallback(|| async { ApiProblem::RouteNotFound })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn(count_requests))
         .layer(PropagateRequestIdLayer::x_request_id())

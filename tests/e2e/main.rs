@@ -6,4 +6,5 @@
 
 mod compose;
 mod crash;
+mod hostile_input;
 mod lost_response;

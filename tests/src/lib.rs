@@ -10,6 +10,7 @@ pub mod fixtures;
 pub mod partition;
 pub mod postgres_server;
 pub mod process;
+pub mod raw_http;
 pub mod redis_server;
 
 pub use answer::{Answer, call};

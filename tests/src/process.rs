@@ -84,6 +84,20 @@ impl Process {
         panic!("{} did not answer {url} within 30 s", self.program);
     }
 
+    /// The operating system's id of the process.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// The process's peak resident memory so far (`VmHWM`), in KiB.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// Kills the process with SIGKILL (no cleanup, no graceful shutdown) and
     /// waits for it to be gone.
     ///
