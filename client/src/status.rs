@@ -105,8 +105,26 @@ pub struct KeyStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LookupRequest {
-    /// The keys to look up, in the order results should come back.
+    /// The keys to look up (1 to 1000), in the order results should come back.
+    #[cfg_attr(feature = "openapi", schema(schema_with = key_list))]
     pub keys: Vec<String>,
+}
+
+/// The schema of a lookup's keys: 1 to 1000 keys of 1 to 255 visible ASCII
+/// characters.
+#[cfg(feature = "openapi")]
+fn key_list() -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Type};
+    let key = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(255))
+        .pattern(Some("^[!-~]+$"));
+    ArrayBuilder::new()
+        .items(key)
+        .min_items(Some(1))
+        .max_items(Some(1000))
+        .build()
 }
 
 /// The answer of `POST /v1/keys/lookup`.

@@ -117,6 +117,7 @@ pub struct KeyQuery {
     /// The fingerprint of the request the client would resend
     /// (`sha256:<64 lowercase hex>`); the answer then says whether it
     /// matches the record's.
+    #[param(pattern = "^sha256:[0-9a-f]{64}$")]
     pub fingerprint: Option<String>,
 }
 
@@ -146,7 +147,11 @@ fn valid_key(key: &str) -> Result<IdempotencyKey, ApiProblem> {
     get,
     path = "/v1/keys/{key}",
     tag = "keys",
-    params(("key" = String, Path, description = "The idempotency key, percent-encoded"), KeyQuery),
+    params(
+        ("key" = String, Path, description = "The idempotency key (1 to 255 visible ASCII characters), percent-encoded",
+         min_length = 1, max_length = 255, pattern = "^[!-~]+$"),
+        KeyQuery
+    ),
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The key has a record", body = idempotency_client::status::KeyStatus),

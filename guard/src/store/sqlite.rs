@@ -97,14 +97,30 @@ impl SqliteStore {
 
     /// Applies the migrations in `migrations/sqlite` that have not run yet.
     ///
+    /// Safe to run from several processes at once: SQLite has no advisory
+    /// lock, so two processes may both start the same migration; the loser
+    /// fails inside its transaction (nothing of it stays) and tries again,
+    /// finding the migration done.
+    ///
     /// # Errors
     ///
     /// Returns the migration that failed, or the connection error.
     pub async fn migrate(&self) -> Result<(), crate::MigrationError> {
-        crate::migrate::sqlite_migrator()
-            .run(&self.pool)
-            .await
-            .map_err(crate::MigrationError)
+        const ATTEMPTS: u32 = 5;
+        let mut attempt = 1;
+        loop {
+            match crate::migrate::sqlite_migrator().run(&self.pool).await {
+                Ok(()) => return Ok(()),
+                Err(
+                    sqlx::migrate::MigrateError::Execute(_)
+                    | sqlx::migrate::MigrateError::ExecuteMigration(..),
+                ) if attempt < ATTEMPTS => {
+                    tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+                    attempt += 1;
+                }
+                Err(error) => return Err(crate::MigrationError(error)),
+            }
+        }
     }
 }
 

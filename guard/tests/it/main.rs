@@ -14,6 +14,7 @@ mod store_suite;
 #[macro_use]
 mod guard_suite;
 mod metrics_probe;
+mod migrations;
 mod redis_faults;
 mod slow_store;
 mod transactional;
