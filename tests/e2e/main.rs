@@ -6,3 +6,4 @@
 
 mod compose;
 mod lost_response;
+mod retry_client;

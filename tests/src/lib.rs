@@ -8,7 +8,9 @@
 pub mod answer;
 pub mod fixtures;
 pub mod process;
+pub mod proxy;
 
 pub use answer::{Answer, call};
 pub use fixtures::{Breakable, TestDatabase, TestDb, postgres, postgres_database, sqlite};
 pub use process::Process;
+pub use proxy::{Faults, FaultyProxy, ProxyCounts};
