@@ -639,6 +639,62 @@ async fn a_timed_out_write_asks_the_status_service_and_gets_its_own_answer() {
     assert_eq!(checks("replay"), 1.0, "then learnt that it ran");
 }
 
+/// A 504 leaves a write's outcome unknown: the client asks the status
+/// service (here it never heard of the key: `retry`), or, when the service
+/// is down or not configured, resends with the same key at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_504_a_write_is_resent_with_the_same_key() {
+    recorder();
+    let stack = Stack::start(&[], true).await;
+    let dead = format!("http://{}", idempotency_tests::process::free_address());
+    let cases = [
+        ("gateway-asked", Some(stack.status_client()), Some("retry")),
+        (
+            "gateway-down",
+            Some(StatusClient::new(dead, TOKEN)),
+            Some("unavailable"),
+        ),
+        ("gateway-alone", None, None),
+    ];
+    for (endpoint, status_client, advice) in cases {
+        let upstream = Upstream::start(|n, _| status(if n == 0 { 504 } else { 201 })).await;
+        let url = upstream.url("/payments");
+        let mut client = RetryClient::new(reqwest::Client::new())
+            .with_budget(generous())
+            .with_write_policy(fast_writes().with_budget(generous()));
+        if let Some(status_client) = status_client {
+            client = client.with_status_client(status_client);
+        }
+        let response = client
+            .send(endpoint, |http| http.post(&url).json(&payment(3)))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201, "{endpoint}");
+        let hits = upstream.hits();
+        assert_eq!(hits.len(), 2, "{endpoint}");
+        assert!(
+            hits[0].key.is_some() && hits[0].key == hits[1].key,
+            "{endpoint}: one key"
+        );
+        let checks = |advice| {
+            client_metric(
+                "idempotency_client_status_checks_total",
+                &[("endpoint", endpoint), ("advice", advice)],
+            )
+        };
+        match advice {
+            Some(advice) => assert_eq!(checks(advice), 1.0, "{endpoint}"),
+            None => assert_eq!(
+                client_metric(
+                    "idempotency_client_status_checks_total",
+                    &[("endpoint", endpoint)]
+                ),
+                0.0
+            ),
+        }
+    }
+}
+
 /// A duplicate sent while the first still runs gets the guard's 409
 /// in-flight: the client waits its `Retry-After` and gets the replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
