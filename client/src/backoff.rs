@@ -90,7 +90,10 @@ pub(crate) fn full_jitter(ceiling: Duration, sample: f64) -> Duration {
     } else {
         0.0
     };
-    ceiling.mul_f64(sample)
+    // Float rounding may land a hair above the ceiling, and a huge ceiling
+    // may not fit back in a Duration: never more than the ceiling.
+    Duration::try_from_secs_f64(ceiling.as_secs_f64() * sample)
+        .map_or(ceiling, |pause| pause.min(ceiling))
 }
 
 #[cfg(test)]
@@ -133,6 +136,9 @@ mod tests {
         assert_eq!(backoff.delay(0, 7.0), 100 * MS);
         assert_eq!(backoff.delay(0, -1.0), Duration::ZERO);
         assert_eq!(backoff.delay(0, f64::NAN), Duration::ZERO);
+        // Huge ceilings neither panic nor overflow.
+        assert!(full_jitter(Duration::MAX, 1.0) <= Duration::MAX);
+        assert!(full_jitter(Duration::MAX, 0.5) > Duration::from_secs(u64::MAX / 4));
     }
 
     #[test]

@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::deadline::later;
+
 /// When an endpoint stops being called for a while: after `failures`
 /// consecutive failed attempts (connect errors, timeouts, dropped
 /// connections, 408, 429 and 5xx), calls fail at once for the cool-down.
@@ -123,7 +125,7 @@ impl BreakerState {
                 let failures = failures.saturating_add(1);
                 if failures >= self.config.failures {
                     Circuit::Open {
-                        until: now + self.config.cool_down,
+                        until: later(now, self.config.cool_down),
                     }
                 } else {
                     Circuit::Closed { failures }
@@ -131,7 +133,7 @@ impl BreakerState {
             }
             // The probe failed: another cool-down.
             (Circuit::HalfOpen { .. }, false) => Circuit::Open {
-                until: now + self.config.cool_down,
+                until: later(now, self.config.cool_down),
             },
             // A late failure of an attempt admitted before the circuit
             // opened changes nothing.
@@ -208,6 +210,14 @@ mod tests {
         }
         b.record(false, t0 + 9 * SECOND);
         assert_eq!(b.admit(t0 + 10 * SECOND), Ok(()));
+    }
+
+    #[test]
+    fn an_endless_cool_down_does_not_overflow() {
+        let t0 = Instant::now();
+        let mut b = BreakerState::new(CircuitBreaker::new(1).with_cool_down(Duration::MAX));
+        b.record(false, t0);
+        assert!(b.admit(t0 + 1000 * SECOND).is_err());
     }
 
     #[test]

@@ -97,6 +97,7 @@
 mod backoff;
 mod breaker;
 mod budget;
+mod deadline;
 mod decision;
 mod error;
 mod key;

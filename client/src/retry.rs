@@ -11,6 +11,7 @@ use reqwest::{Method, Request, Response};
 
 use crate::breaker::BreakerState;
 use crate::budget::{self, TokenBucket};
+use crate::deadline::Deadline;
 use crate::decision::{self, Class, Decision, GuardConflict, Outcome, Situation};
 use crate::key::{IDEMPOTENCY_KEY, RETRY_ATTEMPT};
 use crate::status::{Advice, StatusClient};
@@ -281,27 +282,14 @@ impl RetryClient {
             }
         };
         let policy = self.policy(endpoint, first.method());
-        let key = if is_safe(first.method()) || policy.idempotent {
-            None
-        } else {
-            match first.headers().get(IDEMPOTENCY_KEY) {
-                Some(theirs) => Some(theirs.clone()),
-                None if policy.generate_keys => HeaderValue::from_str(&new_key()).ok(),
-                None => None,
-            }
-        };
-        let class = match (&key, is_safe(first.method()) || policy.idempotent) {
-            (_, true) => Class::Read,
-            (Some(_), false) => Class::KeyedWrite,
-            (None, false) => Class::UnkeyedWrite,
-        };
+        let (class, key) = identify(&first, policy);
         call.key = key
             .as_ref()
             .map(|k| String::from_utf8_lossy(k.as_bytes()).into_owned());
         let endpoint_state = self.state.endpoint(endpoint, policy);
         lock(&self.state.budget).deposit();
         lock(&endpoint_state.budget).deposit();
-        let deadline = started + policy.deadline;
+        let deadline = Deadline::after(started, policy.deadline);
         let status_service = match (&self.status, class) {
             (Some(status), Class::KeyedWrite) => Some(status),
             _ => None,
@@ -324,7 +312,7 @@ impl RetryClient {
                     return Err(call.stop(ErrorKind::InvalidRequest));
                 }
             };
-            let remaining = deadline.saturating_duration_since(Instant::now());
+            let remaining = deadline.remaining();
             prepare(
                 &mut attempt,
                 call.attempts,
@@ -347,7 +335,7 @@ impl RetryClient {
                     class,
                     status_service: status_service.is_some(),
                     attempts: call.attempts,
-                    remaining: deadline.saturating_duration_since(Instant::now()),
+                    remaining: deadline.remaining(),
                     policy,
                     sample: rand::random::<f64>(),
                 };
@@ -433,6 +421,23 @@ impl<'a> Call<'a> {
             may_have_run: self.may_have_run,
             last: self.last,
         }
+    }
+}
+
+/// How a call is retried, and the key its attempts carry: the caller's,
+/// or a new one for a write whose policy makes keys.
+fn identify(first: &Request, policy: &Policy) -> (Class, Option<HeaderValue>) {
+    if is_safe(first.method()) || policy.idempotent {
+        return (Class::Read, None);
+    }
+    let key = match first.headers().get(IDEMPOTENCY_KEY) {
+        Some(theirs) => Some(theirs.clone()),
+        None if policy.generate_keys => HeaderValue::from_str(&new_key()).ok(),
+        None => None,
+    };
+    match key {
+        Some(key) => (Class::KeyedWrite, Some(key)),
+        None => (Class::UnkeyedWrite, None),
     }
 }
 
@@ -547,8 +552,8 @@ async fn guard_conflict(
 }
 
 /// Asks the key-status service what became of `key`.
-async fn ask(status: &StatusClient, key: &str, endpoint: &str, deadline: Instant) -> Outcome {
-    let remaining = deadline.saturating_duration_since(Instant::now());
+async fn ask(status: &StatusClient, key: &str, endpoint: &str, deadline: Deadline) -> Outcome {
+    let remaining = deadline.remaining();
     let answer = tokio::time::timeout(remaining, status.details(key, None)).await;
     let (outcome, label) = match answer {
         Ok(Ok(None)) => (
@@ -605,6 +610,35 @@ mod tests {
         assert_eq!(client.policy("special", &Method::GET).max_attempts(), 7);
         assert_eq!(client.policy("other", &Method::GET).kind(), Kind::Read);
         assert_eq!(client.policy("other", &Method::POST).kind(), Kind::Write);
+    }
+
+    #[test]
+    fn writes_get_a_key_unless_they_have_one_or_are_idempotent() {
+        let http = reqwest::Client::new();
+        let writes = Policy::new(Kind::Write);
+        let post = http.post("http://127.0.0.1:1/").build().unwrap();
+        let (class, key) = identify(&post, &writes);
+        assert_eq!(class, Class::KeyedWrite);
+        assert_eq!(key.unwrap().len(), 36, "a UUID");
+        let theirs = http
+            .post("http://127.0.0.1:1/")
+            .header("Idempotency-Key", "order-1")
+            .build()
+            .unwrap();
+        assert_eq!(
+            identify(&theirs, &writes),
+            (Class::KeyedWrite, Some(HeaderValue::from_static("order-1")))
+        );
+        assert_eq!(
+            identify(&post, &writes.clone().with_generated_keys(false)),
+            (Class::UnkeyedWrite, None)
+        );
+        assert_eq!(
+            identify(&post, &writes.clone().with_idempotent(true)),
+            (Class::Read, None)
+        );
+        let get = http.get("http://127.0.0.1:1/").build().unwrap();
+        assert_eq!(identify(&get, &writes), (Class::Read, None));
     }
 
     #[test]

@@ -167,6 +167,8 @@ impl FaultyProxy {
         let accepting = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
+                    // Out of descriptors, say: let connections close first.
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                     continue;
                 };
                 let n = shared.connections.fetch_add(1, Ordering::SeqCst);
