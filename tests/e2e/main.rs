@@ -8,3 +8,4 @@ mod compose;
 mod crash;
 mod hostile_input;
 mod lost_response;
+mod retry_client;

@@ -10,6 +10,7 @@ pub mod fixtures;
 pub mod partition;
 pub mod postgres_server;
 pub mod process;
+pub mod proxy;
 pub mod raw_http;
 pub mod redis_server;
 
@@ -20,4 +21,5 @@ pub use fixtures::{
 pub use partition::Partition;
 pub use postgres_server::PostgresServer;
 pub use process::Process;
+pub use proxy::{Faults, FaultyProxy, ProxyCounts};
 pub use redis_server::RedisServer;

@@ -1,0 +1,469 @@
+//! The policy: after an attempt (or a status look-up), hand the answer
+//! back, send again after a pause, ask the key-status service, or stop.
+//!
+//! [`decide`] is a pure function of what happened, the call's situation and
+//! a uniform random sample; the retry loop only carries out what it
+//! returns (and asks the budget and the breaker, which hold state). The
+//! whole policy is this file and its truth table below.
+
+use std::time::Duration;
+
+use crate::backoff::full_jitter;
+use crate::status::Advice;
+use crate::{ErrorKind, Policy};
+
+/// What kind of request a call sends, as far as retrying goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// GET, HEAD, OPTIONS, TRACE, or a write marked idempotent: safe to
+    /// repeat.
+    Read,
+    /// A write with an `Idempotency-Key`: safe to repeat with that key.
+    KeyedWrite,
+    /// A write without a key: never repeated.
+    UnkeyedWrite,
+}
+
+/// A problem the guard answers with 409.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GuardConflict {
+    /// `urn:idempotency:request-in-flight`: the first request with this key
+    /// still runs.
+    InFlight,
+    /// `urn:idempotency:outcome-unknown`: the first request with this key
+    /// was abandoned; it may have run.
+    OutcomeUnknown,
+}
+
+/// What an attempt, or a status look-up, produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// An answer: its status, its `Retry-After` (parsed), and the guard's
+    /// problem when it is a 409 of the guard.
+    Answer {
+        status: u16,
+        retry_after: Option<Duration>,
+        conflict: Option<GuardConflict>,
+    },
+    /// No connection: the request never left.
+    ConnectFailed,
+    /// No answer within the attempt's timeout: it may have run.
+    TimedOut,
+    /// The connection broke after the request was sent: it may have run.
+    Dropped,
+    /// A transport failure no retry fixes (a redirect loop).
+    Broken,
+    /// The key-status service's advice (`retry_after` for `wait`).
+    Advised {
+        advice: Advice,
+        retry_after: Duration,
+    },
+    /// The key-status service could not be asked, or did not answer.
+    StatusUnavailable,
+}
+
+impl Outcome {
+    /// Whether a write that got this may have run.
+    pub(crate) fn may_have_run(self) -> bool {
+        match self {
+            Self::Answer {
+                status, conflict, ..
+            } => matches!(status, 502 | 504) || conflict.is_some(),
+            Self::TimedOut | Self::Dropped => true,
+            Self::Advised { advice, .. } => advice != Advice::Retry,
+            Self::ConnectFailed | Self::Broken | Self::StatusUnavailable => false,
+        }
+    }
+
+    /// Whether the attempt counts as a failure for the circuit breaker.
+    pub(crate) fn is_failure(self) -> bool {
+        match self {
+            Self::Answer { status, .. } => status == 408 || status == 429 || status >= 500,
+            Self::ConnectFailed | Self::TimedOut | Self::Dropped => true,
+            Self::Broken | Self::Advised { .. } | Self::StatusUnavailable => false,
+        }
+    }
+}
+
+/// Where a call stands when an outcome comes in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Situation<'a> {
+    /// The kind of request.
+    pub(crate) class: Class,
+    /// Whether a key-status service is configured.
+    pub(crate) status_service: bool,
+    /// Attempts sent so far (the first try included).
+    pub(crate) attempts: u32,
+    /// What is left of the call's deadline.
+    pub(crate) remaining: Duration,
+    /// The endpoint's policy.
+    pub(crate) policy: &'a Policy,
+    /// A uniform sample in `[0, 1)` for the jitter.
+    pub(crate) sample: f64,
+}
+
+/// What to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Hand the answer back to the caller.
+    Return,
+    /// Send again (same key) after this pause, if the budget allows.
+    Resend { after: Duration },
+    /// Ask the key-status service about the key after this pause.
+    AskStatus { after: Duration },
+    /// Give up.
+    Stop(ErrorKind),
+}
+
+/// What the policy wants before the limits (attempts, deadline) apply.
+#[derive(Debug, Clone, Copy)]
+enum Want {
+    Return,
+    Stop(ErrorKind),
+    /// Resend after the backoff's jittered pause.
+    Backoff,
+    /// Resend at once (the status service says it ran: fetch the replay).
+    ResendNow,
+    /// Resend after the server's hint, at least the floor, plus jitter.
+    ResendAfterHint(Duration),
+    /// Ask the status service if there is one, else back off and resend.
+    AskOrBackoff,
+    /// Ask the status service again after this long (advice `wait`).
+    AskAfter(Duration),
+}
+
+/// How long the guard's in-flight 409 asks to wait when it says nothing.
+const IN_FLIGHT_WAIT: Duration = Duration::from_secs(1);
+
+/// Decides what a call does after `outcome`.
+pub(crate) fn decide(outcome: Outcome, at: &Situation<'_>) -> Decision {
+    limit(want(outcome, at.class), at)
+}
+
+fn want(outcome: Outcome, class: Class) -> Want {
+    use Class::{KeyedWrite, Read, UnkeyedWrite};
+    match (outcome, class) {
+        (Outcome::Answer { status, .. }, _) if status < 400 => Want::Return,
+        // The guard's own conflicts, for a keyed write.
+        (
+            Outcome::Answer {
+                status: 409,
+                conflict: Some(GuardConflict::InFlight),
+                retry_after,
+            },
+            KeyedWrite,
+        ) => Want::ResendAfterHint(retry_after.unwrap_or(IN_FLIGHT_WAIT)),
+        (
+            Outcome::Answer {
+                status: 409,
+                conflict: Some(GuardConflict::OutcomeUnknown),
+                ..
+            },
+            KeyedWrite,
+        ) => Want::Stop(ErrorKind::OutcomeUnknown),
+        // 429: only with a Retry-After.
+        (
+            Outcome::Answer {
+                status: 429,
+                retry_after: Some(hint),
+                ..
+            },
+            Read | KeyedWrite,
+        ) => Want::ResendAfterHint(hint),
+        // Not run (or released by the guard): send again.
+        (
+            Outcome::Answer {
+                status: 408 | 500 | 503,
+                ..
+            },
+            Read | KeyedWrite,
+        ) => Want::Backoff,
+        // A gateway lost it: a read is sent again, a write asks first.
+        (
+            Outcome::Answer {
+                status: 502 | 504, ..
+            },
+            Read,
+        ) => Want::Backoff,
+        (
+            Outcome::Answer {
+                status: 502 | 504, ..
+            },
+            KeyedWrite,
+        ) => Want::AskOrBackoff,
+        // Everything else is the answer: 4xx, 501, 505..., any answer to
+        // an unkeyed write.
+        (Outcome::Answer { .. }, _) => Want::Return,
+        (Outcome::ConnectFailed, Read | KeyedWrite) => Want::Backoff,
+        (Outcome::TimedOut | Outcome::Dropped, Read) => Want::Backoff,
+        (Outcome::TimedOut | Outcome::Dropped, KeyedWrite) => Want::AskOrBackoff,
+        (Outcome::ConnectFailed | Outcome::TimedOut | Outcome::Dropped, UnkeyedWrite) => {
+            Want::Stop(ErrorKind::UnkeyedWrite)
+        }
+        (Outcome::Broken, _) => Want::Stop(ErrorKind::NotRetryable),
+        (
+            Outcome::Advised {
+                advice,
+                retry_after,
+            },
+            _,
+        ) => match advice {
+            Advice::Replay => Want::ResendNow,
+            Advice::Retry => Want::Backoff,
+            Advice::Wait => Want::AskAfter(retry_after),
+            Advice::Reconcile => Want::Stop(ErrorKind::OutcomeUnknown),
+        },
+        // The service is down: the guard still makes a resend safe.
+        (Outcome::StatusUnavailable, _) => Want::Backoff,
+    }
+}
+
+fn limit(want: Want, at: &Situation<'_>) -> Decision {
+    let policy = at.policy;
+    let retry = at.attempts.saturating_sub(1);
+    let ceiling = policy.backoff.ceiling(retry);
+    // The pause may take what the deadline leaves beyond one attempt.
+    let room = at.remaining.checked_sub(policy.attempt_room());
+    let resend = |pause: Option<Duration>| {
+        if at.attempts >= policy.max_attempts {
+            return Decision::Stop(ErrorKind::AttemptsExhausted);
+        }
+        match (room, pause) {
+            (Some(room), Some(pause)) if pause <= room => Decision::Resend { after: pause },
+            _ => Decision::Stop(ErrorKind::DeadlineExceeded),
+        }
+    };
+    match want {
+        Want::Return => Decision::Return,
+        Want::Stop(kind) => Decision::Stop(kind),
+        Want::AskOrBackoff if at.status_service => Decision::AskStatus {
+            after: Duration::ZERO,
+        },
+        // Full jitter over what is left: never a pause the deadline cannot
+        // afford, and never a shared instant (clamping would make one).
+        Want::Backoff | Want::AskOrBackoff => {
+            resend(room.map(|room| full_jitter(ceiling.min(room), at.sample)))
+        }
+        Want::ResendNow => resend(Some(Duration::ZERO)),
+        Want::ResendAfterHint(hint) => {
+            let wait = hint.max(policy.retry_after_floor);
+            let jitter = room
+                .and_then(|room| room.checked_sub(wait))
+                .map_or(Duration::ZERO, |spare| {
+                    full_jitter(ceiling.min(spare), at.sample)
+                });
+            resend(Some(wait + jitter))
+        }
+        Want::AskAfter(wait) => match room {
+            Some(room) if wait <= room => Decision::AskStatus { after: wait },
+            _ => Decision::Stop(ErrorKind::DeadlineExceeded),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Backoff, Kind};
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn policy() -> Policy {
+        // Base 100 ms, attempts take up to 200 ms, at most 3 attempts.
+        Policy::new(Kind::Write)
+            .with_backoff(Backoff::new(100 * MS))
+            .with_attempt_timeout(200 * MS)
+            .with_deadline(2000 * MS)
+            .with_max_attempts(3)
+    }
+
+    fn answer(status: u16) -> Outcome {
+        Outcome::Answer {
+            status,
+            retry_after: None,
+            conflict: None,
+        }
+    }
+
+    fn hinted(status: u16, secs: u64) -> Outcome {
+        Outcome::Answer {
+            status,
+            retry_after: Some(Duration::from_secs(secs)),
+            conflict: None,
+        }
+    }
+
+    fn conflict(conflict: GuardConflict) -> Outcome {
+        Outcome::Answer {
+            status: 409,
+            retry_after: Some(Duration::from_secs(1)),
+            conflict: Some(conflict),
+        }
+    }
+
+    fn advised(advice: Advice) -> Outcome {
+        Outcome::Advised {
+            advice,
+            retry_after: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn truth_table() {
+        use Class::{KeyedWrite as KW, Read as R, UnkeyedWrite as UW};
+        use Decision::{AskStatus, Resend, Return, Stop};
+        use ErrorKind::*;
+        let p = policy();
+        // Attempts so far 1 (first retry: ceiling 100 ms), sample 0.5.
+        let back = Resend { after: 50 * MS };
+        let ask = AskStatus {
+            after: Duration::ZERO,
+        };
+        let wait_1s = Resend {
+            after: 1000 * MS + 50 * MS,
+        };
+        let floor = Resend {
+            after: 500 * MS + 50 * MS,
+        };
+        let s = 2000 * MS;
+        type Row = (Outcome, Class, bool, u32, Duration, Decision);
+        #[rustfmt::skip]
+        let table: &[Row] = &[
+            // outcome, class, status service, attempts, remaining => decision
+            // Answers below 400 are the answer, whatever the class.
+            (answer(200), R, true, 1, s, Return),
+            (answer(201), KW, true, 1, s, Return),
+            (answer(304), UW, false, 1, s, Return),
+            // 400-class answers other than 408/429 come back at once.
+            (answer(400), R, true, 1, s, Return),
+            (answer(400), KW, true, 1, s, Return),
+            (answer(404), R, true, 1, s, Return),
+            (answer(409), KW, true, 1, s, Return),
+            (answer(422), KW, true, 1, s, Return),
+            // Retryable answers for reads.
+            (answer(408), R, false, 1, s, back),
+            (answer(500), R, false, 1, s, back),
+            (answer(502), R, true, 1, s, back),
+            (answer(503), R, false, 1, s, back),
+            (answer(504), R, true, 1, s, back),
+            (answer(501), R, false, 1, s, Return),
+            // 429: Retry-After honoured, with a floor; none: no retry.
+            (hinted(429, 1), R, false, 1, s, wait_1s),
+            (hinted(429, 0), R, false, 1, s, floor),
+            (hinted(429, 1), KW, true, 1, s, wait_1s),
+            (answer(429), R, false, 1, s, Return),
+            (answer(429), KW, true, 1, s, Return),
+            (hinted(429, 5), R, false, 1, s, Stop(DeadlineExceeded)),
+            // Keyed writes: resend what did not run, ask about what may have.
+            (answer(500), KW, true, 1, s, back),
+            (answer(503), KW, true, 1, s, back),
+            (answer(408), KW, true, 1, s, back),
+            (answer(502), KW, true, 1, s, ask),
+            (answer(504), KW, true, 1, s, ask),
+            (answer(502), KW, false, 1, s, back),
+            (answer(504), KW, false, 1, s, back),
+            (Outcome::TimedOut, KW, true, 1, s, ask),
+            (Outcome::Dropped, KW, true, 1, s, ask),
+            (Outcome::TimedOut, KW, false, 1, s, back),
+            (Outcome::Dropped, KW, false, 1, s, back),
+            (Outcome::ConnectFailed, KW, true, 1, s, back),
+            // Reads retry on every transport failure.
+            (Outcome::TimedOut, R, true, 1, s, back),
+            (Outcome::Dropped, R, true, 1, s, back),
+            (Outcome::ConnectFailed, R, true, 1, s, back),
+            // Unkeyed writes: never resent.
+            (answer(500), UW, true, 1, s, Return),
+            (answer(502), UW, true, 1, s, Return),
+            (answer(503), UW, true, 1, s, Return),
+            (hinted(429, 1), UW, true, 1, s, Return),
+            (Outcome::TimedOut, UW, true, 1, s, Stop(UnkeyedWrite)),
+            (Outcome::Dropped, UW, true, 1, s, Stop(UnkeyedWrite)),
+            (Outcome::ConnectFailed, UW, true, 1, s, Stop(UnkeyedWrite)),
+            (Outcome::Broken, R, true, 1, s, Stop(NotRetryable)),
+            // The guard's conflicts: in flight is a wait, abandoned is unknown.
+            (conflict(GuardConflict::InFlight), KW, true, 1, s, wait_1s),
+            (conflict(GuardConflict::OutcomeUnknown), KW, true, 1, s, Stop(OutcomeUnknown)),
+            (conflict(GuardConflict::InFlight), R, true, 1, s, Return),
+            (conflict(GuardConflict::OutcomeUnknown), UW, true, 1, s, Return),
+            // The status service's advice.
+            (advised(Advice::Replay), KW, true, 1, s, Resend { after: Duration::ZERO }),
+            (advised(Advice::Retry), KW, true, 1, s, back),
+            (advised(Advice::Wait), KW, true, 1, s, AskStatus { after: 1000 * MS }),
+            (advised(Advice::Reconcile), KW, true, 1, s, Stop(OutcomeUnknown)),
+            (Outcome::StatusUnavailable, KW, true, 1, s, back),
+            // Limits: attempts, then the deadline.
+            (answer(503), R, false, 3, s, Stop(AttemptsExhausted)),
+            (advised(Advice::Replay), KW, true, 3, s, Stop(AttemptsExhausted)),
+            (answer(503), R, false, 1, 199 * MS, Stop(DeadlineExceeded)),
+            (answer(503), R, false, 1, 200 * MS, Resend { after: Duration::ZERO }),
+            (answer(503), R, false, 1, 240 * MS, Resend { after: 20 * MS }),
+            (advised(Advice::Replay), KW, true, 1, 199 * MS, Stop(DeadlineExceeded)),
+            (advised(Advice::Wait), KW, true, 1, 1199 * MS, Stop(DeadlineExceeded)),
+            (advised(Advice::Wait), KW, true, 1, 1200 * MS, AskStatus { after: 1000 * MS }),
+            (hinted(429, 1), R, false, 1, 1199 * MS, Stop(DeadlineExceeded)),
+            (hinted(429, 1), R, false, 1, 1200 * MS, Resend { after: 1000 * MS }),
+            // Asking the service costs no attempt and waits for nothing.
+            (answer(504), KW, true, 3, s, ask),
+            (answer(504), KW, true, 1, Duration::ZERO, ask),
+        ];
+        for (i, &(outcome, class, status_service, attempts, remaining, expected)) in
+            table.iter().enumerate()
+        {
+            let at = Situation {
+                class,
+                status_service,
+                attempts,
+                remaining,
+                policy: &p,
+                sample: 0.5,
+            };
+            assert_eq!(
+                decide(outcome, &at),
+                expected,
+                "row {i}: {outcome:?} {class:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn pauses_grow_with_retries_and_never_pass_the_deadline() {
+        let p = policy().with_max_attempts(100);
+        for attempts in 1..20 {
+            for remaining in [200 * MS, 350 * MS, 1000 * MS, 60_000 * MS] {
+                for sample in [0.0, 0.3, 0.999] {
+                    let at = Situation {
+                        class: Class::Read,
+                        status_service: false,
+                        attempts,
+                        remaining,
+                        policy: &p,
+                        sample,
+                    };
+                    let Decision::Resend { after } = decide(answer(503), &at) else {
+                        panic!("a read retries a 503");
+                    };
+                    let ceiling = p.backoff.ceiling(attempts - 1);
+                    assert!(after <= ceiling, "{after:?} above {ceiling:?}");
+                    assert!(
+                        after + p.attempt_room() <= remaining,
+                        "the pause leaves room for the attempt"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn what_may_have_run() {
+        assert!(Outcome::TimedOut.may_have_run());
+        assert!(Outcome::Dropped.may_have_run());
+        assert!(answer(502).may_have_run());
+        assert!(answer(504).may_have_run());
+        assert!(advised(Advice::Replay).may_have_run());
+        assert!(conflict(GuardConflict::OutcomeUnknown).may_have_run());
+        assert!(!answer(503).may_have_run());
+        assert!(!answer(500).may_have_run());
+        assert!(!Outcome::ConnectFailed.may_have_run());
+        assert!(!advised(Advice::Retry).may_have_run());
+    }
+}

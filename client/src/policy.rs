@@ -1,0 +1,354 @@
+//! Per-endpoint retry policies: how long a call may take, how its retries
+//! are spaced, whether writes get an idempotency key, and the endpoint's
+//! retry budget and circuit breaker.
+
+use std::time::Duration;
+
+use crate::{Backoff, CircuitBreaker, RetryBudget};
+
+/// Which defaults a [`Policy`] starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Kind {
+    /// Reads (GET, HEAD, OPTIONS, TRACE): 500 ms backoff base, 3 s
+    /// deadline.
+    Read,
+    /// Writes (every other method): 1 s backoff base, 2 s deadline.
+    Write,
+}
+
+/// The defaults of one kind of endpoint.
+struct Defaults {
+    /// The issue's bases: 500 ms for reads, 1 s for writes, which are
+    /// costlier to repeat.
+    base: Duration,
+    /// No single pause beyond it, whatever the deadline allows.
+    cap: Duration,
+    /// One budget for the whole call, attempts and pauses together: a
+    /// caller waits at most this long.
+    deadline: Duration,
+    /// Reads: three attempts fit in the deadline; writes: two attempts and
+    /// a status look-up fit in it.
+    attempt_timeout: Duration,
+    /// The AWS SDKs' standard mode: a first try and two retries.
+    max_attempts: u32,
+}
+
+const READ: Defaults = Defaults {
+    base: Duration::from_millis(500),
+    cap: Duration::from_secs(10),
+    deadline: Duration::from_secs(3),
+    attempt_timeout: Duration::from_secs(1),
+    max_attempts: 3,
+};
+
+const WRITE: Defaults = Defaults {
+    base: Duration::from_secs(1),
+    cap: Duration::from_secs(10),
+    deadline: Duration::from_secs(2),
+    attempt_timeout: Duration::from_millis(800),
+    max_attempts: 3,
+};
+
+/// The least a `429 Too Many Requests` makes a client wait, whatever its
+/// `Retry-After` says: a server that says `0` is still overloaded.
+const RETRY_AFTER_FLOOR: Duration = Duration::from_millis(500);
+
+/// How one endpoint's calls are retried.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotency_client::{Backoff, CircuitBreaker, Kind, Policy, RetryBudget};
+///
+/// let policy = Policy::new(Kind::Write)
+///     .with_backoff(Backoff::new(Duration::from_millis(200)))
+///     .with_deadline(Duration::from_secs(5))
+///     .with_attempt_timeout(Duration::from_secs(2))
+///     .with_budget(RetryBudget::new(0.2))
+///     .with_circuit_breaker(CircuitBreaker::new(5));
+/// assert_eq!(policy.deadline(), Duration::from_secs(5));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub(crate) kind: Kind,
+    pub(crate) backoff: Backoff,
+    pub(crate) deadline: Duration,
+    pub(crate) attempt_timeout: Duration,
+    pub(crate) max_attempts: u32,
+    pub(crate) retry_after_floor: Duration,
+    pub(crate) idempotent: bool,
+    pub(crate) generate_keys: bool,
+    pub(crate) budget: RetryBudget,
+    pub(crate) breaker: Option<CircuitBreaker>,
+}
+
+impl Policy {
+    /// The default policy of reads or of writes.
+    pub fn new(kind: Kind) -> Self {
+        let defaults = match kind {
+            Kind::Read => READ,
+            Kind::Write => WRITE,
+        };
+        Self {
+            kind,
+            backoff: Backoff::new(defaults.base).with_cap(defaults.cap),
+            deadline: defaults.deadline,
+            attempt_timeout: defaults.attempt_timeout,
+            max_attempts: defaults.max_attempts,
+            retry_after_floor: RETRY_AFTER_FLOOR,
+            idempotent: false,
+            generate_keys: true,
+            budget: RetryBudget::default(),
+            breaker: None,
+        }
+    }
+
+    /// Sets the pauses between attempts.
+    ///
+    /// The default value is a base of 500 ms for reads and 1 s for writes,
+    /// capped at 10 s, with full jitter.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_client::{Backoff, Kind, Policy};
+    ///
+    /// let policy = Policy::new(Kind::Read).with_backoff(Backoff::new(Duration::from_millis(50)));
+    /// assert_eq!(policy.backoff().base(), Duration::from_millis(50));
+    /// ```
+    #[must_use]
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Sets the time budget of one call: its attempts, its pauses and its
+    /// status look-ups share it.
+    ///
+    /// The default value is 3 s for reads and 2 s for writes.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_client::{Kind, Policy};
+    ///
+    /// let policy = Policy::new(Kind::Read).with_deadline(Duration::from_secs(10));
+    /// assert_eq!(policy.deadline(), Duration::from_secs(10));
+    /// ```
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Sets how long one attempt may take. An attempt never starts when
+    /// less than this is left of the deadline; an attempt's timeout never
+    /// reaches past the deadline either. A timeout set on the request
+    /// itself is kept when shorter.
+    ///
+    /// The default value is 1 s for reads and 800 ms for writes.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_client::{Kind, Policy};
+    ///
+    /// let policy = Policy::new(Kind::Write).with_attempt_timeout(Duration::from_millis(300));
+    /// assert_eq!(policy.attempt_timeout(), Duration::from_millis(300));
+    /// ```
+    #[must_use]
+    pub fn with_attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = timeout;
+        self
+    }
+
+    /// Sets the most attempts one call makes (the first try included; at
+    /// least 1).
+    ///
+    /// The default value is 3.
+    ///
+    /// ```
+    /// use idempotency_client::{Kind, Policy};
+    ///
+    /// let policy = Policy::new(Kind::Read).with_max_attempts(5);
+    /// assert_eq!(policy.max_attempts(), 5);
+    /// ```
+    #[must_use]
+    pub fn with_max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Sets the least wait after a `429` with `Retry-After` (a longer
+    /// `Retry-After` is honoured as it is).
+    ///
+    /// The default value is 500 ms.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_client::{Kind, Policy};
+    ///
+    /// let policy = Policy::new(Kind::Read).with_retry_after_floor(Duration::from_secs(1));
+    /// assert_eq!(policy.retry_after_floor(), Duration::from_secs(1));
+    /// ```
+    #[must_use]
+    pub fn with_retry_after_floor(mut self, floor: Duration) -> Self {
+        self.retry_after_floor = floor;
+        self
+    }
+
+    /// Marks the endpoint's writes as idempotent by nature (a `PUT` of a
+    /// whole resource, a `DELETE`, a search sent as `POST`): they are
+    /// retried like reads, with neither key nor status look-up.
+    ///
+    /// The default value is `false`.
+    ///
+    /// ```
+    /// use idempotency_client::{Kind, Policy};
+    ///
+    /// let policy = Policy::new(Kind::Write).with_idempotent(true);
+    /// assert!(policy.idempotent());
+    /// ```
+    #[must_use]
+    pub fn with_idempotent(mut self, idempotent: bool) -> Self {
+        self.idempotent = idempotent;
+        self
+    }
+
+    /// Sets whether a write without an `Idempotency-Key` header gets one (a
+    /// UUID v7, made once per call and sent with every attempt). Without a
+    /// key, a write is never retried: turn this off only for endpoints that
+    /// are not guarded, where a key would protect nothing.
+    ///
+    /// The default value is `true`.
+    ///
+    /// ```
+    /// use idempotency_client::{Kind, Policy};
+    ///
+    /// let policy = Policy::new(Kind::Write).with_generated_keys(false);
+    /// assert!(!policy.generated_keys());
+    /// ```
+    #[must_use]
+    pub fn with_generated_keys(mut self, generate: bool) -> Self {
+        self.generate_keys = generate;
+        self
+    }
+
+    /// Sets the endpoint's retry budget (the client has one of its own as
+    /// well; a retry needs both).
+    ///
+    /// The default value is a share of 0.1 (one retry per ten calls), at
+    /// most 10 saved up, empty at start.
+    ///
+    /// ```
+    /// use idempotency_client::{Kind, Policy, RetryBudget};
+    ///
+    /// let policy = Policy::new(Kind::Read).with_budget(RetryBudget::new(0.2));
+    /// assert_eq!(policy.budget().share(), 0.2);
+    /// ```
+    #[must_use]
+    pub fn with_budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// Sets a circuit breaker on the endpoint.
+    ///
+    /// The default value is none.
+    ///
+    /// ```
+    /// use idempotency_client::{CircuitBreaker, Kind, Policy};
+    ///
+    /// let policy = Policy::new(Kind::Read).with_circuit_breaker(CircuitBreaker::new(5));
+    /// assert_eq!(policy.circuit_breaker().map(|b| b.failures()), Some(5));
+    /// ```
+    #[must_use]
+    pub fn with_circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = Some(breaker);
+        self
+    }
+
+    /// Returns which defaults the policy started from.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// Returns the backoff.
+    pub fn backoff(&self) -> Backoff {
+        self.backoff
+    }
+
+    /// Returns the time budget of one call.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Returns the longest an attempt may take.
+    pub fn attempt_timeout(&self) -> Duration {
+        self.attempt_timeout
+    }
+
+    /// Returns the most attempts of one call.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Returns the least wait after a `429`.
+    pub fn retry_after_floor(&self) -> Duration {
+        self.retry_after_floor
+    }
+
+    /// Returns whether writes are retried like reads.
+    pub fn idempotent(&self) -> bool {
+        self.idempotent
+    }
+
+    /// Returns whether writes without a key get one.
+    pub fn generated_keys(&self) -> bool {
+        self.generate_keys
+    }
+
+    /// Returns the endpoint's retry budget.
+    pub fn budget(&self) -> RetryBudget {
+        self.budget
+    }
+
+    /// Returns the endpoint's circuit breaker, if it has one.
+    pub fn circuit_breaker(&self) -> Option<CircuitBreaker> {
+        self.breaker
+    }
+
+    /// The longest an attempt may take, never more than the deadline: the
+    /// room an attempt needs before it starts.
+    pub(crate) fn attempt_room(&self) -> Duration {
+        self.attempt_timeout.min(self.deadline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_issues_table() {
+        let read = Policy::new(Kind::Read);
+        assert_eq!(read.backoff().base(), Duration::from_millis(500));
+        assert_eq!(read.deadline(), Duration::from_secs(3));
+        let write = Policy::new(Kind::Write);
+        assert_eq!(write.backoff().base(), Duration::from_secs(1));
+        assert_eq!(write.deadline(), Duration::from_secs(2));
+        for policy in [read, write] {
+            assert!(policy.generated_keys());
+            assert!(!policy.idempotent());
+            assert_eq!(policy.retry_after_floor(), Duration::from_millis(500));
+            assert_eq!(policy.budget().share(), 0.1);
+            assert!(policy.circuit_breaker().is_none());
+            assert!(policy.attempt_timeout() < policy.deadline());
+        }
+    }
+
+    #[test]
+    fn an_attempt_never_needs_more_than_the_deadline() {
+        let policy = Policy::new(Kind::Read)
+            .with_deadline(Duration::from_millis(100))
+            .with_attempt_timeout(Duration::from_secs(5));
+        assert_eq!(policy.attempt_room(), Duration::from_millis(100));
+    }
+}

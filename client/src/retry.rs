@@ -1,0 +1,667 @@
+//! [`RetryClient`]: a `reqwest::Client` that retries by policy, within a
+//! deadline and a budget, and that asks the key-status service before it
+//! sends a write again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use http::HeaderValue;
+use reqwest::{Method, Request, Response};
+
+use crate::breaker::BreakerState;
+use crate::budget::{self, TokenBucket};
+use crate::deadline::Deadline;
+use crate::decision::{self, Class, Decision, GuardConflict, Outcome, Situation};
+use crate::key::{IDEMPOTENCY_KEY, RETRY_ATTEMPT};
+use crate::status::{Advice, StatusClient};
+use crate::{ErrorKind, Failure, Kind, Policy, RetryBudget, RetryError, new_key, telemetry};
+
+/// The client-wide budget when none is set: one retry per ten calls, as
+/// each endpoint's, with more room to save up since all endpoints fill it.
+const CLIENT_BUDGET_CAP: f64 = 100.0;
+
+/// The largest guard problem body read to tell a 409's kind.
+const PROBLEM_LIMIT: u64 = 16 * 1024;
+
+/// A `reqwest::Client` that retries what is safe to retry, and only that.
+///
+/// - Reads (GET, HEAD, OPTIONS, TRACE, or an endpoint marked idempotent)
+///   are retried on connect errors, timeouts, dropped connections, 408,
+///   429 (with `Retry-After`), 500, 502, 503 and 504.
+/// - Writes get an `Idempotency-Key` (a UUID v7, or the caller's own),
+///   made once per call and sent with every attempt. After a failure that
+///   leaves the outcome unknown (a timeout, a dropped connection, 502,
+///   504) the client asks the key-status service first and follows its
+///   advice; without one, it resends with the same key, which the guard
+///   makes safe. A write without a key is never sent twice.
+/// - Pauses are exponential with full jitter; one deadline covers the
+///   whole call; retries draw on a budget (the client's and the
+///   endpoint's); an endpoint may have a circuit breaker.
+/// - Every attempt carries `X-Retry-Attempt: <n>`, and is built afresh by
+///   the closure given to [`RetryClient::send`], so no body is ever
+///   reused after it was consumed.
+///
+/// Clones share their budgets and breakers.
+///
+/// ```no_run
+/// use idempotency_client::{RetryClient, StatusClient};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = RetryClient::new(reqwest::Client::new())
+///     .with_status_client(StatusClient::new("http://127.0.0.1:8080", "token-of-tenant-a"));
+/// let payment = serde_json::json!({"amount": 4200, "currency": "EUR"});
+/// let response = client
+///     .send("create-payment", |http| {
+///         http.post("http://127.0.0.1:3000/payments").json(&payment)
+///     })
+///     .await?;
+/// println!("{}", response.status());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RetryClient {
+    http: reqwest::Client,
+    status: Option<StatusClient>,
+    reads: Policy,
+    writes: Policy,
+    endpoints: HashMap<String, Policy>,
+    budget: RetryBudget,
+    state: Arc<State>,
+}
+
+/// What the client's calls share: its budget, and each endpoint's budget
+/// and breaker.
+#[derive(Debug)]
+struct State {
+    budget: Mutex<TokenBucket>,
+    endpoints: Mutex<HashMap<String, Arc<EndpointState>>>,
+}
+
+#[derive(Debug)]
+struct EndpointState {
+    budget: Mutex<TokenBucket>,
+    breaker: Option<Mutex<BreakerState>>,
+}
+
+impl State {
+    fn new(budget: &RetryBudget) -> Arc<Self> {
+        Arc::new(Self {
+            budget: Mutex::new(TokenBucket::new(budget)),
+            endpoints: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The endpoint's state, made from `policy` on its first call.
+    fn endpoint(&self, name: &str, policy: &Policy) -> Arc<EndpointState> {
+        let mut endpoints = lock(&self.endpoints);
+        if let Some(state) = endpoints.get(name) {
+            return Arc::clone(state);
+        }
+        let state = Arc::new(EndpointState {
+            budget: Mutex::new(TokenBucket::new(&policy.budget)),
+            breaker: policy.breaker.map(|b| Mutex::new(BreakerState::new(b))),
+        });
+        endpoints.insert(name.to_owned(), Arc::clone(&state));
+        state
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl RetryClient {
+    /// A retrying client over `http`, with the default policies, a
+    /// client-wide budget and no status service.
+    pub fn new(http: reqwest::Client) -> Self {
+        telemetry::describe();
+        let budget = RetryBudget::default().with_cap(CLIENT_BUDGET_CAP);
+        Self {
+            http,
+            status: None,
+            reads: Policy::new(Kind::Read),
+            writes: Policy::new(Kind::Write),
+            endpoints: HashMap::new(),
+            budget,
+            state: State::new(&budget),
+        }
+    }
+
+    /// Sets the key-status service to ask after a write's outcome is
+    /// unknown. Its token must belong to the scope the writes are made in.
+    ///
+    /// The default value is none: such writes are resent with the same
+    /// key, which the guard makes safe, but an abandoned write then shows
+    /// only as the guard's `409 outcome-unknown`.
+    ///
+    /// ```
+    /// use idempotency_client::{RetryClient, StatusClient};
+    ///
+    /// let client = RetryClient::new(reqwest::Client::new())
+    ///     .with_status_client(StatusClient::new("http://127.0.0.1:8080", "token-of-tenant-a"));
+    /// # drop(client);
+    /// ```
+    #[must_use]
+    pub fn with_status_client(mut self, status: StatusClient) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Sets the client-wide retry budget, shared by all endpoints (each
+    /// endpoint's policy has its own as well; a retry needs both).
+    ///
+    /// The default value is a share of 0.1 (one retry per ten calls), at
+    /// most 100 saved up, empty at start.
+    ///
+    /// ```
+    /// use idempotency_client::{RetryBudget, RetryClient};
+    ///
+    /// let client = RetryClient::new(reqwest::Client::new()).with_budget(RetryBudget::new(0.05));
+    /// assert_eq!(client.budget().share(), 0.05);
+    /// ```
+    #[must_use]
+    pub fn with_budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = budget;
+        self.state = State::new(&budget);
+        self
+    }
+
+    /// Sets the policy of reads on endpoints without a policy of their
+    /// own.
+    ///
+    /// The default value is `Policy::new(Kind::Read)`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_client::{Kind, Policy, RetryClient};
+    ///
+    /// let client = RetryClient::new(reqwest::Client::new())
+    ///     .with_read_policy(Policy::new(Kind::Read).with_deadline(Duration::from_secs(1)));
+    /// # drop(client);
+    /// ```
+    #[must_use]
+    pub fn with_read_policy(mut self, policy: Policy) -> Self {
+        self.reads = policy;
+        self.state = State::new(&self.budget);
+        self
+    }
+
+    /// Sets the policy of writes on endpoints without a policy of their
+    /// own.
+    ///
+    /// The default value is `Policy::new(Kind::Write)`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_client::{Kind, Policy, RetryClient};
+    ///
+    /// let client = RetryClient::new(reqwest::Client::new())
+    ///     .with_write_policy(Policy::new(Kind::Write).with_deadline(Duration::from_secs(5)));
+    /// # drop(client);
+    /// ```
+    #[must_use]
+    pub fn with_write_policy(mut self, policy: Policy) -> Self {
+        self.writes = policy;
+        self.state = State::new(&self.budget);
+        self
+    }
+
+    /// Sets the policy of one endpoint, whatever the method of its calls.
+    ///
+    /// The default value is the read or the write policy, by method. An
+    /// endpoint without a policy of its own takes its budget and breaker
+    /// from the policy of its first call.
+    ///
+    /// ```
+    /// use idempotency_client::{CircuitBreaker, Kind, Policy, RetryClient};
+    ///
+    /// let client = RetryClient::new(reqwest::Client::new()).with_endpoint(
+    ///     "create-payment",
+    ///     Policy::new(Kind::Write).with_circuit_breaker(CircuitBreaker::new(5)),
+    /// );
+    /// # drop(client);
+    /// ```
+    #[must_use]
+    pub fn with_endpoint(mut self, endpoint: impl Into<String>, policy: Policy) -> Self {
+        self.endpoints.insert(endpoint.into(), policy);
+        self.state = State::new(&self.budget);
+        self
+    }
+
+    /// Returns the `reqwest::Client` requests are sent with.
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// Returns the client-wide retry budget.
+    pub fn budget(&self) -> RetryBudget {
+        self.budget
+    }
+
+    /// Returns the policy a call to `endpoint` with `method` follows.
+    pub fn policy(&self, endpoint: &str, method: &Method) -> &Policy {
+        self.endpoints.get(endpoint).unwrap_or(if is_safe(method) {
+            &self.reads
+        } else {
+            &self.writes
+        })
+    }
+
+    /// Sends one logical request to `endpoint` (a name of your choosing,
+    /// such as `create-payment`: it selects the policy, the budget and the
+    /// breaker, and labels the metrics), retrying it by the endpoint's
+    /// policy. `request` builds the request afresh for every attempt, so
+    /// bodies are never reused; give it the same request every time.
+    ///
+    /// A write gets an `Idempotency-Key` (a UUID v7) unless `request` sets
+    /// one; that key is sent with every attempt.
+    ///
+    /// Any answer the policy does not retry (success, a 4xx other than 408
+    /// and 429, a 429 without `Retry-After`) comes back as `Ok`, as does a
+    /// retried call's final answer.
+    ///
+    /// # Errors
+    ///
+    /// A [`RetryError`] when the call gives up: its [`ErrorKind`] says why
+    /// (budget exhausted, deadline exceeded, attempts exhausted, circuit
+    /// open, outcome unknown, a failed write without a key, an invalid
+    /// request), and [`RetryError::last`] holds the last failure (an
+    /// answer, or a transport error).
+    pub async fn send<F>(&self, endpoint: &str, request: F) -> Result<Response, RetryError>
+    where
+        F: Fn(&reqwest::Client) -> reqwest::RequestBuilder,
+    {
+        let started = Instant::now();
+        let mut call = Call::new(endpoint);
+        let first = match request(&self.http).build() {
+            Ok(first) => first,
+            Err(error) => {
+                call.last = Some(Failure::Transport(error));
+                return Err(call.stop(ErrorKind::InvalidRequest));
+            }
+        };
+        let policy = self.policy(endpoint, first.method());
+        let (class, key) = identify(&first, policy);
+        call.key = key
+            .as_ref()
+            .map(|k| String::from_utf8_lossy(k.as_bytes()).into_owned());
+        let endpoint_state = self.state.endpoint(endpoint, policy);
+        lock(&self.state.budget).deposit();
+        lock(&endpoint_state.budget).deposit();
+        let deadline = Deadline::after(started, policy.deadline);
+        let status_service = match (&self.status, class) {
+            (Some(status), Class::KeyedWrite) => Some(status),
+            _ => None,
+        };
+
+        let mut pending = Some(first);
+        loop {
+            if let Some(breaker) = &endpoint_state.breaker
+                && lock(breaker).admit(Instant::now()).is_err()
+            {
+                return Err(call.stop(ErrorKind::CircuitOpen));
+            }
+            let mut attempt = match pending
+                .take()
+                .map_or_else(|| request(&self.http).build(), Ok)
+            {
+                Ok(attempt) => attempt,
+                Err(error) => {
+                    call.last = Some(Failure::Transport(error));
+                    return Err(call.stop(ErrorKind::InvalidRequest));
+                }
+            };
+            let remaining = deadline.remaining();
+            prepare(
+                &mut attempt,
+                call.attempts,
+                key.as_ref(),
+                policy.attempt_room().min(remaining),
+            );
+            let sent = self.http.execute(attempt).await;
+            let (mut outcome, result) = classify(sent, class).await;
+            telemetry::attempt(endpoint, call.attempts, outcome);
+            call.attempts += 1;
+            if let Some(breaker) = &endpoint_state.breaker {
+                lock(breaker).record(!outcome.is_failure(), Instant::now());
+            }
+            let mut current = Some(result);
+            loop {
+                if class != Class::Read && outcome.may_have_run() {
+                    call.may_have_run = true;
+                }
+                let at = Situation {
+                    class,
+                    status_service: status_service.is_some(),
+                    attempts: call.attempts,
+                    remaining: deadline.remaining(),
+                    policy,
+                    sample: rand::random::<f64>(),
+                };
+                let decision = decision::decide(outcome, &at);
+                tracing::debug!(
+                    endpoint,
+                    attempts = call.attempts,
+                    ?outcome,
+                    ?decision,
+                    "retry decision"
+                );
+                match (decision, current.take()) {
+                    (Decision::Return, Some(Ok(response))) => return Ok(call.answer(response)),
+                    (_, result) => call.keep(result),
+                }
+                match decision {
+                    Decision::Return => return Err(call.stop(ErrorKind::NotRetryable)),
+                    Decision::Stop(kind) => return Err(call.stop(kind)),
+                    Decision::AskStatus { after } => {
+                        pause(after).await;
+                        outcome = match (status_service, &call.key) {
+                            (Some(status), Some(key)) => ask(status, key, endpoint, deadline).await,
+                            _ => Outcome::StatusUnavailable,
+                        };
+                    }
+                    Decision::Resend { after } => {
+                        let taken = budget::take_retry(&self.state.budget, &endpoint_state.budget);
+                        if let Err(refusal) = taken {
+                            telemetry::budget_refusal(endpoint, refusal.label());
+                            return Err(call.stop(ErrorKind::BudgetExhausted));
+                        }
+                        pause(after).await;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The bookkeeping of one call, for its error and its metrics.
+struct Call<'a> {
+    endpoint: &'a str,
+    attempts: u32,
+    key: Option<String>,
+    may_have_run: bool,
+    last: Option<Failure>,
+}
+
+impl<'a> Call<'a> {
+    fn new(endpoint: &'a str) -> Self {
+        Self {
+            endpoint,
+            attempts: 0,
+            key: None,
+            may_have_run: false,
+            last: None,
+        }
+    }
+
+    /// Keeps what an attempt got as the last failure.
+    fn keep(&mut self, result: Option<Result<Response, reqwest::Error>>) {
+        match result {
+            Some(Ok(response)) => self.last = Some(Failure::Answer(response)),
+            Some(Err(error)) => self.last = Some(Failure::Transport(error)),
+            None => {}
+        }
+    }
+
+    fn answer(self, response: Response) -> Response {
+        let outcome = telemetry::answered(response.status().as_u16());
+        telemetry::call(self.endpoint, outcome, self.attempts > 1);
+        response
+    }
+
+    fn stop(self, kind: ErrorKind) -> RetryError {
+        telemetry::call(self.endpoint, kind.as_str(), self.attempts > 1);
+        RetryError {
+            kind,
+            endpoint: self.endpoint.to_owned(),
+            attempts: self.attempts,
+            key: self.key,
+            may_have_run: self.may_have_run,
+            last: self.last,
+        }
+    }
+}
+
+/// How a call is retried, and the key its attempts carry: the caller's,
+/// or a new one for a write whose policy makes keys.
+fn identify(first: &Request, policy: &Policy) -> (Class, Option<HeaderValue>) {
+    if is_safe(first.method()) || policy.idempotent {
+        return (Class::Read, None);
+    }
+    let key = match first.headers().get(IDEMPOTENCY_KEY) {
+        Some(theirs) => Some(theirs.clone()),
+        None if policy.generate_keys => HeaderValue::from_str(&new_key()).ok(),
+        None => None,
+    };
+    match key {
+        Some(key) => (Class::KeyedWrite, Some(key)),
+        None => (Class::UnkeyedWrite, None),
+    }
+}
+
+/// GET, HEAD, OPTIONS and TRACE: the safe methods of RFC 9110.
+fn is_safe(method: &Method) -> bool {
+    [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE].contains(method)
+}
+
+/// Numbers the attempt, sets the key, and bounds its time.
+fn prepare(request: &mut Request, attempt: u32, key: Option<&HeaderValue>, room: Duration) {
+    let headers = request.headers_mut();
+    headers.insert(RETRY_ATTEMPT, HeaderValue::from(attempt));
+    if let Some(key) = key {
+        headers.insert(IDEMPOTENCY_KEY, key.clone());
+    }
+    let timeout = request.timeout().map_or(room, |theirs| room.min(*theirs));
+    *request.timeout_mut() = Some(timeout);
+}
+
+async fn pause(after: Duration) {
+    if !after.is_zero() {
+        tokio::time::sleep(after).await;
+    }
+}
+
+/// What an attempt got, reduced to what the policy needs. A guard's 409
+/// for a keyed write is read (it is small) to tell in-flight from
+/// outcome-unknown, and handed back rebuilt.
+async fn classify(
+    sent: Result<Response, reqwest::Error>,
+    class: Class,
+) -> (Outcome, Result<Response, reqwest::Error>) {
+    let response = match sent {
+        Ok(response) => response,
+        Err(error) => {
+            let outcome = if error.is_connect() {
+                Outcome::ConnectFailed
+            } else if error.is_timeout() {
+                Outcome::TimedOut
+            } else if error.is_redirect() || error.is_builder() || error.is_decode() {
+                Outcome::Broken
+            } else {
+                Outcome::Dropped
+            };
+            return (outcome, Err(error));
+        }
+    };
+    let status = response.status().as_u16();
+    let retry_after = crate::retry_after::of(response.headers());
+    let (conflict, response) = if status == 409 && class == Class::KeyedWrite {
+        match guard_conflict(response).await {
+            Ok(read) => read,
+            Err(error) => return (Outcome::Dropped, Err(error)),
+        }
+    } else {
+        (None, response)
+    };
+    let outcome = Outcome::Answer {
+        status,
+        retry_after,
+        conflict,
+    };
+    (outcome, Ok(response))
+}
+
+#[derive(serde::Deserialize)]
+struct ProblemType {
+    #[serde(rename = "type")]
+    problem_type: String,
+}
+
+/// Reads a small `application/problem+json` 409 to learn whether it is
+/// one of the guard's, and rebuilds the response around the body read.
+async fn guard_conflict(
+    response: Response,
+) -> Result<(Option<GuardConflict>, Response), reqwest::Error> {
+    let is_problem = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/problem+json"));
+    let small = response
+        .content_length()
+        .is_some_and(|n| n <= PROBLEM_LIMIT);
+    if !(is_problem && small) {
+        return Ok((None, response));
+    }
+    let (status, version, url) = (
+        response.status(),
+        response.version(),
+        response.url().clone(),
+    );
+    let headers = response.headers().clone();
+    let body = response.bytes().await?;
+    let conflict = serde_json::from_slice::<ProblemType>(&body)
+        .ok()
+        .and_then(|problem| match problem.problem_type.as_str() {
+            "urn:idempotency:request-in-flight" => Some(GuardConflict::InFlight),
+            "urn:idempotency:outcome-unknown" => Some(GuardConflict::OutcomeUnknown),
+            _ => None,
+        });
+    use reqwest::ResponseBuilderExt as _;
+    let mut rebuilt = http::Response::builder()
+        .status(status)
+        .version(version)
+        .url(url)
+        .body(body.clone())
+        .unwrap_or_else(|_| http::Response::new(body));
+    *rebuilt.status_mut() = status;
+    *rebuilt.headers_mut() = headers;
+    Ok((conflict, Response::from(rebuilt)))
+}
+
+/// Asks the key-status service what became of `key`.
+async fn ask(status: &StatusClient, key: &str, endpoint: &str, deadline: Deadline) -> Outcome {
+    let remaining = deadline.remaining();
+    let answer = tokio::time::timeout(remaining, status.details(key, None)).await;
+    let (outcome, label) = match answer {
+        Ok(Ok(None)) => (
+            Outcome::Advised {
+                advice: Advice::Retry,
+                retry_after: Duration::ZERO,
+            },
+            "retry",
+        ),
+        Ok(Ok(Some(details))) => {
+            let label = match details.advice {
+                Advice::Wait => "wait",
+                Advice::Replay => "replay",
+                Advice::Reconcile => "reconcile",
+                Advice::Retry => "retry",
+            };
+            let retry_after = Duration::from_secs(details.retry_after_seconds.unwrap_or(1));
+            (
+                Outcome::Advised {
+                    advice: details.advice,
+                    retry_after,
+                },
+                label,
+            )
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(endpoint, %error, "the key-status service failed; resending with the same key");
+            (Outcome::StatusUnavailable, "unavailable")
+        }
+        Err(_) => (Outcome::StatusUnavailable, "unavailable"),
+    };
+    telemetry::status_check(endpoint, label);
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_methods_are_reads() {
+        for method in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
+            assert!(is_safe(&method), "{method}");
+        }
+        for method in [Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
+            assert!(!is_safe(&method), "{method}");
+        }
+    }
+
+    #[test]
+    fn endpoints_pick_their_policy_else_one_by_method() {
+        let special = Policy::new(Kind::Write).with_max_attempts(7);
+        let client = RetryClient::new(reqwest::Client::new()).with_endpoint("special", special);
+        assert_eq!(client.policy("special", &Method::GET).max_attempts(), 7);
+        assert_eq!(client.policy("other", &Method::GET).kind(), Kind::Read);
+        assert_eq!(client.policy("other", &Method::POST).kind(), Kind::Write);
+    }
+
+    #[test]
+    fn writes_get_a_key_unless_they_have_one_or_are_idempotent() {
+        let http = reqwest::Client::new();
+        let writes = Policy::new(Kind::Write);
+        let post = http.post("http://127.0.0.1:1/").build().unwrap();
+        let (class, key) = identify(&post, &writes);
+        assert_eq!(class, Class::KeyedWrite);
+        assert_eq!(key.unwrap().len(), 36, "a UUID");
+        let theirs = http
+            .post("http://127.0.0.1:1/")
+            .header("Idempotency-Key", "order-1")
+            .build()
+            .unwrap();
+        assert_eq!(
+            identify(&theirs, &writes),
+            (Class::KeyedWrite, Some(HeaderValue::from_static("order-1")))
+        );
+        assert_eq!(
+            identify(&post, &writes.clone().with_generated_keys(false)),
+            (Class::UnkeyedWrite, None)
+        );
+        assert_eq!(
+            identify(&post, &writes.clone().with_idempotent(true)),
+            (Class::Read, None)
+        );
+        let get = http.get("http://127.0.0.1:1/").build().unwrap();
+        assert_eq!(identify(&get, &writes), (Class::Read, None));
+    }
+
+    #[test]
+    fn attempts_are_numbered_keyed_and_bounded() {
+        let http = reqwest::Client::new();
+        let mut request = http
+            .post("http://127.0.0.1:1/")
+            .timeout(Duration::from_secs(9))
+            .build()
+            .unwrap();
+        let key = HeaderValue::from_static("k-1");
+        prepare(&mut request, 2, Some(&key), Duration::from_millis(300));
+        assert_eq!(request.headers()[RETRY_ATTEMPT], "2");
+        assert_eq!(request.headers()[IDEMPOTENCY_KEY], "k-1");
+        assert_eq!(request.timeout(), Some(&Duration::from_millis(300)));
+        // A shorter timeout of the caller's is kept.
+        let mut request = http
+            .get("http://127.0.0.1:1/")
+            .timeout(Duration::from_millis(50))
+            .build()
+            .unwrap();
+        prepare(&mut request, 0, None, Duration::from_millis(300));
+        assert_eq!(request.timeout(), Some(&Duration::from_millis(50)));
+        assert!(request.headers().get(IDEMPOTENCY_KEY).is_none());
+    }
+}

@@ -1,0 +1,134 @@
+//! The retry client's metrics, through the `metrics` facade (install any
+//! recorder, for example `metrics-exporter-prometheus`).
+//!
+//! - `idempotency_client_calls_total{endpoint, outcome, retried}`: logical
+//!   calls, by how they ended (`success`, `client-error`, `server-error`,
+//!   or an [`ErrorKind`](crate::ErrorKind) name such as
+//!   `budget-exhausted`) and whether they retried (`true`/`false`).
+//! - `idempotency_client_attempts_total{endpoint, outcome}`: every request
+//!   sent, by what it got (below).
+//! - `idempotency_client_retries_total{endpoint, outcome}`: the attempts
+//!   after the first, by what they got; retries with `outcome="success"`
+//!   are the retry successes.
+//! - `idempotency_client_budget_refusals_total{endpoint, budget}`: retries
+//!   the budget refused (`budget` is `client` or `endpoint`).
+//! - `idempotency_client_status_checks_total{endpoint, advice}`: key-status
+//!   look-ups after an outcome-unknown failure, by advice (`replay`,
+//!   `wait`, `retry`, `reconcile`, or `unavailable`).
+//!
+//! An attempt's `outcome` is `success` (1xx–3xx), `client-error` (a 4xx
+//! handed back), `throttled` (429), `in-flight` and `outcome-unknown` (the
+//! guard's 409s), `server-error` (408, 5xx), `timeout`, `connect-error`,
+//! `dropped` or `broken`.
+
+use crate::decision::{GuardConflict, Outcome};
+
+/// Logical calls.
+pub const CALLS_TOTAL: &str = "idempotency_client_calls_total";
+/// Requests sent.
+pub const ATTEMPTS_TOTAL: &str = "idempotency_client_attempts_total";
+/// Requests sent after the first of their call.
+pub const RETRIES_TOTAL: &str = "idempotency_client_retries_total";
+/// Retries the budget refused.
+pub const BUDGET_REFUSALS_TOTAL: &str = "idempotency_client_budget_refusals_total";
+/// Key-status look-ups.
+pub const STATUS_CHECKS_TOTAL: &str = "idempotency_client_status_checks_total";
+
+/// Describes the metrics to the installed recorder (once is enough; more
+/// is harmless).
+pub fn describe() {
+    metrics::describe_counter!(
+        CALLS_TOTAL,
+        "Logical calls of the retry client, by endpoint, outcome and whether they retried."
+    );
+    metrics::describe_counter!(
+        ATTEMPTS_TOTAL,
+        "Requests sent by the retry client, by endpoint and outcome."
+    );
+    metrics::describe_counter!(
+        RETRIES_TOTAL,
+        "Requests sent after the first of their call, by endpoint and outcome."
+    );
+    metrics::describe_counter!(
+        BUDGET_REFUSALS_TOTAL,
+        "Retries refused by the retry budget, by endpoint and budget (client or endpoint)."
+    );
+    metrics::describe_counter!(
+        STATUS_CHECKS_TOTAL,
+        "Key-status look-ups after an outcome-unknown failure, by endpoint and advice."
+    );
+}
+
+/// The `outcome` label of an attempt.
+pub(crate) fn attempt_outcome(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Answer {
+            conflict: Some(GuardConflict::InFlight),
+            ..
+        } => "in-flight",
+        Outcome::Answer {
+            conflict: Some(GuardConflict::OutcomeUnknown),
+            ..
+        } => "outcome-unknown",
+        Outcome::Answer { status: 429, .. } => "throttled",
+        Outcome::Answer { status: 408, .. } => "server-error",
+        Outcome::Answer { status, .. } if status < 400 => "success",
+        Outcome::Answer { status, .. } if status < 500 => "client-error",
+        Outcome::Answer { .. } => "server-error",
+        Outcome::ConnectFailed => "connect-error",
+        Outcome::TimedOut => "timeout",
+        Outcome::Dropped => "dropped",
+        Outcome::Broken | Outcome::Advised { .. } | Outcome::StatusUnavailable => "broken",
+    }
+}
+
+/// The `outcome` label of a call that ended with an answer.
+pub(crate) fn answered(status: u16) -> &'static str {
+    match status {
+        0..=399 => "success",
+        400..=499 => "client-error",
+        _ => "server-error",
+    }
+}
+
+/// Counts one attempt (and one retry if it was not the first).
+pub(crate) fn attempt(endpoint: &str, number: u32, outcome: Outcome) {
+    let label = attempt_outcome(outcome);
+    metrics::counter!(ATTEMPTS_TOTAL, "endpoint" => endpoint.to_owned(), "outcome" => label)
+        .increment(1);
+    if number > 0 {
+        metrics::counter!(RETRIES_TOTAL, "endpoint" => endpoint.to_owned(), "outcome" => label)
+            .increment(1);
+    }
+}
+
+/// Counts one finished call.
+pub(crate) fn call(endpoint: &str, outcome: &'static str, retried: bool) {
+    metrics::counter!(
+        CALLS_TOTAL,
+        "endpoint" => endpoint.to_owned(),
+        "outcome" => outcome,
+        "retried" => if retried { "true" } else { "false" },
+    )
+    .increment(1);
+}
+
+/// Counts one refused retry.
+pub(crate) fn budget_refusal(endpoint: &str, budget: &'static str) {
+    metrics::counter!(
+        BUDGET_REFUSALS_TOTAL,
+        "endpoint" => endpoint.to_owned(),
+        "budget" => budget,
+    )
+    .increment(1);
+}
+
+/// Counts one status look-up.
+pub(crate) fn status_check(endpoint: &str, advice: &'static str) {
+    metrics::counter!(
+        STATUS_CHECKS_TOTAL,
+        "endpoint" => endpoint.to_owned(),
+        "advice" => advice,
+    )
+    .increment(1);
+}
