@@ -9,3 +9,4 @@ mod crash;
 mod hostile_input;
 mod lost_response;
 mod retry_client;
+mod storm;

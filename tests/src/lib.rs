@@ -13,6 +13,7 @@ pub mod process;
 pub mod proxy;
 pub mod raw_http;
 pub mod redis_server;
+pub mod storm;
 
 pub use answer::{Answer, call};
 pub use fixtures::{
