@@ -304,3 +304,57 @@ async fn postgres_stopped_mid_run_fails_closed_and_the_app_recovers() {
     );
     assert!(metrics.contains("outcome=\"store-unavailable\""));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_in_flight_payment_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("payments.db").display());
+    let app = Process::start(
+        env!("CARGO_BIN_EXE_payments"),
+        &[("DATABASE_URL", url.as_str())],
+        "/metrics",
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let slow = tokio::spawn({
+        let (http, address) = (http.clone(), app.address);
+        async move {
+            http.post(format!("http://{address}/payments"))
+                .header("content-type", "application/json")
+                .header("idempotency-key", "finishing")
+                .body(payment(7, 800))
+                .send()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = app.pid().unwrap().to_string();
+    let signalled = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(signalled.success());
+    let answer = slow
+        .await
+        .unwrap()
+        .expect("the in-flight payment gets its answer");
+    assert_eq!(
+        answer.status(),
+        201,
+        "graceful shutdown finished the request"
+    );
+    assert_eq!(count_payments(&url).await, 1);
+    // The process exits once its requests are done.
+    let mut exited = false;
+    for _ in 0..50 {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z "))
+        {
+            exited = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(exited, "the app exited after SIGTERM");
+}
