@@ -117,6 +117,25 @@ impl StoredResponse {
         out
     }
 
+    /// Rebuilds a stored response from what a store keeps: the status as
+    /// an integer, the encoded headers and the body (`None` when it was
+    /// too large to store).
+    ///
+    /// # Errors
+    ///
+    /// Returns [`CorruptRecord`] for an invalid status or header line.
+    pub fn decode(status: i64, headers: &[u8], body: Option<Bytes>) -> Result<Self, CorruptRecord> {
+        let status = u16::try_from(status)
+            .ok()
+            .and_then(|s| StatusCode::from_u16(s).ok())
+            .ok_or(CorruptRecord("the stored status is invalid"))?;
+        Ok(Self {
+            status,
+            headers: Self::decode_headers(headers)?,
+            body,
+        })
+    }
+
     /// Decodes headers written by [`StoredResponse::encode_headers`].
     ///
     /// # Errors

@@ -457,17 +457,14 @@ fn record_from_fields(
     let token = uuid::Uuid::from_slice(field("token")?)
         .map_err(|_| CorruptRecord("the lease token is not 16 bytes"))?;
     let response = if field("state")? == b"completed" {
-        let status = u16::try_from(number("status")?)
-            .ok()
-            .and_then(|s| http::StatusCode::from_u16(s).ok())
-            .ok_or(CorruptRecord("the stored status is invalid"))?;
-        Some(StoredResponse {
-            status,
-            headers: StoredResponse::decode_headers(field("headers")?)?,
-            body: map
-                .get(b"body".as_slice())
-                .map(|body| bytes::Bytes::copy_from_slice(body)),
-        })
+        let body = map
+            .get(b"body".as_slice())
+            .map(|body| bytes::Bytes::copy_from_slice(body));
+        Some(StoredResponse::decode(
+            number("status")?,
+            field("headers")?,
+            body,
+        )?)
     } else {
         None
     };

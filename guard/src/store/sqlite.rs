@@ -170,19 +170,13 @@ fn record_from_row(
     let status: Option<i64> = row.try_get("response_status")?;
     let response = match status {
         Some(status) => {
-            let status = u16::try_from(status)
-                .ok()
-                .and_then(|s| http::StatusCode::from_u16(s).ok())
-                .ok_or(corrupt("the stored status is invalid"))?;
-            let headers: Vec<u8> = row
-                .try_get::<Option<Vec<u8>>, _>("response_headers")?
-                .unwrap_or_default();
+            let headers: Option<Vec<u8>> = row.try_get("response_headers")?;
             let body: Option<Vec<u8>> = row.try_get("response_body")?;
-            Some(StoredResponse {
+            Some(StoredResponse::decode(
                 status,
-                headers: StoredResponse::decode_headers(&headers)?,
-                body: body.map(bytes::Bytes::from),
-            })
+                &headers.unwrap_or_default(),
+                body.map(bytes::Bytes::from),
+            )?)
         }
         None => None,
     };
