@@ -15,7 +15,8 @@
 //! guard keeps its records: `sql`, the default, is the same database;
 //! `redis` or `tiered` with `REDIS_URL`, one URL or a comma-separated
 //! cluster, and `REDIS_PREFIX`), `LISTEN` (default `127.0.0.1:3000`),
-//! `LEASE_SECS` (default 60), `STORE_TIMEOUT_MS` (default 5000: a store
+//! `PG_NOTIFY=true` (wake waiters across processes with PostgreSQL
+//! `LISTEN/NOTIFY`), `LEASE_SECS` (default 60), `STORE_TIMEOUT_MS` (default 5000: a store
 //! slower than that fails the request closed with 503),
 //! `IDEMPOTENCY_GUARD=off` to run without the
 //! guard (to watch retries double-charge). The scope is the `X-Tenant`
@@ -31,7 +32,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idempotency_guard::store::{AnyStore, StoreKind};
+use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
 use idempotency_guard::{IdempotencyLayer, Store, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, SqlitePool};
@@ -277,7 +278,15 @@ pub(crate) async fn main() -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let redis_url = std::env::var("REDIS_URL").ok();
     let prefix = std::env::var("REDIS_PREFIX").unwrap_or_else(|_| "idem".into());
-    let store = AnyStore::open(kind, &url, redis_url.as_deref(), &prefix)
+    let notifications = std::env::var("PG_NOTIFY").is_ok_and(|v| v == "true");
+    let options = StoreOptions {
+        kind,
+        database_url: &url,
+        redis_url: redis_url.as_deref(),
+        redis_prefix: &prefix,
+        notifications,
+    };
+    let store = AnyStore::open(&options)
         .await
         .with_context(|| format!("open the {kind:?} store"))?;
     store

@@ -21,7 +21,7 @@ pub mod sqlite;
 pub mod tiered;
 
 mod any;
-pub use any::{AnyStore, StoreKind};
+pub use any::{AnyStore, StoreKind, StoreOptions};
 
 /// The random token that identifies one lease on a record.
 ///

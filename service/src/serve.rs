@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_guard::store::AnyStore;
+use idempotency_guard::store::{AnyStore, StoreOptions};
 
 use crate::auth::{Tokens, TokensError};
 use crate::config::Config;
@@ -40,12 +40,13 @@ pub enum ServiceError {
 }
 
 async fn connect(config: &Config) -> Result<AnyStore, ServiceError> {
-    AnyStore::open(
-        config.store,
-        &config.database_url,
-        config.redis_url.as_deref(),
-        &config.redis_prefix,
-    )
+    AnyStore::open(&StoreOptions {
+        kind: config.store,
+        database_url: &config.database_url,
+        redis_url: config.redis_url.as_deref(),
+        redis_prefix: &config.redis_prefix,
+        notifications: false,
+    })
     .await
     .map_err(ServiceError::Connect)
 }

@@ -24,6 +24,40 @@ pub enum AnyStore {
     Tiered(crate::store::tiered::TieredStore),
 }
 
+/// What [`AnyStore::open`] opens.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreOptions<'a> {
+    /// Which store.
+    pub kind: StoreKind,
+    /// The SQL store (`postgres://` or `sqlite:`), and the PostgreSQL of
+    /// the tiered store.
+    pub database_url: &'a str,
+    /// Redis, or a cluster when it lists several comma-separated node URLs.
+    pub redis_url: Option<&'a str>,
+    /// The prefix of every Redis key.
+    pub redis_prefix: &'a str,
+    /// PostgreSQL `LISTEN/NOTIFY` wake-ups across processes (see
+    /// [`PostgresStore::with_notifications`](crate::store::postgres::PostgresStore::with_notifications)).
+    pub notifications: bool,
+}
+
+impl<'a> StoreOptions<'a> {
+    /// The SQL store at `database_url`, everything else at its default.
+    pub fn sql(database_url: &'a str) -> Self {
+        Self {
+            kind: StoreKind::Sql,
+            database_url,
+            redis_url: None,
+            redis_prefix: "idem",
+            notifications: false,
+        }
+    }
+}
+
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
 /// Which store [`AnyStore::open`] builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -78,7 +112,7 @@ impl AnyStore {
     /// is off), [`StoreError::Unavailable`] when the store cannot be reached.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         #[cfg(feature = "postgres")]
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        if is_postgres(url) {
             let store = crate::store::postgres::PostgresStore::connect(url, 32).await?;
             return Ok(Self::Postgres(store));
         }
@@ -90,23 +124,29 @@ impl AnyStore {
         Err(StoreError::Unsupported("this database URL scheme"))
     }
 
-    /// Opens the store of `kind`: `database_url` names the SQL store (and
-    /// the PostgreSQL of the tiered store); `redis_url` names Redis, or a
-    /// cluster when it lists several comma-separated node URLs; Redis keys
-    /// start with `redis_prefix`.
+    /// Opens the store `options` describe.
     ///
     /// # Errors
     ///
     /// [`StoreError::Unsupported`] when a URL the kind needs is missing or
     /// of the wrong scheme, [`StoreError::Unavailable`] when a server
     /// cannot be reached.
-    pub async fn open(
-        kind: StoreKind,
-        database_url: &str,
-        redis_url: Option<&str>,
-        redis_prefix: &str,
-    ) -> Result<Self, StoreError> {
+    pub async fn open(options: &StoreOptions<'_>) -> Result<Self, StoreError> {
+        let StoreOptions {
+            kind,
+            database_url,
+            redis_url,
+            redis_prefix,
+            notifications,
+        } = *options;
         match kind {
+            #[cfg(feature = "postgres")]
+            StoreKind::Sql if notifications && is_postgres(database_url) => {
+                let Self::Postgres(postgres) = Self::connect(database_url).await? else {
+                    return Err(StoreError::Unsupported("notifications on this database"));
+                };
+                Ok(Self::Postgres(postgres.with_notifications().await?))
+            }
             StoreKind::Sql => Self::connect(database_url).await,
             #[cfg(feature = "redis")]
             StoreKind::Redis => {
@@ -132,7 +172,7 @@ impl AnyStore {
             }
             #[cfg(not(feature = "redis"))]
             StoreKind::Redis | StoreKind::Tiered => {
-                let _ = (redis_url, redis_prefix);
+                let _ = (redis_url, redis_prefix, notifications);
                 Err(StoreError::Unsupported("Redis (the redis feature is off)"))
             }
         }

@@ -83,11 +83,27 @@ const PURGE: &str = "delete from idempotency_records where (scope, key) in (
 /// own insert nor the other row).
 const CLAIM_ATTEMPTS: usize = 16;
 
+/// The channel of `NOTIFY` messages (see [`PostgresStore::with_notifications`]).
+pub const NOTIFY_CHANNEL: &str = "idempotency_records";
+
+const NOTIFY: &str = "select pg_notify($1, $2)";
+
+/// Aborts the `LISTEN` task when the last clone of the store is dropped.
+#[derive(Debug)]
+struct Listener(tokio::task::AbortHandle);
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Records in PostgreSQL, in the table `idempotency_records`.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
     events: RecordEvents,
+    listener: Option<std::sync::Arc<Listener>>,
 }
 
 impl PostgresStore {
@@ -96,7 +112,68 @@ impl PostgresStore {
         Self {
             pool,
             events: RecordEvents::new(),
+            listener: None,
         }
+    }
+
+    /// Makes the store publish its changes into `events` (the tiered store
+    /// shares one registry between its Redis and PostgreSQL sides). Call it
+    /// before [`PostgresStore::with_notifications`].
+    pub fn with_events(mut self, events: RecordEvents) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// Wakes waiters in every process through PostgreSQL: completions,
+    /// releases and abandonments send a `NOTIFY` on [`NOTIFY_CHANNEL`], and
+    /// a `LISTEN` connection (one per store, reconnecting by itself) turns
+    /// the messages into events. Without it, a request waiting for an
+    /// in-flight key in another process reads the record again only when
+    /// its wait bound or the lease ends.
+    ///
+    /// # Warning
+    ///
+    /// PostgreSQL serializes the commits of transactions that `NOTIFY`:
+    /// under heavy write load this costs throughput. It is off by default.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the `LISTEN` connection cannot be made.
+    pub async fn with_notifications(mut self) -> Result<Self, StoreError> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        let events = self.events.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match listener.recv().await {
+                    Ok(notification) => {
+                        if let Some((scope, key)) = parse_notification(notification.payload()) {
+                            events.publish(scope, key);
+                        }
+                    }
+                    // The listener reconnects on the next call.
+                    Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+                }
+            }
+        });
+        self.listener = Some(std::sync::Arc::new(Listener(task.abort_handle())));
+        Ok(self)
+    }
+
+    /// Sends the `NOTIFY` for a changed record, when notifications are on.
+    async fn notify<'c>(
+        &self,
+        executor: impl sqlx::PgExecutor<'c>,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
+        if self.listener.is_some() {
+            sqlx::query(NOTIFY)
+                .bind(NOTIFY_CHANNEL)
+                .bind(notification(&lease.scope, &lease.key))
+                .execute(executor)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Connects to `url` (`postgres://...`) with a pool of up to
@@ -150,8 +227,12 @@ impl PostgresStore {
         lease: &Lease,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let result = complete_query(lease, response).execute(transaction).await?;
-        fenced(result.rows_affected())
+        let result = complete_query(lease, response)
+            .execute(&mut *transaction)
+            .await?;
+        fenced(result.rows_affected())?;
+        // Delivered when the transaction commits.
+        self.notify(&mut *transaction, lease).await
     }
 
     /// Releases the record inside `transaction` (a `no-store` answer in
@@ -165,8 +246,11 @@ impl PostgresStore {
         transaction: &mut PgConnection,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        let result = lease_query(RELEASE, lease).execute(transaction).await?;
-        fenced(result.rows_affected())
+        let result = lease_query(RELEASE, lease)
+            .execute(&mut *transaction)
+            .await?;
+        fenced(result.rows_affected())?;
+        self.notify(&mut *transaction, lease).await
     }
 }
 
@@ -188,6 +272,17 @@ fn complete_query(
         .bind(i16::try_from(response.status.as_u16()).unwrap_or(i16::MAX))
         .bind(response.encode_headers())
         .bind(response.body.as_ref().map(|b| b.to_vec()))
+}
+
+/// `<scope length>:<scope><key>`: unambiguous, whatever the scope holds.
+fn notification(scope: &str, key: &str) -> String {
+    format!("{}:{scope}{key}", scope.len())
+}
+
+fn parse_notification(payload: &str) -> Option<(&str, &str)> {
+    let (length, rest) = payload.split_once(':')?;
+    let length: usize = length.parse().ok()?;
+    Some((rest.get(..length)?, rest.get(length..)?))
 }
 
 fn millis(duration: Duration) -> i64 {
@@ -292,7 +387,8 @@ impl Store for PostgresStore {
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
         let result = complete_query(lease, response).execute(&self.pool).await?;
-        fenced(result.rows_affected())
+        fenced(result.rows_affected())?;
+        self.notify(&self.pool, lease).await
     }
 
     async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
@@ -300,12 +396,17 @@ impl Store for PostgresStore {
             .bind(millis(duration))
             .execute(&self.pool)
             .await?;
-        fenced(result.rows_affected())
+        fenced(result.rows_affected())?;
+        if duration.is_zero() {
+            self.notify(&self.pool, lease).await?;
+        }
+        Ok(())
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         let result = lease_query(RELEASE, lease).execute(&self.pool).await?;
-        fenced(result.rows_affected())
+        fenced(result.rows_affected())?;
+        self.notify(&self.pool, lease).await
     }
 
     async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
@@ -350,5 +451,19 @@ impl Store for PostgresStore {
 
     fn transactions(&self) -> Option<&PostgresStore> {
         Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notifications_name_scope_and_key_unambiguously() {
+        assert_eq!(notification("a:b", "c"), "3:a:bc");
+        assert_eq!(parse_notification("3:a:bc"), Some(("a:b", "c")));
+        assert_eq!(parse_notification(&notification("", "k")), Some(("", "k")));
+        assert_eq!(parse_notification("9:short"), None);
+        assert_eq!(parse_notification("x:y"), None);
     }
 }

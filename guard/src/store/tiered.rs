@@ -14,6 +14,13 @@
 //! If Redis fails or hangs, the store keeps working on PostgreSQL alone:
 //! each failed Redis call is counted in `idempotency_tiered_fallbacks_total`
 //! and Redis is left alone for a second before it is tried again.
+//!
+//! Waiters in other processes are woken through Redis pub/sub; with
+//! PostgreSQL notifications on (build the PostgreSQL store with
+//! `.with_events(cache.events().clone())` and then
+//! `.with_notifications()`, as [`AnyStore::open`](crate::store::AnyStore::open)
+//! does), `LISTEN/NOTIFY` wakes them too, and keeps doing so while Redis
+//! is down.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};

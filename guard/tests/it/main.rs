@@ -13,6 +13,7 @@ mod support;
 mod store_suite;
 #[macro_use]
 mod guard_suite;
+mod cross_process;
 mod metrics_probe;
 mod migrations;
 mod redis_faults;
