@@ -138,10 +138,10 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let command = command_line(&args);
     args.redis_cluster_urls.retain(|url| !url.trim().is_empty());
     if args.smoke {
-        args.duration_ms = 200;
-        args.warmup_ms = 100;
+        args.duration_ms = 100;
+        args.warmup_ms = 50;
         args.concurrency = vec![2];
-        args.replay_keys = 32;
+        args.replay_keys = 16;
         args.large_body_connections = 4;
         args.growth = true;
         args.growth_rows = vec![2000];
