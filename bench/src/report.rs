@@ -403,12 +403,12 @@ pub(crate) async fn write(
     );
     let _ = writeln!(
         out,
-        "- **Pools:** PostgreSQL {} connections (guard, raw and peer-free runs alike; tiered uses it too); SQLite the store's own 8; Redis one multiplexed connection (ours and the peer's).",
+        "- **Pools:** PostgreSQL {} connections for the server under test and for the raw runs alike (the tiered store's PostgreSQL too); SQLite the store's own 8; Redis one multiplexed connection (ours and the peer's).",
         s.pool_size
     );
     let _ = writeln!(
         out,
-        "- **How:** each server under test is this binary re-executed as a child (`serve`), so its peak RSS (`VmHWM`) is its own; the load generator (hyper, keep-alive HTTP/1.1, closed loop) and the raw-store clients run in the parent. *Raw* runs call the guard's own `Store::claim` + `Store::complete` (or `Store::get`) on the same store type with the same pool, with the same concurrency, without HTTP. The peer is `idempotent` 0.3.0 with its Valkey/Redis store, behind the thin axum middleware in `bench/src/peer.rs` (it ships none).\n"
+        "- **How:** each server under test is this binary re-executed as a child (`serve`), so its peak RSS (`VmHWM`) is its own; the load generator (hyper, keep-alive HTTP/1.1, closed loop) and the raw-store clients run in the parent. *Raw* runs call the guard's own `Store::claim` + `Store::complete` (or `Store::get`) on the same store type with the same pool, with the same concurrency, without HTTP. The peer is `idempotent` 0.3.0 with its Valkey/Redis store, behind the thin axum middleware in `bench/src/peer.rs` (it ships none). *Server CPU µs/request* is the CPU time of all the server's threads (`/proc/<pid>/task/*/schedstat`) over every request it answered, warm-up included.\n"
     );
     let _ = writeln!(
         out,
