@@ -1,0 +1,172 @@
+//! The command line: `run` (the default) and the hidden `serve`.
+
+use std::path::PathBuf;
+
+/// The benchmark harness of the idempotency guard.
+#[derive(Debug, clap::Parser)]
+#[command(name = "idempotency-bench", args_conflicts_with_subcommands = true)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Option<Command>,
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum Command {
+    /// Runs the benchmarks and writes the report (the default).
+    Run(RunArgs),
+    /// Serves one app under test (used by `run`, which starts it as a child).
+    #[command(hide = true)]
+    Serve(ServeArgs),
+}
+
+/// The settings of a benchmark run.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct RunArgs {
+    /// Measured time of each run, in milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    pub(crate) duration_ms: u64,
+    /// Warm-up before each measured run, in milliseconds (not counted).
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) warmup_ms: u64,
+    /// Concurrent connections (or raw-store clients), comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 16, 64, 256])]
+    pub(crate) concurrency: Vec<usize>,
+    /// Stores to measure, comma-separated: postgres, sqlite, redis, tiered.
+    #[arg(long, value_delimiter = ',', default_values_t = [
+        "postgres".to_owned(), "sqlite".to_owned(), "redis".to_owned(), "tiered".to_owned()
+    ])]
+    pub(crate) stores: Vec<String>,
+    /// PostgreSQL pool size, the same for the guard and the raw runs.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) pool_size: u32,
+    /// Completed keys that replay runs cycle through.
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) replay_keys: usize,
+    /// A PostgreSQL database to connect to for creating (and dropping) the
+    /// benchmark's own database.
+    #[arg(
+        long,
+        env = "BENCH_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    pub(crate) postgres_url: String,
+    /// The Redis of the Redis and tiered stores and of the peer.
+    #[arg(
+        long,
+        env = "BENCH_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub(crate) redis_url: String,
+    /// The Redis Cluster nodes (comma-separated; empty to skip the cluster).
+    #[arg(
+        long,
+        env = "BENCH_REDIS_CLUSTER_URLS",
+        value_delimiter = ',',
+        default_value = "redis://127.0.0.1:7101,redis://127.0.0.1:7102,redis://127.0.0.1:7103"
+    )]
+    pub(crate) redis_cluster_urls: Vec<String>,
+    /// Connections of the large-body run (each sends 1 MiB bodies).
+    #[arg(long, default_value_t = 64)]
+    pub(crate) large_body_connections: usize,
+    /// Also measure throughput as the table grows (PostgreSQL, seeded rows,
+    /// 10% of them expired, purge running).
+    #[arg(long)]
+    pub(crate) growth: bool,
+    /// Only the growth runs: updates the growth section of an existing
+    /// report in place and leaves everything else (and the plot) alone.
+    #[arg(long)]
+    pub(crate) growth_only: bool,
+    /// Row counts of the growth runs, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000_000, 10_000_000])]
+    pub(crate) growth_rows: Vec<u64>,
+    /// A tiny run for CI (a few seconds): every code path, no figures
+    /// asserted; writes to a temporary directory unless `--out-dir` is given.
+    #[arg(long)]
+    pub(crate) smoke: bool,
+    /// Only the runs whose label contains one of these (`|`-separated, as
+    /// labels hold commas), for profiling one of them; the report is then
+    /// partial.
+    #[arg(long, value_delimiter = '|', hide = true)]
+    pub(crate) only: Vec<String>,
+    /// Where `BENCHMARKS.md` and `benchmarks.png` are written.
+    #[arg(long)]
+    pub(crate) out_dir: Option<PathBuf>,
+    /// The TrueType font of the plot's text (Debian: fonts-dejavu-core).
+    #[arg(
+        long,
+        env = "BENCH_FONT",
+        default_value = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
+    )]
+    pub(crate) font: PathBuf,
+}
+
+/// Which app the child serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum App {
+    /// The handler alone.
+    Bare,
+    /// The handler behind our guard.
+    Guard,
+    /// The handler behind our guard in transactional mode (PostgreSQL).
+    GuardTx,
+    /// The handler behind the peer crate `idempotent` (its Valkey/Redis store).
+    Peer,
+}
+
+/// The stores the guard can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum StoreName {
+    Postgres,
+    Sqlite,
+    Redis,
+    RedisCluster,
+    Tiered,
+}
+
+impl StoreName {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::Sqlite => "sqlite",
+            Self::Redis => "redis",
+            Self::RedisCluster => "redis-cluster",
+            Self::Tiered => "tiered",
+        }
+    }
+
+    pub(crate) fn parse(name: &str) -> anyhow::Result<Self> {
+        Ok(match name {
+            "postgres" => Self::Postgres,
+            "sqlite" => Self::Sqlite,
+            "redis" => Self::Redis,
+            "redis-cluster" => Self::RedisCluster,
+            "tiered" => Self::Tiered,
+            other => anyhow::bail!(
+                "unknown store {other:?}: expected postgres, sqlite, redis, redis-cluster or tiered"
+            ),
+        })
+    }
+}
+
+/// The settings of one server under test.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ServeArgs {
+    #[arg(long, value_enum)]
+    pub(crate) app: App,
+    #[arg(long, value_enum)]
+    pub(crate) store: Option<StoreName>,
+    /// `postgres://...` (PostgreSQL, tiered) or `sqlite://...`.
+    #[arg(long, default_value = "")]
+    pub(crate) database_url: String,
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    pub(crate) redis_url: String,
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) redis_cluster_urls: Vec<String>,
+    /// The Redis key prefix of this run.
+    #[arg(long, default_value = "idem-bench")]
+    pub(crate) prefix: String,
+    #[arg(long, default_value_t = 32)]
+    pub(crate) pool_size: u32,
+}

@@ -1,0 +1,472 @@
+//! `docs/BENCHMARKS.md`: settings, machine, targets, ratios and every run.
+//!
+//! The file is rewritten whole on every run except two blocks kept from the
+//! file already there: the growth figures (when this run did not measure
+//! them; they say when they were measured) and the hand-written notes.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::orchestrate::{Results, Row, Scenario};
+
+const GROWTH_BEGIN: &str = "<!-- growth:begin -->";
+const GROWTH_END: &str = "<!-- growth:end -->";
+const NOTES_BEGIN: &str = "<!-- notes:begin (kept by the harness) -->";
+const NOTES_END: &str = "<!-- notes:end -->";
+
+/// The stores in the order the report lists them.
+const STORES: [&str; 5] = ["postgres", "sqlite", "redis", "tiered", "redis-cluster"];
+
+fn find<'a>(
+    rows: &'a [Row],
+    store: &str,
+    scenario: Scenario,
+    concurrency: usize,
+) -> Option<&'a Row> {
+    rows.iter()
+        .find(|r| r.store == store && r.scenario == scenario && r.concurrency == concurrency)
+}
+
+fn ms(us: f64) -> String {
+    if us.is_nan() {
+        "–".to_owned()
+    } else if us < 10_000.0 {
+        format!("{:.2}", us / 1000.0)
+    } else {
+        format!("{:.1}", us / 1000.0)
+    }
+}
+
+fn rate(per_second: f64) -> String {
+    format!("{per_second:.0}")
+}
+
+fn ratio(a: Option<&Row>, b: Option<&Row>) -> Option<f64> {
+    Some(a?.summary.throughput / b?.summary.throughput)
+}
+
+fn show(value: Option<f64>) -> String {
+    value.map_or_else(|| "–".to_owned(), |v| format!("{v:.2}"))
+}
+
+fn verdict(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "met",
+        Some(false) => "**missed**",
+        None => "not measured",
+    }
+}
+
+/// The block between `begin` and `end` in `text`, markers included.
+fn block(text: &str, begin: &str, end: &str) -> Option<String> {
+    let start = text.find(begin)?;
+    let stop = text[start..].find(end)? + start + end.len();
+    Some(text[start..stop].to_owned())
+}
+
+/// The concurrency of the targets measured "at 16 connections".
+fn c16(results: &Results) -> usize {
+    if results.settings.concurrency.contains(&16) {
+        16
+    } else {
+        results.settings.concurrency.first().copied().unwrap_or(1)
+    }
+}
+
+fn targets(results: &Results, out: &mut String) {
+    let rows = &results.rows;
+    let c = c16(results);
+    let one = if results.settings.concurrency.contains(&1) {
+        1
+    } else {
+        c
+    };
+    let _ = writeln!(out, "| target | measured | verdict |\n|---|---|---|");
+    let r = ratio(
+        find(rows, "postgres", Scenario::GuardFresh, c),
+        find(rows, "postgres", Scenario::RawWrite, c),
+    );
+    let _ = writeln!(
+        out,
+        "| PostgreSQL fresh keys at {c} connections ≥ 0.9 × raw claim+complete | {} | {} |",
+        show(r),
+        verdict(r.map(|r| r >= 0.9))
+    );
+    for store in ["postgres", "sqlite", "redis", "tiered"] {
+        let r = ratio(
+            find(rows, store, Scenario::GuardReplay, c),
+            find(rows, store, Scenario::RawRead, c),
+        );
+        if r.is_none() {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "| {store}: replays at {c} connections ≥ 0.9 × raw single read | {} | {} |",
+            show(r),
+            verdict(r.map(|r| r >= 0.9))
+        );
+    }
+    let ours = find(rows, "redis", Scenario::GuardFresh, c);
+    let peer = find(rows, "redis", Scenario::PeerFresh, c);
+    let r = ratio(ours, peer);
+    let _ = writeln!(
+        out,
+        "| Redis fresh keys at {c} connections ≥ 1.3 × peer | {} | {} |",
+        show(r),
+        verdict(r.map(|r| r >= 1.3))
+    );
+    if let (Some(ours), Some(peer)) = (ours, peer) {
+        let _ = writeln!(
+            out,
+            "| Redis fresh keys at {c} connections: p99 ≤ peer's | {} ms vs {} ms | {} |",
+            ms(ours.summary.p99_us),
+            ms(peer.summary.p99_us),
+            verdict(Some(ours.summary.p99_us <= peer.summary.p99_us))
+        );
+    }
+    let r = ratio(
+        find(rows, "redis", Scenario::GuardReplay, c),
+        find(rows, "redis", Scenario::PeerReplay, c),
+    );
+    let _ = writeln!(
+        out,
+        "| Redis replays at {c} connections ≥ 1.5 × peer | {} | {} |",
+        show(r),
+        verdict(r.map(|r| r >= 1.5))
+    );
+    let bare = find(rows, "-", Scenario::Bare, one);
+    for store in ["postgres", "sqlite", "redis", "tiered"] {
+        let (Some(guard), Some(raw), Some(bare)) = (
+            find(rows, store, Scenario::GuardFresh, one),
+            find(rows, store, Scenario::RawWrite, one),
+            bare,
+        ) else {
+            continue;
+        };
+        let added = guard.summary.p50_us - bare.summary.p50_us;
+        let budget = raw.summary.p50_us + 100.0;
+        let _ = writeln!(
+            out,
+            "| {store}: added p50 at {one} connection ≤ store round trips ({} ms) + 0.1 ms | +{} ms (budget {} ms) | {} |",
+            ms(raw.summary.p50_us),
+            ms(added),
+            ms(budget),
+            verdict(Some(added <= budget))
+        );
+    }
+    let large = results.settings.large_body_connections;
+    for row in rows.iter().filter(|r| r.scenario == Scenario::LargeGuard) {
+        let mib = row.rss_kib.map(|kib| kib as f64 / 1024.0);
+        let _ = writeln!(
+            out,
+            "| {}: peak RSS with {large} concurrent 1 MiB bodies < 256 MiB | {} MiB | {} |",
+            row.store,
+            mib.map_or_else(|| "–".to_owned(), |m| format!("{m:.0}")),
+            verdict(mib.map(|m| m < 256.0))
+        );
+    }
+}
+
+fn ratios(results: &Results, out: &mut String) {
+    let rows = &results.rows;
+    let _ = writeln!(
+        out,
+        "| store | connections | guard / raw claim+complete | replay / raw read | guard / bare | ours / peer, fresh | ours / peer, replay |\n|---|---:|---:|---:|---:|---:|---:|"
+    );
+    for store in STORES {
+        for &c in &results.settings.concurrency {
+            let guard = find(rows, store, Scenario::GuardFresh, c);
+            if guard.is_none() {
+                continue;
+            }
+            let replay = find(rows, store, Scenario::GuardReplay, c);
+            let (peer_fresh, peer_replay) = if store == "redis" {
+                (
+                    show(ratio(guard, find(rows, "redis", Scenario::PeerFresh, c))),
+                    show(ratio(replay, find(rows, "redis", Scenario::PeerReplay, c))),
+                )
+            } else {
+                ("".to_owned(), "".to_owned())
+            };
+            let _ = writeln!(
+                out,
+                "| {store} | {c} | {} | {} | {} | {peer_fresh} | {peer_replay} |",
+                show(ratio(guard, find(rows, store, Scenario::RawWrite, c))),
+                show(ratio(replay, find(rows, store, Scenario::RawRead, c))),
+                show(ratio(guard, find(rows, "-", Scenario::Bare, c))),
+            );
+        }
+    }
+}
+
+fn all_runs(results: &Results, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "| store | run | connections | req/s | p50 ms | p99 ms | p99.9 ms | server CPU µs/request | server peak RSS MiB | errors |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let mut rows: Vec<&Row> = results.rows.iter().collect();
+    let store_rank = |store: &str| STORES.iter().position(|s| *s == store).unwrap_or(0);
+    rows.sort_by_key(|r| {
+        (
+            r.store != "-",
+            store_rank(r.store),
+            r.scenario as u8,
+            r.concurrency,
+        )
+    });
+    for row in rows {
+        let s = &row.summary;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.store,
+            row.scenario.label(),
+            row.concurrency,
+            rate(s.throughput),
+            ms(s.p50_us),
+            ms(s.p99_us),
+            ms(s.p999_us),
+            row.cpu_us
+                .map_or_else(|| "–".to_owned(), |us| format!("{us:.0}")),
+            row.rss_kib.map_or_else(
+                || "–".to_owned(),
+                |kib| format!("{:.0}", kib as f64 / 1024.0)
+            ),
+            s.errors
+        );
+    }
+}
+
+fn raw_at_16(results: &Results, out: &mut String) {
+    let c = c16(results);
+    let _ = writeln!(
+        out,
+        "| store | claim+complete per second | p50 ms | p99 ms |\n|---|---:|---:|---:|"
+    );
+    for store in STORES {
+        if let Some(row) = find(&results.rows, store, Scenario::RawWrite, c) {
+            let _ = writeln!(
+                out,
+                "| {store} | {} | {} | {} |",
+                rate(row.summary.throughput),
+                ms(row.summary.p50_us),
+                ms(row.summary.p99_us)
+            );
+        }
+    }
+}
+
+fn transactional(results: &Results, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "| connections | default mode req/s | transactional req/s | transactional / default | p50 ms default → transactional |\n|---:|---:|---:|---:|---|"
+    );
+    for &c in &results.settings.concurrency {
+        let (Some(default), Some(tx)) = (
+            find(&results.rows, "postgres", Scenario::GuardFresh, c),
+            find(&results.rows, "postgres", Scenario::GuardTxFresh, c),
+        ) else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "| {c} | {} | {} | {} | {} → {} |",
+            rate(default.summary.throughput),
+            rate(tx.summary.throughput),
+            show(ratio(Some(tx), Some(default))),
+            ms(default.summary.p50_us),
+            ms(tx.summary.p50_us)
+        );
+    }
+}
+
+/// Replaces the growth section of the report at `path` with this run's.
+pub(crate) fn replace_growth(results: &Results, path: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        anyhow::anyhow!("{}: {error} (run the full benchmark first)", path.display())
+    })?;
+    let old = block(&text, GROWTH_BEGIN, GROWTH_END)
+        .ok_or_else(|| anyhow::anyhow!("{} has no growth section", path.display()))?;
+    let new = growth(results, &date_of(results));
+    std::fs::write(path, text.replacen(&old, new.trim_end(), 1))?;
+    println!("{new}");
+    Ok(())
+}
+
+fn date_of(results: &Results) -> String {
+    let date = results
+        .settings
+        .started
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    date.split('.')
+        .next()
+        .unwrap_or(&date)
+        .trim_end_matches('Z')
+        .replace('T', " ")
+        + " UTC"
+}
+
+fn growth(results: &Results, date: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{GROWTH_BEGIN}");
+    let _ = writeln!(
+        out,
+        "Measured {date} with `{}`. PostgreSQL seeded with completed records (every tenth past its retention), indexes rebuilt, `vacuum analyze`; then the guard on fresh keys at {} connections, once alone and once while `Store::purge` ({} records per statement, back to back, from a second pool) deletes the expired ones.\n",
+        results.settings.command,
+        results.growth.first().map_or(16, |g| g.concurrency),
+        1000
+    );
+    let _ = writeln!(
+        out,
+        "| records | seeded in s | table + indexes MiB | req/s alone | p50 / p99 ms alone | req/s while purging | p50 / p99 ms while purging | expired purged | purge time s | purge rate records/s |\n|---:|---:|---:|---:|---|---:|---|---:|---:|---:|"
+    );
+    for g in &results.growth {
+        let purge_rate = if g.purge_seconds > 0.0 {
+            format!("{:.0}", g.purged as f64 / g.purge_seconds)
+        } else {
+            "–".to_owned()
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {:.0} | {} | {} / {} | {} | {} / {} | {} of {} | {:.1} | {purge_rate} |",
+            g.rows,
+            g.seed_seconds,
+            g.table_mib,
+            rate(g.alone.throughput),
+            ms(g.alone.p50_us),
+            ms(g.alone.p99_us),
+            rate(g.purging.throughput),
+            ms(g.purging.p50_us),
+            ms(g.purging.p99_us),
+            g.purged,
+            g.expired,
+            g.purge_seconds,
+        );
+    }
+    let _ = writeln!(out, "{GROWTH_END}");
+    out
+}
+
+/// Writes the report to `path`, keeping its notes (and growth figures, when
+/// this run has none).
+pub(crate) async fn write(
+    results: &Results,
+    path: &Path,
+    args: &crate::cli::RunArgs,
+) -> anyhow::Result<()> {
+    let previous = std::fs::read_to_string(path).unwrap_or_default();
+    let s = &results.settings;
+    let date = date_of(results);
+    let machine = crate::machine::describe(Some(&args.postgres_url), &args.redis_url).await;
+    let mut out = String::new();
+    let _ = writeln!(out, "# Benchmarks\n");
+    let _ = writeln!(
+        out,
+        "<!-- Written by `{}`; only the notes block at the end is kept between runs. -->\n",
+        s.command
+    );
+    if s.smoke {
+        let _ = writeln!(
+            out,
+            "**Smoke run: runs of a fraction of a second; the figures mean nothing.**\n"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "- **Command:** `{}`; the 1M/10M-record growth runs: `cargo run --release -p idempotency-bench -- --growth` (all) or `-- --growth-only` (just the growth section)",
+        s.command
+    );
+    let _ = writeln!(out, "- **Date:** {date}");
+    let _ = writeln!(out, "- **Machine:** {machine}");
+    let _ = writeln!(
+        out,
+        "- **Load:** before the run {}; after it {}. The load generator, the server under test, PostgreSQL and Redis share these cores: compare ratios within one run, not absolute figures across machines.",
+        s.machine_before,
+        s.machine_after
+            .map_or_else(|| "?".to_owned(), |l| l.to_string())
+    );
+    let _ = writeln!(
+        out,
+        "- **Each run:** {:.1} s warm-up, then {:.1} s measured; connections {}; a fresh `Idempotency-Key` per request, or (replays) {} completed keys cycled through; `POST /orders` with a {}-byte JSON body; the handler answers 201 with a {}-byte JSON body.",
+        s.warmup.as_secs_f64(),
+        s.duration.as_secs_f64(),
+        s.concurrency
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        s.replay_keys,
+        crate::server::REQUEST_BODY.len(),
+        crate::server::RESPONSE_BODY.len(),
+    );
+    let _ = writeln!(
+        out,
+        "- **Pools:** PostgreSQL {} connections for the server under test and for the raw runs alike (the tiered store's PostgreSQL too); SQLite the store's own 8; Redis one multiplexed connection (ours and the peer's).",
+        s.pool_size
+    );
+    let _ = writeln!(
+        out,
+        "- **How:** each server under test is this binary re-executed as a child (`serve`), so its peak RSS (`VmHWM`) is its own; the load generator (hyper, keep-alive HTTP/1.1, closed loop) and the raw-store clients run in the parent. *Raw* runs call the guard's own `Store::claim` + `Store::complete` (or `Store::get`) on the same store type with the same pool, with the same concurrency, without HTTP. The peer is `idempotent` 0.3.0 with its Valkey/Redis store, behind the thin axum middleware in `bench/src/peer.rs` (it ships none). *Server CPU µs/request* is the CPU time of all the server's threads (`/proc/<pid>/task/*/schedstat`) over every request it answered, warm-up included.\n"
+    );
+    let _ = writeln!(
+        out,
+        "![Throughput against concurrency per store](benchmarks.png)\n"
+    );
+    let _ = writeln!(out, "## Targets\n");
+    targets(results, &mut out);
+    let _ = writeln!(out, "\n## Ratios (throughput, same run)\n");
+    ratios(results, &mut out);
+    let _ = writeln!(
+        out,
+        "\n## Claim+complete round trips per second at {} concurrent clients\n",
+        c16(results)
+    );
+    let _ = writeln!(
+        out,
+        "Raw store calls, no HTTP: the floor no guard can beat.\n"
+    );
+    raw_at_16(results, &mut out);
+    let _ = writeln!(
+        out,
+        "\n## PostgreSQL: transactional mode against the default mode\n"
+    );
+    let _ = writeln!(
+        out,
+        "Transactional mode: the handler takes the guard's `Tx` (which begins the transaction) and writes nothing of its own; the guard completes the record in that transaction and commits.\n"
+    );
+    transactional(results, &mut out);
+    let _ = writeln!(out, "\n## Table growth (PostgreSQL)\n");
+    if results.growth.is_empty() {
+        match block(&previous, GROWTH_BEGIN, GROWTH_END) {
+            Some(kept) => {
+                let _ = writeln!(out, "{kept}");
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "{GROWTH_BEGIN}\nNot measured yet: run `cargo run --release -p idempotency-bench -- --growth-only`.\n{GROWTH_END}"
+                );
+            }
+        }
+    } else {
+        out.push_str(&growth(results, &date));
+    }
+    let _ = writeln!(out, "\n## Every run\n");
+    all_runs(results, &mut out);
+    let _ = writeln!(out, "\n## Notes\n");
+    let notes = block(&previous, NOTES_BEGIN, NOTES_END)
+        .unwrap_or_else(|| format!("{NOTES_BEGIN}\n_No notes yet._\n{NOTES_END}"));
+    let _ = writeln!(out, "{notes}");
+    std::fs::write(path, &out)?;
+    // The table, for the terminal too.
+    let mut table = String::new();
+    targets(results, &mut table);
+    table.push('\n');
+    ratios(results, &mut table);
+    table.push('\n');
+    all_runs(results, &mut table);
+    println!("{table}");
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The server under test: a trivial write handler (201 with a small JSON
+//! body), bare, behind our guard, or behind the peer. Started as a child
+//! process; prints `listening <address>` on its first line of stdout.
+
+use std::io::Write as _;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::body::Bytes;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use idempotency_guard::store::postgres::PostgresStore;
+use idempotency_guard::store::redis::RedisStore;
+use idempotency_guard::store::sqlite::SqliteStore;
+use idempotency_guard::store::tiered::TieredStore;
+use idempotency_guard::{IdempotencyLayer, Store, Tx};
+
+use crate::cli::{App, ServeArgs, StoreName};
+
+/// The guarded route.
+pub(crate) const PATH: &str = "/orders";
+/// The request body every client sends (a new order).
+pub(crate) const REQUEST_BODY: &[u8] = br#"{"amount":100,"currency":"EUR","customer":"cus_42"}"#;
+/// The handler's answer.
+pub(crate) const RESPONSE_BODY: &[u8] =
+    br#"{"id":"ord_8f14e45f","status":"created","amount":100,"currency":"EUR"}"#;
+
+/// The trivial write handler: reads the body, answers 201 with a small JSON body.
+async fn create_order(_body: Bytes) -> impl IntoResponse {
+    (
+        StatusCode::CREATED,
+        [(header::CONTENT_TYPE, "application/json")],
+        RESPONSE_BODY,
+    )
+}
+
+/// The same handler in transactional mode: it takes the guard's
+/// transaction (which begins it) and writes nothing of its own.
+async fn create_order_tx(_tx: Tx, _body: Bytes) -> impl IntoResponse {
+    (
+        StatusCode::CREATED,
+        [(header::CONTENT_TYPE, "application/json")],
+        RESPONSE_BODY,
+    )
+}
+
+fn bare() -> Router {
+    Router::new().route(PATH, post(create_order))
+}
+
+fn guarded<S: Store>(store: S) -> Router {
+    Router::new()
+        .route(PATH, post(create_order))
+        .route_layer(IdempotencyLayer::new(store))
+}
+
+/// Serves the app `args` names until killed.
+pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let app = match args.app {
+        App::Bare => bare(),
+        App::Guard => {
+            let store = args.store.context("--store is needed with the guard")?;
+            match store {
+                StoreName::Postgres => guarded(postgres(&args).await?),
+                StoreName::Sqlite => guarded(SqliteStore::connect(&args.database_url).await?),
+                StoreName::Redis => {
+                    guarded(RedisStore::connect(&args.redis_url, &args.prefix).await?)
+                }
+                StoreName::RedisCluster => guarded(cluster(&args).await?),
+                StoreName::Tiered => guarded(TieredStore::new(
+                    postgres(&args).await?,
+                    RedisStore::connect(&args.redis_url, &args.prefix).await?,
+                )),
+            }
+        }
+        App::GuardTx => Router::new()
+            .route(PATH, post(create_order_tx))
+            .route_layer(
+                IdempotencyLayer::new(postgres(&args).await?).with_transactional_mode(true),
+            ),
+        App::Peer => {
+            let peer = crate::peer::Peer::connect(&args.redis_url, &args.prefix).await?;
+            Router::new().route(PATH, post(create_order)).route_layer(
+                axum::middleware::from_fn_with_state(peer, crate::peer::guard),
+            )
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "listening {address}")?;
+        stdout.flush()?;
+    }
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+async fn postgres(args: &ServeArgs) -> anyhow::Result<PostgresStore> {
+    Ok(PostgresStore::connect(&args.database_url, args.pool_size).await?)
+}
+
+async fn cluster(args: &ServeArgs) -> anyhow::Result<RedisStore> {
+    let nodes: Vec<&str> = args.redis_cluster_urls.iter().map(String::as_str).collect();
+    Ok(RedisStore::connect_cluster(&nodes, &args.prefix).await?)
+}

@@ -1,0 +1,212 @@
+//! The benchmark's own resources: a PostgreSQL database created for the run
+//! and dropped after it, SQLite files in a temporary directory, Redis keys
+//! under a prefix of the run (deleted after each measurement), and the
+//! child processes that serve the apps under test.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::str::FromStr as _;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::io::AsyncBufReadExt as _;
+
+use crate::cli::{App, StoreName};
+
+/// A PostgreSQL database of the run's own.
+pub(crate) struct BenchDatabase {
+    admin_url: String,
+    name: String,
+    /// The database's URL.
+    pub(crate) url: String,
+    /// A small pool on it, for truncating and seeding.
+    pub(crate) pool: sqlx::PgPool,
+}
+
+impl BenchDatabase {
+    /// Creates the database `name` through `admin_url` and migrates it.
+    pub(crate) async fn create(admin_url: &str, name: &str) -> anyhow::Result<Self> {
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(admin_url)
+            .await
+            .with_context(|| format!("PostgreSQL at {admin_url}"))?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("create database \"{name}\"")))
+            .execute(&admin)
+            .await?;
+        admin.close().await;
+        let options = PgConnectOptions::from_str(admin_url)?.database(name);
+        let url = format!(
+            "postgres://{}@{}:{}/{name}",
+            options.get_username(),
+            options.get_host(),
+            options.get_port()
+        );
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with(options)
+            .await?;
+        let store = idempotency_guard::store::postgres::PostgresStore::new(pool.clone());
+        store.migrate().await?;
+        Ok(Self {
+            admin_url: admin_url.to_owned(),
+            name: name.to_owned(),
+            url,
+            pool,
+        })
+    }
+
+    /// Empties the records table.
+    pub(crate) async fn truncate(&self) -> anyhow::Result<()> {
+        sqlx::query("truncate idempotency_records")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Drops the database.
+    pub(crate) async fn drop_database(self) -> anyhow::Result<()> {
+        self.pool.close().await;
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&self.admin_url)
+            .await?;
+        let sql = format!("drop database if exists \"{}\" with (force)", self.name);
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&admin)
+            .await?;
+        admin.close().await;
+        Ok(())
+    }
+}
+
+/// Deletes every key matching `pattern` on each of `nodes` (one Redis, or
+/// a cluster's masters), one key per command (no cross-slot commands).
+pub(crate) async fn delete_redis_keys(nodes: &[String], pattern: &str) -> anyhow::Result<u64> {
+    let mut deleted = 0;
+    for node in nodes {
+        let client = redis::Client::open(node.as_str())?;
+        let mut connection = client.get_multiplexed_async_connection().await?;
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut connection)
+                .await?;
+            if !keys.is_empty() {
+                let mut pipe = redis::pipe();
+                for key in &keys {
+                    pipe.cmd("UNLINK").arg(key).ignore();
+                }
+                pipe.query_async::<()>(&mut connection).await?;
+                deleted += keys.len() as u64;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(deleted)
+}
+
+/// A server under test, running as a child process.
+pub(crate) struct Child {
+    process: tokio::process::Child,
+    /// Where it listens.
+    pub(crate) address: SocketAddr,
+}
+
+/// What a child needs to know about the stores.
+pub(crate) struct ChildConfig<'a> {
+    pub(crate) app: App,
+    pub(crate) store: Option<StoreName>,
+    pub(crate) database_url: &'a str,
+    pub(crate) redis_url: &'a str,
+    pub(crate) redis_cluster_urls: &'a [String],
+    pub(crate) prefix: &'a str,
+    pub(crate) pool_size: u32,
+}
+
+impl Child {
+    /// Starts this binary as `serve` and waits for its address.
+    pub(crate) async fn start(config: &ChildConfig<'_>) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe()?;
+        let mut command = tokio::process::Command::new(exe);
+        command
+            .arg("serve")
+            .arg("--app")
+            .arg(
+                clap::ValueEnum::to_possible_value(&config.app)
+                    .map(|v| v.get_name().to_owned())
+                    .unwrap_or_default(),
+            )
+            .arg("--database-url")
+            .arg(config.database_url)
+            .arg("--redis-url")
+            .arg(config.redis_url)
+            .arg("--prefix")
+            .arg(config.prefix)
+            .arg("--pool-size")
+            .arg(config.pool_size.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        if !config.redis_cluster_urls.is_empty() {
+            command
+                .arg("--redis-cluster-urls")
+                .arg(config.redis_cluster_urls.join(","));
+        }
+        if let Some(store) = config.store {
+            command.arg("--store").arg(store.as_str());
+        }
+        let mut process = command.spawn().context("start the server under test")?;
+        let stdout = process.stdout.take().context("the child's stdout")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .context("the server under test did not start within 60 s")??
+            .context("the server under test exited before listening")?;
+        let address = line
+            .strip_prefix("listening ")
+            .context("unexpected first line from the server under test")?
+            .parse()?;
+        Ok(Self { process, address })
+    }
+
+    /// The child's peak resident set size (`VmHWM`), in KiB.
+    pub(crate) fn peak_rss_kib(&self) -> Option<u64> {
+        let pid = self.process.id()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// The CPU time the child's threads have used so far, in nanoseconds
+    /// (the sum of `/proc/<pid>/task/*/schedstat`).
+    pub(crate) fn cpu_nanos(&self) -> Option<u64> {
+        let pid = self.process.id()?;
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        let mut total = 0;
+        for task in tasks.flatten() {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+        Some(total)
+    }
+
+    /// Stops the child.
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
+        self.process.start_kill()?;
+        self.process.wait().await?;
+        Ok(())
+    }
+}
