@@ -457,11 +457,18 @@ impl Parser<'_> {
     }
 }
 
-/// Writes decoded string bytes as a JSON string with the fewest escapes.
+/// Writes decoded string bytes as a JSON string with the fewest escapes:
+/// runs that need none are copied whole.
 fn write_string(out: &mut Vec<u8>, decoded: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
-    for &b in decoded {
-        match b {
+    let mut rest = decoded;
+    while let Some(at) = rest
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+    {
+        out.extend_from_slice(&rest[..at]);
+        match rest[at] {
             b'"' => out.extend_from_slice(b"\\\""),
             b'\\' => out.extend_from_slice(b"\\\\"),
             0x08 => out.extend_from_slice(b"\\b"),
@@ -469,15 +476,15 @@ fn write_string(out: &mut Vec<u8>, decoded: &[u8]) {
             b'\n' => out.extend_from_slice(b"\\n"),
             b'\r' => out.extend_from_slice(b"\\r"),
             b'\t' => out.extend_from_slice(b"\\t"),
-            0x00..=0x1f => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
+            control => {
                 out.extend_from_slice(b"\\u00");
-                out.push(HEX[usize::from(b >> 4)]);
-                out.push(HEX[usize::from(b & 0xf)]);
+                out.push(HEX[usize::from(control >> 4)]);
+                out.push(HEX[usize::from(control & 0xf)]);
             }
-            _ => out.push(b),
         }
+        rest = &rest[at + 1..];
     }
+    out.extend_from_slice(rest);
     out.push(b'"');
 }
 

@@ -22,20 +22,28 @@ macro_rules! record_columns {
     };
 }
 
+/// The claim, one statement: it reads the record first and inserts only
+/// when its snapshot has none, so claiming a completed key (a replay) costs
+/// a read. The insert still arbitrates: against a concurrent insert the
+/// unique constraint picks one winner (`on conflict do nothing`).
 const CLAIM: &str = concat!(
-    "with inserted as (
+    "with existing as (
+        select ",
+    record_columns!(),
+    " from idempotency_records where scope = $1 and key = $2
+    ), inserted as (
         insert into idempotency_records
             (scope, key, fingerprint, method, path, state, lease_token, lease_expires_at,
              transactional, created_at, expires_at)
-        values ($1, $2, $3, $4, $5, 'in_flight', $6, now() + $7 * interval '1 millisecond',
-                $8, now(), now() + $9 * interval '1 millisecond')
+        select $1, $2, $3, $4, $5, 'in_flight', $6, now() + $7 * interval '1 millisecond',
+               $8, now(), now() + $9 * interval '1 millisecond'
+        where not exists (select 1 from existing)
         on conflict (scope, key) do nothing
         returning 1
     )
-    select exists (select 1 from inserted) as acquired, ",
-    record_columns!(),
-    " from (values (1)) as one
-    left join idempotency_records on scope = $1 and key = $2"
+    select exists (select 1 from inserted) as acquired, existing.*
+    from (values (1)) as one
+    left join existing on true"
 );
 
 const TAKE_OVER: &str = "update idempotency_records set
@@ -188,9 +196,13 @@ impl PostgresStore {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse()?;
         let options = options.options([("statement_timeout", "5s")]);
+        // No ping before every statement (sqlx's default): it doubles the
+        // round trips; a dead connection fails its statement instead, the
+        // request answers 503, and the pool replaces the connection.
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
+            .test_before_acquire(false)
             .connect_with(options)
             .await?;
         Ok(Self::new(pool))

@@ -82,9 +82,12 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(5));
+        // No ping before every statement (sqlx's default): the file is
+        // local, and a failing connection fails its statement anyway.
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(5))
+            .test_before_acquire(false)
             .connect_with(options)
             .await?;
         Ok(Self::new(pool))
@@ -202,6 +205,12 @@ fn record_from_row(
 
 impl Store for SqliteStore {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        // A read first: a replay then costs no write lock (SQLite has one
+        // writer at a time). The insert that follows a miss is what
+        // arbitrates: `on conflict do nothing` lets one claimer win.
+        if let Some(record) = self.get(new.scope, new.key).await? {
+            return Ok(Claim::Existing(Box::new(record)));
+        }
         for _ in 0..CLAIM_ATTEMPTS {
             let inserted = sqlx::query(INSERT)
                 .bind(new.scope)
@@ -219,8 +228,8 @@ impl Store for SqliteStore {
             if inserted.rows_affected() == 1 {
                 return Ok(Claim::Acquired(new.lease()));
             }
-            // The insert lost to an existing record: report it. If it was
-            // released between the two statements, insert again.
+            // The insert lost to a record made since the read: report it.
+            // If it was released in between, insert again.
             if let Some(record) = self.get(new.scope, new.key).await? {
                 return Ok(Claim::Existing(Box::new(record)));
             }

@@ -17,10 +17,17 @@ use crate::support::{app, call, request, send};
 /// first request, through `running`, completes: long before its 20 s bound.
 async fn a_waiter_elsewhere_is_woken_by_the_completion<S: Store>(running: S, waiting: S) {
     let (first, first_runs) = app(IdempotencyLayer::new(running));
-    let (second, second_runs) =
-        app(IdempotencyLayer::new(waiting).with_in_flight(InFlightPolicy::Wait(Duration::from_secs(20))));
+    let (second, second_runs) = app(IdempotencyLayer::new(waiting)
+        .with_in_flight(InFlightPolicy::Wait(Duration::from_secs(20))));
     let slow = tokio::spawn(async move {
-        call(&first, request(Some("shared")).header("x-delay-ms", "800").body("{}".into()).unwrap()).await
+        call(
+            &first,
+            request(Some("shared"))
+                .header("x-delay-ms", "800")
+                .body("{}".into())
+                .unwrap(),
+        )
+        .await
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = Instant::now();
@@ -30,15 +37,24 @@ async fn a_waiter_elsewhere_is_woken_by_the_completion<S: Store>(running: S, wai
     assert_eq!(waited.status, StatusCode::CREATED);
     assert!(waited.replayed());
     assert_eq!(waited.body, original.body);
-    assert!(took < Duration::from_secs(5), "woken after {took:?}, not at the 20 s bound");
+    assert!(
+        took < Duration::from_secs(5),
+        "woken after {took:?}, not at the 20 s bound"
+    );
     assert_eq!(first_runs.get() + second_runs.get(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_notifications_wake_waiters_in_other_processes() {
     let db = idempotency_tests::postgres().await;
-    let running = PostgresStore::new(db.store.pool().clone()).with_notifications().await.unwrap();
-    let waiting = PostgresStore::new(db.store.pool().clone()).with_notifications().await.unwrap();
+    let running = PostgresStore::new(db.store.pool().clone())
+        .with_notifications()
+        .await
+        .unwrap();
+    let waiting = PostgresStore::new(db.store.pool().clone())
+        .with_notifications()
+        .await
+        .unwrap();
     a_waiter_elsewhere_is_woken_by_the_completion(running, waiting).await;
 }
 
