@@ -16,7 +16,6 @@
 //! crash loses nothing; with the defaults, a Redis crash can forget records,
 //! and a retry of a forgotten key runs again.
 
-use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -30,63 +29,65 @@ use crate::record::CorruptRecord;
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
 use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
 
+/// The fields of a record's hash, one letter each (Redis keeps and sends
+/// every name with every value): `t` lease token, `s` state (`f` in
+/// flight, `c` completed), `l` lease end, `e` expiry, `n` creation (Unix
+/// ms, the server's clock), `m` the request (fingerprint, transactional
+/// flag, method and path, packed by [`encode_request`]), `p` the response
+/// (packed by [`encode_response`]) and `c` completion time, once completed.
+const FIELDS: [&str; 8] = ["t", "s", "l", "e", "n", "m", "p", "c"];
+
 /// Reads the server's clock in milliseconds; shared by every script.
 const NOW: &str = "local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ";
 
-/// Writes a fresh in-flight record (ARGV 2..8 of claim and take over).
-const WRITE_NEW: &str = "local function write_new(fp, method, path, token, lease, tx, retention)
-  redis.call('HSET', KEYS[1], 'fp', fp, 'method', method, 'path', path, 'state', 'in_flight',
-    'token', token, 'lease', now + tonumber(lease), 'tx', tx, 'created', now,
-    'expires', now + tonumber(retention))
-  redis.call('PEXPIREAT', KEYS[1], now + tonumber(retention))
+/// Writes a fresh in-flight record.
+const WRITE_NEW: &str = "local function write_new(token, lease, retention, request)
+  local expires = now + tonumber(retention)
+  redis.call('HSET', KEYS[1], 't', token, 's', 'f', 'l', now + tonumber(lease), 'e', expires, 'n', now, 'm', request)
+  redis.call('PEXPIREAT', KEYS[1], expires)
 end
 ";
 
-/// Claim: create the record, or return the existing one (and the clock).
+/// Claim: create the record (ARGV: token, lease ms, retention ms, packed
+/// request), or return the existing one's fields, with the clock.
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{NOW}{WRITE_NEW}
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {{0, now, redis.call('HGETALL', KEYS[1])}}
-end
-write_new(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+local fields = redis.call('HMGET', KEYS[1], 't', 's', 'l', 'e', 'n', 'm', 'p', 'c')
+if fields[1] then return {{0, now, fields}} end
+write_new(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 return {{1, now}}"
     ))
 });
 
-/// Take over the record holding token ARGV[1] if its retention or lease ended.
+/// Take over the record holding token ARGV[1] if its retention or lease
+/// ended (ARGV 2..5: the new token, lease, retention, packed request).
 static TAKE_OVER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{NOW}{WRITE_NEW}
-if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
-local state = redis.call('HGET', KEYS[1], 'state')
-local lease = tonumber(redis.call('HGET', KEYS[1], 'lease'))
-local expires = tonumber(redis.call('HGET', KEYS[1], 'expires'))
-if not (expires <= now or (state == 'in_flight' and lease <= now)) then return 0 end
+local old = redis.call('HMGET', KEYS[1], 't', 's', 'l', 'e')
+if old[1] ~= ARGV[1] then return 0 end
+if not (tonumber(old[4]) <= now or (old[2] == 'f' and tonumber(old[3]) <= now)) then return 0 end
 redis.call('DEL', KEYS[1])
-write_new(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+write_new(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 return 1"
     ))
 });
 
 /// The fence every later write starts with: the record is in flight and
 /// holds token ARGV[1].
-const FENCE: &str = "if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1]
-  or redis.call('HGET', KEYS[1], 'state') ~= 'in_flight' then
-  return 0
-end
+const FENCE: &str = "local held = redis.call('HMGET', KEYS[1], 't', 's')
+if held[1] ~= ARGV[1] or held[2] ~= 'f' then return 0 end
 ";
 
-/// Complete: store status ARGV[2], headers ARGV[3], body ARGV[4] (when
-/// ARGV[5] is 1); publish on ARGV[6].
+/// Complete: store the packed response ARGV[2]; publish on ARGV[3].
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{FENCE}{NOW}
-redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[2], 'headers', ARGV[3], 'completed', now)
-if ARGV[5] == '1' then redis.call('HSET', KEYS[1], 'body', ARGV[4]) end
-redis.call('PUBLISH', ARGV[6], KEYS[1])
+redis.call('HSET', KEYS[1], 's', 'c', 'p', ARGV[2], 'c', now)
+redis.call('PUBLISH', ARGV[3], KEYS[1])
 return 1"
     ))
 });
@@ -96,7 +97,7 @@ return 1"
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{FENCE}{NOW}
-redis.call('HSET', KEYS[1], 'lease', now + tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], 'l', now + tonumber(ARGV[2]))
 if tonumber(ARGV[2]) == 0 then redis.call('PUBLISH', ARGV[3], KEYS[1]) end
 return 1"
     ))
@@ -115,7 +116,7 @@ return 1"
 /// Get: the record's fields and the clock, in one round trip.
 static GET: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{NOW}return {{now, redis.call('HGETALL', KEYS[1])}}"
+        "{NOW}return {{now, redis.call('HMGET', KEYS[1], 't', 's', 'l', 'e', 'n', 'm', 'p', 'c')}}"
     ))
 });
 
@@ -130,6 +131,84 @@ redis.call('PEXPIREAT', KEYS[1], ARGV[1])
 return 1",
     )
 });
+
+/// Packs the immutable part of a record: fingerprint (32 bytes), the
+/// transactional flag (1), the method's length (1), the method, the path.
+fn encode_request(
+    fingerprint: &Fingerprint,
+    transactional: bool,
+    method: &str,
+    path: &str,
+) -> Vec<u8> {
+    let method = &method.as_bytes()[..method.len().min(255)];
+    let mut packed = Vec::with_capacity(34 + method.len() + path.len());
+    packed.extend_from_slice(fingerprint.as_bytes());
+    packed.push(u8::from(transactional));
+    packed.push(u8::try_from(method.len()).unwrap_or(u8::MAX));
+    packed.extend_from_slice(method);
+    packed.extend_from_slice(path.as_bytes());
+    packed
+}
+
+/// The fingerprint, transactional flag, method and path of a packed request.
+fn decode_request(packed: &[u8]) -> Result<(Fingerprint, bool, String, String), CorruptRecord> {
+    let corrupt = CorruptRecord("the packed request is invalid");
+    let fingerprint: [u8; 32] = packed
+        .get(..32)
+        .and_then(|f| f.try_into().ok())
+        .ok_or(corrupt)?;
+    let transactional = *packed.get(32).ok_or(corrupt)? == 1;
+    let method_len = usize::from(*packed.get(33).ok_or(corrupt)?);
+    let method = packed.get(34..34 + method_len).ok_or(corrupt)?;
+    let path = packed.get(34 + method_len..).ok_or(corrupt)?;
+    let text = |bytes: &[u8]| String::from_utf8(bytes.to_vec()).map_err(|_| corrupt);
+    Ok((
+        Fingerprint::from_bytes(fingerprint),
+        transactional,
+        text(method)?,
+        text(path)?,
+    ))
+}
+
+/// Packs a response: status (2 bytes, big-endian), whether the body is
+/// stored (1), the headers' length (4), the headers, the body.
+fn encode_response(response: &StoredResponse) -> Vec<u8> {
+    let headers = response.encode_headers();
+    let body = response.body.as_deref().unwrap_or_default();
+    let mut packed = Vec::with_capacity(7 + headers.len() + body.len());
+    packed.extend_from_slice(&response.status.as_u16().to_be_bytes());
+    packed.push(u8::from(response.body.is_some()));
+    packed.extend_from_slice(
+        &u32::try_from(headers.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    packed.extend_from_slice(&headers);
+    packed.extend_from_slice(body);
+    packed
+}
+
+fn decode_response(packed: &[u8]) -> Result<StoredResponse, CorruptRecord> {
+    let corrupt = CorruptRecord("the packed response is invalid");
+    let status = u16::from_be_bytes(
+        packed
+            .get(..2)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(corrupt)?,
+    );
+    let stored = *packed.get(2).ok_or(corrupt)? == 1;
+    let headers_len = u32::from_be_bytes(
+        packed
+            .get(3..7)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(corrupt)?,
+    );
+    let headers_end = 7 + usize::try_from(headers_len).map_err(|_| corrupt)?;
+    let headers = packed.get(7..headers_end).ok_or(corrupt)?;
+    let body = packed.get(headers_end..).ok_or(corrupt)?;
+    let body = stored.then(|| bytes::Bytes::copy_from_slice(body));
+    StoredResponse::decode(i64::from(status), headers, body)
+}
 
 /// The connection: one Redis (reconnecting by itself), or a cluster.
 #[derive(Clone)]
@@ -294,33 +373,27 @@ impl RedisStore {
         invocation
             .key(record_key(&self.prefix, CACHED, &record.scope, &record.key))
             .arg(millis_of(expire_at))
-            .arg("fp")
-            .arg(record.fingerprint.as_bytes().as_slice())
-            .arg("method")
-            .arg(&record.method)
-            .arg("path")
-            .arg(&record.path)
-            .arg("state")
-            .arg("completed")
-            .arg("token")
+            .arg("t")
             .arg(record.lease_token.as_uuid().as_bytes().as_slice())
-            .arg("lease")
+            .arg("s")
+            .arg("c")
+            .arg("l")
             .arg(millis_of(record.lease_expires_at))
-            .arg("tx")
-            .arg(if record.transactional { "1" } else { "0" })
-            .arg("created")
-            .arg(millis_of(record.created_at))
-            .arg("expires")
+            .arg("e")
             .arg(millis_of(record.expires_at))
-            .arg("status")
-            .arg(response.status.as_u16())
-            .arg("headers")
-            .arg(response.encode_headers())
-            .arg("completed")
+            .arg("n")
+            .arg(millis_of(record.created_at))
+            .arg("m")
+            .arg(encode_request(
+                &record.fingerprint,
+                record.transactional,
+                &record.method,
+                &record.path,
+            ))
+            .arg("p")
+            .arg(encode_response(response))
+            .arg("c")
             .arg(millis_of(record.completed_at.unwrap_or(record.observed_at)));
-        if let Some(body) = &response.body {
-            invocation.arg("body").arg(body.as_ref());
-        }
         self.invoke(&invocation).await.map(drop)
     }
 
@@ -417,75 +490,56 @@ fn int(value: &Value) -> Result<i64, CorruptRecord> {
     }
 }
 
-/// A record from `HGETALL` fields, read at `now` (the server's clock).
+/// A record from the values of [`FIELDS`] (`HMGET`), read at `now` (the
+/// server's clock); `None` when the record does not exist.
 fn record_from_fields(
     scope: &str,
     key: &str,
     fields: &Value,
     now: i64,
 ) -> Result<Option<Record>, StoreError> {
-    let Value::Array(items) = fields else {
-        return Err(CorruptRecord("HGETALL did not return an array").into());
+    let Value::Array(values) = fields else {
+        return Err(CorruptRecord("HMGET did not return an array").into());
     };
-    if items.is_empty() {
-        return Ok(None);
-    }
-    let mut map: HashMap<&[u8], &[u8]> = HashMap::with_capacity(items.len() / 2);
-    for pair in items.chunks_exact(2) {
-        if let (Value::BulkString(name), Value::BulkString(value)) = (&pair[0], &pair[1]) {
-            map.insert(name, value);
+    let field = |name: &str| -> Option<&[u8]> {
+        let index = FIELDS.iter().position(|f| *f == name)?;
+        match values.get(index) {
+            Some(Value::BulkString(bytes)) => Some(bytes.as_slice()),
+            _ => None,
         }
-    }
-    let field = |name: &str| -> Result<&[u8], CorruptRecord> {
-        map.get(name.as_bytes())
-            .copied()
-            .ok_or(CorruptRecord("a record field is missing"))
     };
-    let text = |name: &str| -> Result<String, CorruptRecord> {
-        String::from_utf8(field(name)?.to_vec())
-            .map_err(|_| CorruptRecord("a text field is not UTF-8"))
+    let Some(token) = field("t") else {
+        return Ok(None);
     };
+    let missing = CorruptRecord("a record field is missing");
     let number = |name: &str| -> Result<i64, CorruptRecord> {
-        std::str::from_utf8(field(name)?)
+        std::str::from_utf8(field(name).ok_or(missing)?)
             .ok()
             .and_then(|s| s.parse().ok())
             .ok_or(CorruptRecord("a number field is invalid"))
     };
-    let fingerprint: [u8; 32] = field("fp")?
-        .try_into()
-        .map_err(|_| CorruptRecord("the fingerprint is not 32 bytes"))?;
-    let token = uuid::Uuid::from_slice(field("token")?)
+    let token = uuid::Uuid::from_slice(token)
         .map_err(|_| CorruptRecord("the lease token is not 16 bytes"))?;
-    let response = if field("state")? == b"completed" {
-        let body = map
-            .get(b"body".as_slice())
-            .map(|body| bytes::Bytes::copy_from_slice(body));
-        Some(StoredResponse::decode(
-            number("status")?,
-            field("headers")?,
-            body,
-        )?)
-    } else {
-        None
-    };
+    let (fingerprint, transactional, method, path) = decode_request(field("m").ok_or(missing)?)?;
+    let completed = field("s") == Some(b"c".as_slice());
+    let response = completed
+        .then(|| decode_response(field("p").ok_or(missing)?))
+        .transpose()?;
     Ok(Some(Record {
         scope: scope.to_owned(),
         key: key.to_owned(),
-        fingerprint: Fingerprint::from_bytes(fingerprint),
-        method: text("method")?,
-        path: text("path")?,
+        fingerprint,
+        method,
+        path,
         lease_token: LeaseToken::from_uuid(token),
-        lease_expires_at: from_millis(number("lease")?)?,
-        transactional: field("tx")? == b"1",
+        lease_expires_at: from_millis(number("l")?)?,
+        transactional,
         response,
-        created_at: from_millis(number("created")?)?,
-        completed_at: map
-            .get(b"completed".as_slice())
-            .map(|_| number("completed"))
-            .transpose()?
-            .map(from_millis)
+        created_at: from_millis(number("n")?)?,
+        completed_at: completed
+            .then(|| number("c").and_then(from_millis))
             .transpose()?,
-        expires_at: from_millis(number("expires")?)?,
+        expires_at: from_millis(number("e")?)?,
         observed_at: from_millis(now)?,
     }))
 }
@@ -495,13 +549,15 @@ impl Store for RedisStore {
         let mut invocation = CLAIM.prepare_invoke();
         invocation
             .key(self.record_key(new.scope, new.key))
-            .arg(new.fingerprint.as_bytes().as_slice())
-            .arg(new.method)
-            .arg(new.path)
             .arg(new.token.as_uuid().as_bytes().as_slice())
             .arg(millis(new.lease))
-            .arg(if new.transactional { "1" } else { "0" })
-            .arg(millis(new.retention));
+            .arg(millis(new.retention))
+            .arg(encode_request(
+                new.fingerprint,
+                new.transactional,
+                new.method,
+                new.path,
+            ));
         let Value::Array(reply) = self.invoke(&invocation).await? else {
             return Err(CorruptRecord("the claim script returned no array").into());
         };
@@ -525,13 +581,15 @@ impl Store for RedisStore {
         invocation
             .key(self.record_key(new.scope, new.key))
             .arg(previous.as_uuid().as_bytes().as_slice())
-            .arg(new.fingerprint.as_bytes().as_slice())
-            .arg(new.method)
-            .arg(new.path)
             .arg(new.token.as_uuid().as_bytes().as_slice())
             .arg(millis(new.lease))
-            .arg(if new.transactional { "1" } else { "0" })
-            .arg(millis(new.retention));
+            .arg(millis(new.retention))
+            .arg(encode_request(
+                new.fingerprint,
+                new.transactional,
+                new.method,
+                new.path,
+            ));
         let taken = matches!(self.invoke(&invocation).await?, Value::Int(1));
         Ok(taken.then(|| new.lease()))
     }
@@ -541,10 +599,7 @@ impl Store for RedisStore {
         invocation
             .key(self.record_key(&lease.scope, &lease.key))
             .arg(lease.token.as_uuid().as_bytes().as_slice())
-            .arg(response.status.as_u16())
-            .arg(response.encode_headers())
-            .arg(response.body.as_deref().unwrap_or_default())
-            .arg(if response.body.is_some() { "1" } else { "0" })
+            .arg(encode_response(response))
             .arg(&*self.channel);
         self.fenced(&invocation).await
     }
@@ -602,6 +657,35 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packed_requests_and_responses_round_trip() {
+        let fingerprint = Fingerprint::from_bytes([9; 32]);
+        let packed = encode_request(&fingerprint, true, "PATCH", "/a?b=c");
+        assert_eq!(
+            decode_request(&packed).unwrap(),
+            (fingerprint, true, "PATCH".into(), "/a?b=c".into())
+        );
+        let mut headers = http::HeaderMap::new();
+        headers.append("x-a", http::HeaderValue::from_static("1"));
+        for body in [
+            Some(bytes::Bytes::from_static(b"\x00\xffbody")),
+            Some(bytes::Bytes::new()),
+            None,
+        ] {
+            let response = StoredResponse {
+                status: http::StatusCode::CREATED,
+                headers: headers.clone(),
+                body,
+            };
+            assert_eq!(
+                decode_response(&encode_response(&response)).unwrap(),
+                response
+            );
+        }
+        assert!(decode_request(b"short").is_err());
+        assert!(decode_response(b"\x00").is_err());
+    }
 
     #[test]
     fn record_keys_are_injective_and_parse_back() {
