@@ -804,16 +804,8 @@ impl<S: Store> Guard<S> {
         B::Error: Into<BoxError>,
     {
         let slot = self.open_slot(&mut request);
-        let renewals = tokio::spawn(renew_periodically(
-            self.store.clone(),
-            lease.clone(),
-            self.config.lease,
-            self.config.store_timeout,
-            attempt.route.clone(),
-        ));
         let handler = AssertUnwindSafe(inner.oneshot(request)).catch_unwind();
-        let ended = tokio::time::timeout(self.config.max_handler_time, handler).await;
-        renewals.abort();
+        let ended = self.supervise(handler, &lease, &attempt.route).await;
 
         let outcome = match ended {
             Ok(Ok(Ok(response))) => return Ok(self.finish(attempt, lease, slot, response).await),
@@ -857,6 +849,37 @@ impl<S: Store> Guard<S> {
         };
         count_request(&attempt.route, outcome.0, attempt.attempt);
         Ok(outcome.1.into_response())
+    }
+
+    /// Runs the handler up to the maximum handler time, renewing its lease
+    /// every third of the lease once it has run that long (most handlers
+    /// finish first, and cost one timer). `Err` when it was cut off.
+    async fn supervise<F: Future>(
+        &self,
+        handler: F,
+        lease: &Lease,
+        route: &str,
+    ) -> Result<F::Output, Elapsed> {
+        let started = Instant::now();
+        let max = self.config.max_handler_time;
+        let first = (self.config.lease / 3).min(max);
+        let mut handler = std::pin::pin!(handler);
+        if let Ok(output) = tokio::time::timeout(first, &mut handler).await {
+            return Ok(output);
+        }
+        let renewals = tokio::spawn(renew_periodically(
+            self.store.clone(),
+            lease.clone(),
+            self.config.lease,
+            self.config.store_timeout,
+            route.to_owned(),
+        ));
+        let left = max.saturating_sub(started.elapsed());
+        let output = tokio::time::timeout(left, &mut handler)
+            .await
+            .map_err(|_| Elapsed);
+        renewals.abort();
+        output
     }
 
     /// Stores (or releases) the handler's response, then hands it over.
@@ -1163,7 +1186,11 @@ async fn timed<T>(
     result
 }
 
-/// Renews the lease every third of its length until aborted or lost.
+/// The handler ran past the maximum handler time.
+struct Elapsed;
+
+/// Renews the lease at once, then every third of its length, until
+/// aborted or lost.
 async fn renew_periodically<S: Store>(
     store: S,
     lease: Lease,
@@ -1173,7 +1200,6 @@ async fn renew_periodically<S: Store>(
 ) {
     let period = length / 3;
     loop {
-        tokio::time::sleep(period).await;
         match timed("renew", timeout, store.renew(&lease, length)).await {
             Ok(()) => {}
             Err(StoreError::LeaseLost) => {
@@ -1185,6 +1211,7 @@ async fn renew_periodically<S: Store>(
                 tracing::warn!(error = %error, route = %route, "lease renewal failed; will try again")
             }
         }
+        tokio::time::sleep(period).await;
     }
 }
 
