@@ -153,6 +153,31 @@ async fn pause(payment: &NewPayment) {
     }
 }
 
+/// Inserts a payment through a PostgreSQL connection, pool or transaction.
+async fn insert_postgres<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    tenant: &str,
+    new: &NewPayment,
+) -> sqlx::Result<i64> {
+    let (id,): (i64,) = sqlx::query_as(INSERT_POSTGRES)
+        .bind(tenant)
+        .bind(new.amount)
+        .bind(&new.currency)
+        .fetch_one(executor)
+        .await?;
+    Ok(id)
+}
+
+/// The 201 answer for a payment just made.
+fn made(id: i64, tenant: String, new: NewPayment) -> Response {
+    created(Payment {
+        id,
+        tenant,
+        amount: new.amount,
+        currency: new.currency,
+    })
+}
+
 /// `POST /payments` on PostgreSQL: the row is written through the guard's
 /// transaction, so it commits with the stored response or not at all.
 async fn create_in_transaction(
@@ -165,18 +190,8 @@ async fn create_in_transaction(
     }
     pause(&new).await;
     let tenant = tenant_of(&headers);
-    let (id,): (i64,) = sqlx::query_as(INSERT_POSTGRES)
-        .bind(&tenant)
-        .bind(new.amount)
-        .bind(&new.currency)
-        .fetch_one(&mut *tx)
-        .await?;
-    Ok(created(Payment {
-        id,
-        tenant,
-        amount: new.amount,
-        currency: new.currency,
-    }))
+    let id = insert_postgres(&mut *tx, &tenant, &new).await?;
+    Ok(made(id, tenant, new))
 }
 
 /// `POST /payments` on SQLite (or with the guard off).
@@ -190,30 +205,19 @@ async fn create(
     }
     pause(&new).await;
     let tenant = tenant_of(&headers);
-    let (id,): (i64,) = match &state.db {
-        Db::Postgres(pool) => {
-            sqlx::query_as(INSERT_POSTGRES)
-                .bind(&tenant)
-                .bind(new.amount)
-                .bind(&new.currency)
-                .fetch_one(pool)
-                .await?
-        }
+    let id = match &state.db {
+        Db::Postgres(pool) => insert_postgres(pool, &tenant, &new).await?,
         Db::Sqlite(pool) => {
-            sqlx::query_as(INSERT_SQLITE)
+            let (id,): (i64,) = sqlx::query_as(INSERT_SQLITE)
                 .bind(&tenant)
                 .bind(new.amount)
                 .bind(&new.currency)
                 .fetch_one(pool)
-                .await?
+                .await?;
+            id
         }
     };
-    Ok(created(Payment {
-        id,
-        tenant,
-        amount: new.amount,
-        currency: new.currency,
-    }))
+    Ok(made(id, tenant, new))
 }
 
 /// `GET /payments/{id}`, within the caller's tenant.
