@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idempotency_guard::Store as _;
+use idempotency_guard::Purge as _;
 use idempotency_guard::store::postgres::PostgresStore;
 use sqlx::Connection as _;
 

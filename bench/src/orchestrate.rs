@@ -611,7 +611,7 @@ pub(crate) async fn close(store: AnyStore) {
     match store {
         AnyStore::Postgres(store) => store.pool().close().await,
         AnyStore::Sqlite(store) => store.pool().close().await,
-        AnyStore::Tiered(store) => store.postgres().pool().close().await,
+        AnyStore::Tiered(store) => store.database().pool().close().await,
         _ => {}
     }
 }

@@ -32,8 +32,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use idempotency_guard::store::TransactionalStore as _;
 use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
-use idempotency_guard::{IdempotencyLayer, Store, Tx};
+use idempotency_guard::{Drain, IdempotencyLayer, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, SqlitePool};
 
@@ -315,7 +316,7 @@ pub(crate) async fn main() -> anyhow::Result<()> {
         _ => anyhow::bail!("DATABASE_URL must name PostgreSQL or SQLite"),
     };
     // Records in PostgreSQL (the sql or tiered store): transactional mode.
-    let transactional = store.transactions().is_some();
+    let transactional = store.postgres().is_some();
     let metrics = idempotency_guard::telemetry::install_prometheus()?;
     tokio::spawn(idempotency_guard::purge::purge_periodically(
         store.clone(),
@@ -329,12 +330,14 @@ pub(crate) async fn main() -> anyhow::Result<()> {
         post(create)
     };
     let mut payments = Router::new().route("/payments", create_route);
+    let mut drain: Option<Drain> = None;
     if guarded {
         let guard = IdempotencyLayer::new(store)
             .with_scope(tenant)
             .with_lease(Duration::from_secs(lease))
             .with_store_timeout(Duration::from_millis(store_timeout))
             .with_transactional_mode(transactional);
+        drain = Some(guard.drain());
         payments = payments.route_layer(guard);
     } else {
         tracing::warn!("IDEMPOTENCY_GUARD=off: retries will run the handler again");
@@ -351,6 +354,10 @@ pub(crate) async fn main() -> anyhow::Result<()> {
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
+    // Payments whose clients already left still finish and are stored.
+    if let Some(drain) = drain {
+        drain.wait().await;
+    }
     Ok(())
 }
 

@@ -17,6 +17,21 @@
 //! A body that is not valid JSON, nests deeper than [`MAX_JSON_DEPTH`], holds
 //! a lone surrogate escape or repeats a key inside one object is hashed as raw
 //! bytes instead: the guard never guesses which duplicate a handler would keep.
+//! A raw body is hashed together with its `Content-Type` (the same bytes as
+//! `text/plain` and as `application/octet-stream` are two requests); a JSON
+//! body with the media type's essence (`application/json` and
+//! `application/merge-patch+json` differ, a `charset` parameter does not).
+//!
+//! # Why not an RFC 8785 (JCS) canonicalizer
+//!
+//! The JSON Canonicalization Scheme writes numbers the way ECMAScript prints
+//! an IEEE 754 double: every number is parsed into a double first. Two
+//! different amounts then become one request (`9007199254740993`, which is
+//! 2^53 + 1, reads as 2^53), so a retry with another amount would be
+//! replayed the first one's answer. The crates that implement it do exactly
+//! that, or need serde_json's workspace-wide `arbitrary_precision` feature.
+//! The form here keeps every number's digits as written, and is one pass
+//! over the bytes with no intermediate tree.
 
 use std::fmt;
 
@@ -65,7 +80,8 @@ impl Fingerprint {
         hasher.update(b"\n");
         hasher.update(path_and_query.as_bytes());
         hasher.update(b"\n");
-        let canonical = if is_json(headers.get(CONTENT_TYPE)) {
+        let content_type = headers.get(CONTENT_TYPE);
+        let canonical = if is_json(content_type) {
             canonical_json(body).ok()
         } else {
             None
@@ -73,14 +89,31 @@ impl Fingerprint {
         match canonical {
             Some(canonical) => {
                 hasher.update(b"json\n");
+                hasher.update(media_type_essence(content_type).as_bytes());
+                hasher.update(b"\n");
                 hasher.update(&canonical);
             }
             None => {
                 hasher.update(b"raw\n");
+                hasher.update(content_type.map_or(&b""[..], HeaderValue::as_bytes));
+                hasher.update(b"\n");
                 hasher.update(body);
             }
         }
         Self(hasher.finalize().into())
+    }
+
+    /// Fingerprints a payload that is not an HTTP request (a message body):
+    /// SHA-256 over its bytes, as they are.
+    ///
+    /// ```
+    /// use idempotency_guard::Fingerprint;
+    ///
+    /// assert_eq!(Fingerprint::of_bytes(b"order 42"), Fingerprint::of_bytes(b"order 42"));
+    /// assert_ne!(Fingerprint::of_bytes(b"order 42"), Fingerprint::of_bytes(b"order 43"));
+    /// ```
+    pub fn of_bytes(payload: &[u8]) -> Self {
+        Self(Sha256::digest(payload).into())
     }
 
     /// Wraps 32 bytes of a SHA-256 digest.
@@ -132,6 +165,16 @@ fn hex_digit(c: u8) -> Result<u8, FingerprintParseError> {
         b'a'..=b'f' => Ok(c - b'a' + 10),
         _ => Err(FingerprintParseError),
     }
+}
+
+/// The media type without parameters, lowercased (`application/json`).
+fn media_type_essence(content_type: Option<&HeaderValue>) -> String {
+    content_type
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
 }
 
 /// Whether a content type names JSON: `application/json` or `application/*+json`.
@@ -517,6 +560,45 @@ mod tests {
         for bad in ["01", "1.", ".5", "-", "1e", "+1", "0x10", "NaN", "Infinity"] {
             assert!(canon(bad).is_err(), "{bad} is not a JSON number");
         }
+    }
+
+    #[test]
+    fn two_to_the_53_plus_one_is_not_two_to_the_53() {
+        // A double cannot tell these apart; RFC 8785 canonicalizers would
+        // make them one request.
+        let json = |body: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            Fingerprint::of_request(&Method::POST, "/payments", &headers, body.as_bytes())
+        };
+        let (odd, even) = (9_007_199_254_740_993_u64, 9_007_199_254_740_992_u64);
+        assert_eq!(odd as f64, even as f64, "the doubles collide");
+        assert_ne!(
+            json(r#"{"amount": 9007199254740993}"#),
+            json(r#"{"amount": 9007199254740992}"#)
+        );
+        assert_eq!(canon("[9007199254740993]").unwrap(), "[9007199254740993]");
+    }
+
+    #[test]
+    fn the_content_type_is_part_of_a_raw_body_fingerprint() {
+        let with = |content_type: &'static str, body: &[u8]| {
+            let mut headers = HeaderMap::new();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+            Fingerprint::of_request(&Method::POST, "/upload", &headers, body)
+        };
+        assert_ne!(
+            with("text/plain", b"hello"),
+            with("application/octet-stream", b"hello")
+        );
+        assert_eq!(
+            with("application/json", br#"{"a":1}"#),
+            with("application/json; charset=utf-8", br#"{ "a": 1 }"#)
+        );
+        assert_ne!(
+            with("application/json", br#"{"a":1}"#),
+            with("application/merge-patch+json", br#"{"a":1}"#)
+        );
     }
 
     #[test]

@@ -47,7 +47,8 @@
 //! | same key, earlier run abandoned | 409 `outcome-unknown` (configurable: run again) | no (default) |
 //! | same key, response was over the stored-response limit | 409 `response-not-stored` | no |
 //! | store unreachable or failing | 503 `store-unavailable` with `Retry-After` | no (fail closed) |
-//! | handler past the maximum handler time | 504 `handler-timeout`; the key becomes abandoned (released in transactional mode) | cut off |
+//! | handler refuses before starting its work (an extractor rejection: 400, 413, 415, 422 not marked [`FinalResponse`]) | the rejection, not stored; the key is released | no work done |
+//! | handler past the maximum handler time (its response body included) | 504 `handler-timeout`; the key becomes abandoned (released in transactional mode when the handler began its `Tx`) | cut off |
 //! | handler panics or fails | 500 `handler-failed`; the key is released | once |
 //!
 //! Every answer of the guard's own is `application/problem+json` (RFC 9457)
@@ -87,8 +88,14 @@
 //! - A response is stored before it is sent; a replay is the same status,
 //!   headers (less hop-by-hop ones, `Date` and `Set-Cookie`) and body, byte
 //!   for byte.
-//! - The handler runs in a task of its own: a client that disconnects does
-//!   not cancel it, and its retry gets the replay.
+//! - Everything from the claim on runs in a task of its own (see
+//!   [`engine`]): a client that disconnects, even while its claim is still
+//!   on its way to the store, cancels nothing; the run finishes and its
+//!   retry gets the replay. A claim whose reply is lost (a timeout, a
+//!   dropped connection) is released in the background, fenced by its own
+//!   token, so the key is never left owned by nobody.
+//! - On shutdown, [`Drain::wait`] (one line after `axum::serve`) lets every
+//!   running request finish and store its response.
 //! - If the store cannot be reached, the handler does not run (unless the
 //!   app chose [`FailureMode::Open`]).
 //! - Memory per request is bounded by the body limit plus the
@@ -104,8 +111,11 @@
 //! - If the store fails just as a response is being stored, the first caller
 //!   still gets it, but retries see the run as abandoned.
 //! - Waiting for an in-flight request (the wait policy) is woken at once
-//!   inside one process; across processes the waiter reads the record again
-//!   when its wait bound or the lease ends.
+//!   inside one process, and across processes on Redis, the tiered store
+//!   and PostgreSQL with notifications on
+//!   ([`PostgresStore::with_notifications`](store::postgres::PostgresStore::with_notifications));
+//!   on SQLite, or PostgreSQL without notifications, a waiter in another
+//!   process reads the record again when its wait bound or the lease ends.
 //!
 //! # Transactional mode (PostgreSQL)
 //!
@@ -113,8 +123,17 @@
 //! [`Tx`] and write through it; the guard commits those writes in the same
 //! transaction that stores the response. A crash, a timeout or a lost lease
 //! rolls both back, so a retry runs exactly once and no outcome is unknown.
-//! Other requests see the key in flight meanwhile. A handler's writes that
-//! do not go through its `Tx` get none of this.
+//! Other requests see the key in flight meanwhile. The record is marked
+//! transactional when the handler takes its `Tx`, not before: a handler that
+//! never does is guarded as in default mode (a crash leaves its outcome
+//! unknown). A handler's writes that do not go through its `Tx` get none of
+//! this.
+//!
+//! # Beyond axum: the engine
+//!
+//! [`Engine::run`] is the same run-once core for code that is not an axum
+//! route (message consumers, jobs): a scope, a key, a fingerprint and a
+//! future; see [`engine`].
 //!
 //! # Fingerprints
 //!
@@ -125,12 +144,18 @@
 //!
 //! - `postgres` (default): [`store::postgres::PostgresStore`] and transactional mode.
 //! - `sqlite` (default): [`store::sqlite::SqliteStore`], the embedded default.
+//! - `redis` (default): [`store::redis::RedisStore`] (one Redis or a Redis
+//!   Cluster) and [`store::tiered::TieredStore`] (Redis in front of
+//!   PostgreSQL); turns `postgres` on.
+//! - `prometheus` (default): [`telemetry::install_prometheus`], a recorder
+//!   for the guard's metrics.
 //!
 //! # Metrics
 //!
 //! Through the [`metrics`] facade; see [`telemetry`].
 
 pub mod decision;
+pub mod engine;
 pub mod events;
 pub mod fingerprint;
 pub mod key;
@@ -146,14 +171,15 @@ pub mod telemetry;
 pub mod transaction;
 
 pub use decision::{AbandonedPolicy, InFlightPolicy};
+pub use engine::{Drain, Engine, FailureMode};
 pub use events::RecordEvents;
 pub use fingerprint::Fingerprint;
 pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError};
-pub use layer::{FailureMode, IdempotencyLayer, IdempotencyService};
+pub use layer::{FinalResponse, IdempotencyLayer, IdempotencyService};
 pub use migrate::MigrationError;
 pub use problem::Rejection;
 pub use record::{Record, RecordState, StoredResponse};
 pub use response::IDEMPOTENT_REPLAYED;
-pub use store::{AnyStore, LeaseToken, Store, StoreError};
+pub use store::{AnyStore, LeaseToken, Purge, Store, StoreError};
 #[cfg(feature = "postgres")]
 pub use transaction::Tx;

@@ -167,6 +167,32 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// The answer for an engine's refusal of the request with `key`;
+    /// `mismatch_status` is the status of `key-reused` (409 or 422).
+    pub fn from_refusal(
+        refusal: crate::engine::Refusal,
+        key: &str,
+        mismatch_status: StatusCode,
+    ) -> Self {
+        use crate::engine::Refusal;
+        let key = key.to_owned();
+        match refusal {
+            Refusal::KeyReused => Self::KeyReused {
+                key,
+                status: mismatch_status,
+            },
+            Refusal::InFlight { retry_after } => Self::RequestInFlight { key, retry_after },
+            Refusal::OutcomeUnknown => Self::OutcomeUnknown { key },
+            Refusal::ResponseNotStored => Self::ResponseNotStored { key },
+            Refusal::StoreUnavailable { retry_after } => Self::StoreUnavailable {
+                key: Some(key),
+                retry_after,
+            },
+            Refusal::TimedOut { rolled_back } => Self::HandlerTimeout { key, rolled_back },
+            Refusal::Failed => Self::HandlerFailed { key },
+        }
+    }
+
     /// The problem's name: the part of `type` after `urn:idempotency:`.
     pub fn name(&self) -> &'static str {
         match self {

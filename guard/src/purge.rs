@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::store::{Store, StoreError};
+use crate::store::{Purge, StoreError};
 
 /// Deletes every expired record, `batch` at a time (so no statement holds
 /// locks for long); returns how many were deleted.
@@ -10,7 +10,7 @@ use crate::store::{Store, StoreError};
 /// # Errors
 ///
 /// The first store error; records deleted before it stay deleted.
-pub async fn purge_expired<S: Store>(store: &S, batch: u32) -> Result<u64, StoreError> {
+pub async fn purge_expired<S: Purge>(store: &S, batch: u32) -> Result<u64, StoreError> {
     let mut total = 0;
     loop {
         let deleted = store.purge(batch).await?;
@@ -23,7 +23,7 @@ pub async fn purge_expired<S: Store>(store: &S, batch: u32) -> Result<u64, Store
 
 /// Purges expired records every `interval`, forever; spawn it as a task.
 /// Failures are logged and tried again at the next interval.
-pub async fn purge_periodically<S: Store>(store: S, interval: Duration, batch: u32) {
+pub async fn purge_periodically<S: Purge>(store: S, interval: Duration, batch: u32) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

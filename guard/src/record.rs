@@ -103,6 +103,16 @@ pub struct StoredResponse {
 }
 
 impl StoredResponse {
+    /// An outcome that is only bytes (a message consumer's result, a JSON
+    /// value): status 200, no headers.
+    pub fn from_bytes(body: impl Into<Bytes>) -> Self {
+        Self {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: Some(body.into()),
+        }
+    }
+
     /// Encodes the headers as HTTP/1.1 field lines (`name: value\r\n`), the
     /// form stores keep them in. Field values cannot hold CR or LF, so the
     /// encoding is unambiguous and binary-safe.

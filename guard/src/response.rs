@@ -69,7 +69,8 @@ pub(crate) fn headers_to_store(headers: &HeaderMap, excluded: &[HeaderName]) -> 
 
 /// The replay of a stored response: its status, headers and body as stored,
 /// plus `Idempotent-Replayed: true`.
-pub(crate) fn replay(stored: &StoredResponse, body: Bytes) -> Response<Body> {
+pub(crate) fn replay(stored: &StoredResponse) -> Response<Body> {
+    let body = stored.body.clone().unwrap_or_default();
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = stored.status;
     *response.headers_mut() = stored.headers.clone();

@@ -139,7 +139,10 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
-/// The atomic operations the guard needs from a place that keeps records.
+/// The atomic operations the engine needs from a place that keeps records.
+///
+/// Capabilities that not every caller needs are traits of their own:
+/// [`Purge`] and, with PostgreSQL, [`TransactionalStore`].
 ///
 /// Implementations must make each method one atomic step: `claim` creates
 /// the record or reports the existing one, never both for two callers;
@@ -178,11 +181,12 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Extends the lease to `duration` from now. A zero duration ends the
     /// lease at once without releasing the record: it becomes abandoned.
+    /// A lease that has already ended is never extended again.
     ///
     /// # Errors
     ///
-    /// [`StoreError::LeaseLost`] when the record no longer holds `lease` or
-    /// is no longer in flight.
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`, is
+    /// no longer in flight, or its lease has ended.
     fn renew(
         &self,
         lease: &Lease,
@@ -221,16 +225,31 @@ pub trait Store: Clone + Send + Sync + 'static {
         }
     }
 
-    /// Deletes up to `limit` records past their retention; returns how many.
-    fn purge(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
     /// The registry that wakes requests waiting for an in-flight record.
     fn events(&self) -> &RecordEvents;
+}
 
-    /// The PostgreSQL store behind this one, for transactional mode.
-    /// Stores without PostgreSQL return `None` (the default).
-    #[cfg(feature = "postgres")]
-    fn transactions(&self) -> Option<&postgres::PostgresStore> {
-        None
+/// A store that can delete the records past their retention (every store
+/// here; Redis does it by itself and answers 0). See [`crate::purge`].
+pub trait Purge: Store {
+    /// Deletes up to `limit` records past their retention; returns how many.
+    fn purge(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// A store with PostgreSQL behind it, for transactional mode.
+#[cfg(feature = "postgres")]
+pub trait TransactionalStore: Store {
+    /// The PostgreSQL store whose transactions commit the work's writes
+    /// together with its record; `None` for a runtime choice of store
+    /// ([`AnyStore`]) that has none.
+    fn postgres(&self) -> Option<&postgres::PostgresStore>;
+
+    /// Called after a run's transaction committed its completion (outside
+    /// the store's own calls): a store that wakes other processes by other
+    /// means than PostgreSQL's `NOTIFY` (the tiered store's Redis) does it
+    /// here. The default does nothing.
+    fn committed(&self, lease: &Lease) -> impl Future<Output = ()> + Send {
+        let _ = lease;
+        async {}
     }
 }

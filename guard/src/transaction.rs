@@ -26,10 +26,12 @@ use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::request::Parts;
-use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use crate::problem::Problem;
+use crate::store::Lease;
+use crate::store::postgres::PostgresStore;
 
 /// The handler's share of the guard's transaction: derefs to the
 /// [`PgConnection`] of the transaction that will also commit the stored
@@ -73,12 +75,18 @@ pub enum TxRejection {
     /// The transaction could not begin.
     #[error("the transaction could not begin")]
     Begin(#[source] sqlx::Error),
+    /// The record could not be marked transactional (the store failed, or
+    /// the run no longer holds its lease).
+    #[error("the record could not be marked transactional")]
+    Mark(#[source] crate::StoreError),
 }
 
 impl IntoResponse for TxRejection {
     fn into_response(self) -> Response {
         let (status, name) = match self {
-            Self::Begin(_) => (StatusCode::SERVICE_UNAVAILABLE, "store-unavailable"),
+            Self::Begin(_) | Self::Mark(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "store-unavailable")
+            }
             Self::NotTransactional | Self::InUse => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "transaction-unavailable")
             }
@@ -96,29 +104,23 @@ impl<S: Send + Sync> FromRequestParts<S> for Tx {
             .extensions
             .get::<TransactionSlot>()
             .ok_or(TxRejection::NotTransactional)?;
-        let mut state = Arc::clone(&slot.0)
-            .try_lock_owned()
-            .map_err(|_| TxRejection::InUse)?;
-        if let SlotState::Unused(pool) = &*state {
-            let transaction = pool.begin().await.map_err(TxRejection::Begin)?;
-            *state = SlotState::Open(transaction);
-        }
-        OwnedMutexGuard::try_map(state, |state| match state {
-            SlotState::Open(transaction) => Some(&mut **transaction),
-            _ => None,
-        })
-        .map(Tx)
-        .map_err(|_| TxRejection::InUse)
+        slot.tx().await
     }
 }
 
-/// The transaction of one request, begun on first use by the handler.
+/// The transaction of one run, begun on first use by the work.
 #[derive(Clone)]
 pub(crate) struct TransactionSlot(Arc<Mutex<SlotState>>);
 
-/// Where the request's transaction is: not begun yet, open, or handed back.
+impl std::fmt::Debug for TransactionSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TransactionSlot")
+    }
+}
+
+/// Where the run's transaction is: not begun yet, open, or handed back.
 pub(crate) enum SlotState {
-    Unused(PgPool),
+    Unused(PostgresStore, Lease),
     Open(Transaction<'static, Postgres>),
     Taken,
 }
@@ -128,17 +130,40 @@ pub(crate) enum SlotState {
 pub(crate) struct TxStillInUse;
 
 impl TransactionSlot {
-    pub(crate) fn new(pool: PgPool) -> Self {
-        Self(Arc::new(Mutex::new(SlotState::Unused(pool))))
+    pub(crate) fn new(postgres: PostgresStore, lease: Lease) -> Self {
+        Self(Arc::new(Mutex::new(SlotState::Unused(postgres, lease))))
     }
 
-    /// Takes the transaction back after the handler returned: `None` when
-    /// the handler never began one.
+    /// Hands out the run's transaction, beginning it on first use. Before it
+    /// begins, the record is marked transactional (fenced, committed on its
+    /// own): from then on a lapsed lease means the writes were rolled back.
+    pub(crate) async fn tx(&self) -> Result<Tx, TxRejection> {
+        let mut state = Arc::clone(&self.0)
+            .try_lock_owned()
+            .map_err(|_| TxRejection::InUse)?;
+        if let SlotState::Unused(postgres, lease) = &*state {
+            postgres
+                .mark_transactional(lease)
+                .await
+                .map_err(TxRejection::Mark)?;
+            let transaction = postgres.pool().begin().await.map_err(TxRejection::Begin)?;
+            *state = SlotState::Open(transaction);
+        }
+        OwnedMutexGuard::try_map(state, |state| match state {
+            SlotState::Open(transaction) => Some(&mut **transaction),
+            _ => None,
+        })
+        .map(Tx)
+        .map_err(|_| TxRejection::InUse)
+    }
+
+    /// Takes the transaction back after the work returned: `None` when the
+    /// work never began one.
     pub(crate) fn take(&self) -> Result<Option<Transaction<'static, Postgres>>, TxStillInUse> {
         let mut state = self.0.try_lock().map_err(|_| TxStillInUse)?;
         match std::mem::replace(&mut *state, SlotState::Taken) {
             SlotState::Open(transaction) => Ok(Some(transaction)),
-            SlotState::Unused(_) | SlotState::Taken => Ok(None),
+            SlotState::Unused(..) | SlotState::Taken => Ok(None),
         }
     }
 }

@@ -1,10 +1,14 @@
 //! A TCP forwarder on loopback that can be cut: a network partition between
-//! a client and one server, on demand.
+//! a client and one server, on demand. It can also hold the server's
+//! replies back for a while (a slow network, a reply that arrives after its
+//! sender stopped waiting).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
@@ -13,6 +17,7 @@ pub struct Partition {
     /// Where clients connect instead of the target.
     pub address: SocketAddr,
     cut: Arc<AtomicBool>,
+    reply_delay_ms: Arc<AtomicU64>,
     connections: Arc<Mutex<Vec<AbortHandle>>>,
     accept: AbortHandle,
 }
@@ -29,19 +34,21 @@ impl Partition {
             .expect("bind a free port");
         let address = listener.local_addr().expect("a local address");
         let cut = Arc::new(AtomicBool::new(false));
+        let reply_delay_ms = Arc::new(AtomicU64::new(0));
         let connections: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
         let accept = tokio::spawn({
             let cut = Arc::clone(&cut);
             let connections = Arc::clone(&connections);
+            let reply_delay_ms = Arc::clone(&reply_delay_ms);
             async move {
-                while let Ok((mut inbound, _)) = listener.accept().await {
+                while let Ok((inbound, _)) = listener.accept().await {
                     if cut.load(Ordering::SeqCst) {
                         continue; // dropped: the connection is refused
                     }
+                    let delay = Arc::clone(&reply_delay_ms);
                     let forward = tokio::spawn(async move {
-                        if let Ok(mut outbound) = TcpStream::connect(target).await {
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        if let Ok(outbound) = TcpStream::connect(target).await {
+                            forward(inbound, outbound, delay).await;
                         }
                     });
                     connections
@@ -55,9 +62,18 @@ impl Partition {
         Self {
             address,
             cut,
+            reply_delay_ms,
             connections,
             accept,
         }
+    }
+
+    /// Holds every reply from the server back by `delay` before passing it
+    /// on (zero: pass replies at once). Requests still go through at once,
+    /// so the server acts on them while their replies are late.
+    pub fn delay_replies(&self, delay: Duration) {
+        let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.reply_delay_ms.store(millis, Ordering::SeqCst);
     }
 
     /// Cuts every open connection and refuses new ones until healed.
@@ -76,6 +92,33 @@ impl Partition {
     /// Lets connections through again.
     pub fn heal(&self) {
         self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Copies both ways; the server's replies wait out the current delay.
+async fn forward(inbound: TcpStream, outbound: TcpStream, delay: Arc<AtomicU64>) {
+    let (mut client_read, mut client_write) = inbound.into_split();
+    let (mut server_read, mut server_write) = outbound.into_split();
+    let requests = tokio::io::copy(&mut client_read, &mut server_write);
+    let replies = async {
+        let mut buffer = vec![0_u8; 64 * 1024];
+        loop {
+            let read = match server_read.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(read) => read,
+            };
+            let millis = delay.load(Ordering::SeqCst);
+            if millis > 0 {
+                tokio::time::sleep(Duration::from_millis(millis)).await;
+            }
+            if client_write.write_all(&buffer[..read]).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = requests => {}
+        () = replies => {}
     }
 }
 

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
+#[cfg(feature = "postgres")]
+use crate::store::TransactionalStore;
+use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
 use crate::{Record, RecordEvents, StoredResponse};
 
 /// One of the stores, chosen at run time (an enum that delegates, so the
@@ -166,6 +168,14 @@ impl AnyStore {
                     ));
                 };
                 let cache = connect_redis(url, redis_prefix).await?;
+                // One registry of waiters for both sides; with notifications,
+                // PostgreSQL wakes them too (and alone while Redis is down).
+                let postgres = postgres.with_events(cache.events().clone());
+                let postgres = if notifications {
+                    postgres.with_notifications().await?
+                } else {
+                    postgres
+                };
                 Ok(Self::Tiered(crate::store::tiered::TieredStore::new(
                     postgres, cache,
                 )))
@@ -192,7 +202,7 @@ impl AnyStore {
             #[cfg(feature = "redis")]
             Self::Redis(_) => Ok(()),
             #[cfg(feature = "redis")]
-            Self::Tiered(store) => store.postgres().migrate().await,
+            Self::Tiered(store) => store.database().migrate().await,
         }
     }
 
@@ -293,16 +303,34 @@ impl Store for AnyStore {
         delegate!(self, store => store.get_many(scope, keys).await)
     }
 
-    async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
-        delegate!(self, store => store.purge(limit).await)
-    }
-
     fn events(&self) -> &RecordEvents {
         delegate!(self, store => store.events())
     }
+}
 
-    #[cfg(feature = "postgres")]
-    fn transactions(&self) -> Option<&crate::store::postgres::PostgresStore> {
-        delegate!(self, store => store.transactions())
+impl Purge for AnyStore {
+    async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
+        delegate!(self, store => store.purge(limit).await)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl TransactionalStore for AnyStore {
+    fn postgres(&self) -> Option<&crate::store::postgres::PostgresStore> {
+        match self {
+            Self::Postgres(store) => Some(store),
+            #[cfg(feature = "redis")]
+            Self::Tiered(store) => Some(store.database()),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    async fn committed(&self, lease: &Lease) {
+        #[cfg(feature = "redis")]
+        if let Self::Tiered(store) = self {
+            store.committed(lease).await;
+        }
+        let _ = lease;
     }
 }

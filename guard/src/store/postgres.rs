@@ -10,7 +10,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Row};
 use time::OffsetDateTime;
 
-use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
+use crate::store::{
+    Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError, TransactionalStore,
+};
 use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
 
 /// The columns every read returns, `observed_at` being the database's clock.
@@ -57,11 +59,19 @@ const TAKE_OVER: &str = "update idempotency_records set
 
 const COMPLETE: &str = "update idempotency_records set
         state = 'completed', response_status = $4, response_headers = $5, response_body = $6,
-        completed_at = now()
+        completed_at = clock_timestamp()
     where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'";
 
+/// A lease that has ended cannot be renewed: a renewal that was on its way
+/// when the run was cut off must not revive the abandoned record. The
+/// statement clock (re-read after waiting for a row lock) decides.
 const RENEW: &str = "update idempotency_records
-    set lease_expires_at = now() + $4 * interval '1 millisecond'
+    set lease_expires_at = clock_timestamp() + $4 * interval '1 millisecond'
+    where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'
+      and lease_expires_at > clock_timestamp()";
+
+/// Marks the record transactional when the run begins its transaction.
+const MARK_TRANSACTIONAL: &str = "update idempotency_records set transactional = true
     where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'";
 
 const RELEASE: &str = "delete from idempotency_records
@@ -245,6 +255,20 @@ impl PostgresStore {
         fenced(result.rows_affected())?;
         // Delivered when the transaction commits.
         self.notify(&mut *transaction, lease).await
+    }
+
+    /// Marks the record held by `lease` transactional, committed on its own
+    /// before the run's transaction begins: from then on a lapsed lease
+    /// means the run's writes were rolled back, so the key may run again.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
+    pub async fn mark_transactional(&self, lease: &Lease) -> Result<(), StoreError> {
+        let result = lease_query(MARK_TRANSACTIONAL, lease)
+            .execute(&self.pool)
+            .await?;
+        fenced(result.rows_affected())
     }
 
     /// Releases the record inside `transaction` (a `no-store` answer in
@@ -449,6 +473,12 @@ impl Store for PostgresStore {
         Ok(keys.iter().map(|key| found.get(*key).cloned()).collect())
     }
 
+    fn events(&self) -> &RecordEvents {
+        &self.events
+    }
+}
+
+impl Purge for PostgresStore {
     async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
         let result = sqlx::query(PURGE)
             .bind(i64::from(limit))
@@ -456,12 +486,10 @@ impl Store for PostgresStore {
             .await?;
         Ok(result.rows_affected())
     }
+}
 
-    fn events(&self) -> &RecordEvents {
-        &self.events
-    }
-
-    fn transactions(&self) -> Option<&PostgresStore> {
+impl TransactionalStore for PostgresStore {
+    fn postgres(&self) -> Option<&PostgresStore> {
         Some(self)
     }
 }

@@ -6,7 +6,8 @@
 //! operation is one Lua script on that single key: atomic on one Redis, and
 //! on a cluster within the key's one hash slot. Times come from the server's
 //! own clock (`TIME`), retention from native expiry (`PEXPIREAT`), so
-//! [`Store::purge`] has nothing to do.
+//! [`Purge::purge`] has nothing to do. The scripts live in
+//! `store/redis/*.lua`.
 //!
 //! Completions, releases and abandonments are published on
 //! `<prefix>:events`; every store subscribes, so a request waiting for an
@@ -26,7 +27,7 @@ use redis::{Script, Value};
 use time::OffsetDateTime;
 
 use crate::record::CorruptRecord;
-use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
+use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
 use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
 
 /// The fields of a record's hash, one letter each (Redis keeps and sends
@@ -37,100 +38,21 @@ use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
 /// (packed by [`encode_response`]) and `c` completion time, once completed.
 const FIELDS: [&str; 8] = ["t", "s", "l", "e", "n", "m", "p", "c"];
 
-/// Reads the server's clock in milliseconds; shared by every script.
-const NOW: &str = "local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-";
+/// A script assembled from the files under `store/redis/`, in order (the
+/// shared pieces first: the clock, the fence, the record writer).
+macro_rules! script {
+    ($($file:literal),+) => {
+        LazyLock::new(|| Script::new(concat!($(include_str!(concat!("redis/", $file))),+)))
+    };
+}
 
-/// Writes a fresh in-flight record.
-const WRITE_NEW: &str = "local function write_new(token, lease, retention, request)
-  local expires = now + tonumber(retention)
-  redis.call('HSET', KEYS[1], 't', token, 's', 'f', 'l', now + tonumber(lease), 'e', expires, 'n', now, 'm', request)
-  redis.call('PEXPIREAT', KEYS[1], expires)
-end
-";
-
-/// Claim: create the record (ARGV: token, lease ms, retention ms, packed
-/// request), or return the existing one's fields, with the clock.
-static CLAIM: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{NOW}{WRITE_NEW}
-local fields = redis.call('HMGET', KEYS[1], 't', 's', 'l', 'e', 'n', 'm', 'p', 'c')
-if fields[1] then return {{0, now, fields}} end
-write_new(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-return {{1, now}}"
-    ))
-});
-
-/// Take over the record holding token ARGV[1] if its retention or lease
-/// ended (ARGV 2..5: the new token, lease, retention, packed request).
-static TAKE_OVER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{NOW}{WRITE_NEW}
-local old = redis.call('HMGET', KEYS[1], 't', 's', 'l', 'e')
-if old[1] ~= ARGV[1] then return 0 end
-if not (tonumber(old[4]) <= now or (old[2] == 'f' and tonumber(old[3]) <= now)) then return 0 end
-redis.call('DEL', KEYS[1])
-write_new(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
-return 1"
-    ))
-});
-
-/// The fence every later write starts with: the record is in flight and
-/// holds token ARGV[1].
-const FENCE: &str = "local held = redis.call('HMGET', KEYS[1], 't', 's')
-if held[1] ~= ARGV[1] or held[2] ~= 'f' then return 0 end
-";
-
-/// Complete: store the packed response ARGV[2]; publish on ARGV[3].
-static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{FENCE}{NOW}
-redis.call('HSET', KEYS[1], 's', 'c', 'p', ARGV[2], 'c', now)
-redis.call('PUBLISH', ARGV[3], KEYS[1])
-return 1"
-    ))
-});
-
-/// Renew the lease to ARGV[2] ms from now; a zero renewal ends it and is
-/// published on ARGV[3].
-static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{FENCE}{NOW}
-redis.call('HSET', KEYS[1], 'l', now + tonumber(ARGV[2]))
-if tonumber(ARGV[2]) == 0 then redis.call('PUBLISH', ARGV[3], KEYS[1]) end
-return 1"
-    ))
-});
-
-/// Release: delete the in-flight record; publish on ARGV[2].
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{FENCE}
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], KEYS[1])
-return 1"
-    ))
-});
-
-/// Get: the record's fields and the clock, in one round trip.
-static GET: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{NOW}return {{now, redis.call('HMGET', KEYS[1], 't', 's', 'l', 'e', 'n', 'm', 'p', 'c')}}"
-    ))
-});
-
-/// Cache a completed record: replace the entry whole (one script, so no
-/// reader ever sees part of it) and expire it at ARGV[1] (ms); the fields
-/// follow as name/value pairs.
-static CACHE_PUT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-redis.call('PEXPIREAT', KEYS[1], ARGV[1])
-return 1",
-    )
-});
+static CLAIM: LazyLock<Script> = script!("now.lua", "write_new.lua", "claim.lua");
+static TAKE_OVER: LazyLock<Script> = script!("now.lua", "write_new.lua", "take_over.lua");
+static COMPLETE: LazyLock<Script> = script!("fence.lua", "now.lua", "complete.lua");
+static RENEW: LazyLock<Script> = script!("fence.lua", "now.lua", "renew.lua");
+static RELEASE: LazyLock<Script> = script!("fence.lua", "release.lua");
+static GET: LazyLock<Script> = script!("now.lua", "get.lua");
+static CACHE_PUT: LazyLock<Script> = script!("cache_put.lua");
 
 /// Packs the immutable part of a record: fingerprint (32 bytes), the
 /// transactional flag (1), the method's length (1), the method, the path.
@@ -357,12 +279,8 @@ impl RedisStore {
         }
     }
 
-    /// Caches a completed record until `expire_at` (tiered store).
-    pub(crate) async fn cache_put(
-        &self,
-        record: &Record,
-        expire_at: OffsetDateTime,
-    ) -> Result<(), StoreError> {
+    /// Caches a completed record for `ttl` (tiered store).
+    pub(crate) async fn cache_put(&self, record: &Record, ttl: Duration) -> Result<(), StoreError> {
         let Some(response) = &record.response else {
             return Ok(());
         };
@@ -372,7 +290,7 @@ impl RedisStore {
         let mut invocation = CACHE_PUT.prepare_invoke();
         invocation
             .key(record_key(&self.prefix, CACHED, &record.scope, &record.key))
-            .arg(millis_of(expire_at))
+            .arg(millis(ttl).max(1))
             .arg("t")
             .arg(record.lease_token.as_uuid().as_bytes().as_slice())
             .arg("s")
@@ -644,13 +562,15 @@ impl Store for RedisStore {
         futures_util::future::try_join_all(keys.iter().map(|key| self.get(scope, key))).await
     }
 
+    fn events(&self) -> &RecordEvents {
+        &self.events
+    }
+}
+
+impl Purge for RedisStore {
     async fn purge(&self, _limit: u32) -> Result<u64, StoreError> {
         // Records expire natively at the end of their retention.
         Ok(0)
-    }
-
-    fn events(&self) -> &RecordEvents {
-        &self.events
     }
 }
 

@@ -7,8 +7,9 @@
 //! are answered from Redis in one round trip, without touching PostgreSQL.
 //!
 //! A copy is written whole by one script and expires a second before its
-//! record's retention ends, so Redis never answers from a partial or stale
-//! entry. Copies are made when PostgreSQL first answers with a completed
+//! record's retention ends (a time to live measured on PostgreSQL's clock
+//! and counted down by Redis, so a skewed clock cannot stretch it), so
+//! Redis never answers from a partial or stale entry. Copies are made when PostgreSQL first answers with a completed
 //! record (the first replay or status read), never speculatively.
 //!
 //! If Redis fails or hangs, the store keeps working on PostgreSQL alone:
@@ -30,7 +31,9 @@ use time::OffsetDateTime;
 
 use crate::store::postgres::PostgresStore;
 use crate::store::redis::RedisStore;
-use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
+use crate::store::{
+    Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError, TransactionalStore,
+};
 use crate::{Record, RecordEvents, RecordState, StoredResponse};
 
 /// Redis calls that fell back to PostgreSQL, by operation.
@@ -69,7 +72,7 @@ impl TieredStore {
     }
 
     /// The PostgreSQL store behind the cache.
-    pub fn postgres(&self) -> &PostgresStore {
+    pub fn database(&self) -> &PostgresStore {
         &self.postgres
     }
 
@@ -119,13 +122,17 @@ impl TieredStore {
         if record.state() != RecordState::Completed {
             return;
         }
-        // Expire the copy before the record, measured on PostgreSQL's clock.
+        // Expire the copy before the record: a duration measured on
+        // PostgreSQL's clock, which Redis counts down on its own (no two
+        // clocks are ever compared).
         let remaining = record.expires_at - record.observed_at - EXPIRY_MARGIN;
-        if remaining <= time::Duration::ZERO {
+        let Ok(ttl) = Duration::try_from(remaining) else {
+            return;
+        };
+        if ttl.is_zero() {
             return;
         }
-        let expire_at = OffsetDateTime::now_utc() + remaining;
-        self.cached("cache_put", self.cache.cache_put(record, expire_at))
+        self.cached("cache_put", self.cache.cache_put(record, ttl))
             .await;
     }
 
@@ -197,16 +204,26 @@ impl Store for TieredStore {
         self.postgres.get_many(scope, keys).await
     }
 
+    fn events(&self) -> &RecordEvents {
+        self.cache.events()
+    }
+}
+
+impl Purge for TieredStore {
     async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
         // Cached copies expire by themselves, before their records.
         self.postgres.purge(limit).await
     }
+}
 
-    fn events(&self) -> &RecordEvents {
-        self.cache.events()
+impl TransactionalStore for TieredStore {
+    fn postgres(&self) -> Option<&PostgresStore> {
+        Some(&self.postgres)
     }
 
-    fn transactions(&self) -> Option<&PostgresStore> {
-        Some(&self.postgres)
+    async fn committed(&self, lease: &Lease) {
+        // The completion committed in PostgreSQL, outside this store's own
+        // calls: wake waiters in other processes through Redis too.
+        self.announce(lease).await;
     }
 }

@@ -481,16 +481,32 @@ pub(crate) async fn unstored_statuses_release_the_key<S: Store>(db: TestDb<S>) {
     assert!(!send(&router, "no-store", "{}").await.replayed());
     expected_runs += 2;
     // A 4xx answer is an answer: it is stored and replayed.
+    for (key, status, marked) in [("conflict", "409", false), ("declined", "422", true)] {
+        let mut request = post(key).header("x-status", status);
+        if marked {
+            request = request.header("x-final", "1");
+        }
+        let answer = call(&router, with_body(request, "{}")).await;
+        assert_eq!(answer.status.as_str(), status);
+        let replay = send(&router, key, "{}").await;
+        assert_eq!(replay.status.as_str(), status, "{status}: replayed");
+        assert!(replay.replayed(), "{status}: replayed");
+        expected_runs += 1;
+    }
+    // An unmarked 400/413/415/422 is taken for an extractor's rejection
+    // (nothing ran): released, so the corrected request runs (Stripe's rule).
     let answer = call(
         &router,
-        with_body(post("bad").header("x-status", "422"), "{}"),
+        with_body(post("rejected").header("x-status", "422"), "{}"),
     )
     .await;
     assert_eq!(answer.status, StatusCode::UNPROCESSABLE_ENTITY);
-    let replay = send(&router, "bad", "{}").await;
-    assert_eq!(replay.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(replay.replayed());
-    expected_runs += 1;
+    assert!(db.store.get("default", "rejected").await.unwrap().is_none());
+    assert_eq!(
+        send(&router, "rejected", "{}").await.status,
+        StatusCode::CREATED
+    );
+    expected_runs += 2;
     assert_eq!(runs.get(), expected_runs);
 }
 

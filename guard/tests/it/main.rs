@@ -13,6 +13,9 @@ mod support;
 mod store_suite;
 #[macro_use]
 mod guard_suite;
+#[macro_use]
+mod engine_suite;
+mod cancellation;
 mod cross_process;
 mod metrics_probe;
 mod migrations;
@@ -25,6 +28,12 @@ store_suite!(sqlite_store, idempotency_tests::sqlite);
 store_suite!(redis_store, idempotency_tests::redis);
 store_suite!(redis_cluster_store, idempotency_tests::redis_cluster);
 store_suite!(tiered_store, idempotency_tests::tiered);
+
+engine_suite!(postgres_engine, idempotency_tests::postgres);
+engine_suite!(sqlite_engine, idempotency_tests::sqlite);
+engine_suite!(redis_engine, idempotency_tests::redis);
+engine_suite!(redis_cluster_engine, idempotency_tests::redis_cluster);
+engine_suite!(tiered_engine, idempotency_tests::tiered);
 
 guard_suite!(postgres_guard, idempotency_tests::postgres);
 guard_suite!(sqlite_guard, idempotency_tests::sqlite);

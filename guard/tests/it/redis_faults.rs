@@ -291,3 +291,43 @@ async fn a_cached_copy_never_outlives_its_record() {
     assert!(!again.replayed(), "a new run, not a stale copy");
     assert_eq!(runs.of("short-lived"), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_whose_reply_comes_too_late_is_released_and_runs_once_later() {
+    let db = idempotency_tests::redis().await;
+    let runs = Runs::default();
+    let router = app(IdempotencyLayer::new(db.store.clone()), &runs, "slow");
+    // Redis acts on the claim at once, but its reply arrives after the
+    // client's 2 s response timeout: the request is refused (503), yet the
+    // record exists. Some task must free it.
+    let partition = db.redis_partition().unwrap();
+    partition.delay_replies(Duration::from_millis(2600));
+    let refused = call(&router, request("late-reply", 0)).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.problem(), "store-unavailable");
+    partition.delay_replies(Duration::ZERO);
+    // The background release lands (it went to Redis right behind the claim).
+    let mut record = db.store.get("default", "late-reply").await;
+    for _ in 0..50 {
+        if matches!(record, Ok(None)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        record = db.store.get("default", "late-reply").await;
+    }
+    assert!(
+        matches!(record, Ok(None)),
+        "the late claim was left behind: {record:?}"
+    );
+    let retry = call(&router, request("late-reply", 0)).await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "the retry got {:?}",
+        retry.body
+    );
+    assert_eq!(runs.of("late-reply"), 1);
+    let replay = call(&router, request("late-reply", 0)).await;
+    assert!(replay.replayed());
+    assert_eq!(runs.of("late-reply"), 1);
+}

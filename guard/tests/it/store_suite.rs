@@ -335,7 +335,11 @@ pub(crate) async fn take_over_replaces_an_expired_record<S: Store>(store: S) {
     assert!(!record.is_expired());
 }
 
-pub(crate) async fn purge_removes_expired_records_and_only_those<S: Store>(store: S) {
+pub(crate) async fn purge_removes_expired_records_and_only_those<
+    S: Store + idempotency_guard::Purge,
+>(
+    store: S,
+) {
     for i in 0..25 {
         let key = format!("short-{i}");
         let lease = acquire(

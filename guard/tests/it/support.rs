@@ -28,7 +28,8 @@ impl Runs {
 /// The test handler. It counts its run first, then reads its orders from
 /// request headers (headers are not part of the fingerprint):
 /// `x-delay-ms` (sleep), `x-status` (answer this status), `x-panic`,
-/// `x-body-bytes` (answer a body of that many bytes), `x-no-store`.
+/// `x-body-bytes` (answer a body of that many bytes), `x-no-store`,
+/// `x-final` (mark a 4xx as the handler's own decision, stored).
 async fn handler(State(runs): State<Runs>, headers: HeaderMap, body: Bytes) -> Response<Body> {
     let run = runs.0.fetch_add(1, Ordering::SeqCst) + 1;
     let header = |name: &str| {
@@ -63,6 +64,9 @@ async fn handler(State(runs): State<Runs>, headers: HeaderMap, body: Bytes) -> R
         .header("date", "Sun, 06 Nov 1994 08:49:37 GMT");
     if header("x-no-store").is_some() {
         response = response.header("cache-control", "no-store");
+    }
+    if header("x-final").is_some() {
+        response = response.extension(idempotency_guard::FinalResponse);
     }
     response.body(Body::from(body)).unwrap()
 }

@@ -231,3 +231,78 @@ async fn concurrent_identical_requests_write_once() {
         1
     );
 }
+
+/// A handler on a transactional route that never takes its `Tx`: its
+/// effects (here, only a counter) are outside any transaction.
+async fn outside_effect(State(runs): State<Arc<std::sync::atomic::AtomicUsize>>) -> StatusCode {
+    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    StatusCode::CREATED
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_without_tx_killed_mid_way_is_not_run_again() {
+    let db = postgres().await;
+    let schema: String = sqlx::query_scalar("select current_schema()")
+        .fetch_one(db.store.pool())
+        .await
+        .unwrap();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // The "process" that crashes: a runtime of its own, shut down mid-run
+    // (its tasks vanish, nothing renews the 1 s lease).
+    let (running_tx, running) = std::sync::mpsc::channel();
+    let (crash, crashed) = std::sync::mpsc::channel::<()>();
+    let process = std::thread::spawn({
+        let runs = Arc::clone(&runs);
+        move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.spawn(async move {
+                let url = format!(
+                    "{}?options=-csearch_path%3D{schema}",
+                    idempotency_tests::fixtures::postgres_url()
+                );
+                let store = PostgresStore::connect(&url, 4).await.unwrap();
+                let layer = IdempotencyLayer::new(store)
+                    .with_transactional_mode(true)
+                    .with_lease(Duration::from_secs(1));
+                let router = Router::new()
+                    .route("/things", post(outside_effect))
+                    .route_layer(layer)
+                    .with_state(Arc::clone(&runs));
+                let pending = tokio::spawn(async move { send(&router, "no-tx", "{}").await });
+                while runs.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                running_tx.send(()).unwrap();
+                let _ = pending.await;
+            });
+            crashed.recv().unwrap();
+            runtime.shutdown_background();
+        }
+    });
+    running
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the handler started");
+    crash.send(()).unwrap();
+    process.join().unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let record = db.store.get("default", "no-tx").await.unwrap().unwrap();
+    assert!(
+        !record.transactional,
+        "a run that never began its transaction was recorded as transactional"
+    );
+    assert_eq!(record.state(), RecordState::Abandoned);
+    // After the restart: the same request must not run again.
+    let guard = IdempotencyLayer::new(db.store.clone()).with_transactional_mode(true);
+    let router = Router::new()
+        .route("/things", post(outside_effect))
+        .route_layer(guard)
+        .with_state(Arc::clone(&runs));
+    let retry = send(&router, "no-tx", "{}").await;
+    assert_eq!(retry.problem(), "outcome-unknown");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -1,0 +1,181 @@
+//! Steps 2 and 3 of a run: claim the key, or decide about its record.
+//!
+//! Every claim and takeover of one run uses the same lease token, so a
+//! record that carries it is this run's own, whatever the reply that was
+//! lost on the way (a client library that retried a timed-out script gets
+//! `Existing` back for its own first attempt).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Answer, Engine, Job, Refusal};
+use crate::decision::{Decision, InFlightPolicy, decide};
+use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
+use crate::{Record, RecordState};
+
+/// How many times one run claims again after losing a race (the record
+/// changed between two reads) before it answers in-flight.
+const MAX_CLAIM_ROUNDS: usize = 8;
+
+/// How often a background release is tried, while a late claim may land.
+const RELEASE_PAUSE: Duration = Duration::from_millis(250);
+
+/// What [`Engine::acquire`] ends with.
+pub(super) enum Acquired<T> {
+    /// This run holds the lease: run the work.
+    Lease(Lease),
+    /// Answer the caller without running.
+    Answer(Answer<T>),
+    /// The store failed: fail closed or open.
+    StoreFailed,
+}
+
+impl<S: Store> Engine<S> {
+    fn new_record<'a>(&self, job: &'a Job, token: LeaseToken) -> NewRecord<'a> {
+        NewRecord {
+            scope: &job.scope,
+            key: &job.key,
+            fingerprint: &job.fingerprint,
+            method: &job.method,
+            path: &job.path,
+            token,
+            lease: self.config.lease,
+            retention: self.config.retention,
+            // Marked when the work begins its transaction, not before: a
+            // run that never does is an ordinary one (see `Tx`).
+            transactional: false,
+        }
+    }
+
+    /// Claims `job`'s key, taking over or waiting as the policy says.
+    pub(super) async fn acquire<T>(&self, job: &Job) -> Acquired<T> {
+        let token = LeaseToken::new();
+        let new = self.new_record(job, token);
+        let wait_until = match self.config.policy.in_flight {
+            InFlightPolicy::Wait(bound) => Instant::now() + bound,
+            InFlightPolicy::Reject => Instant::now(),
+        };
+        for _ in 0..MAX_CLAIM_ROUNDS {
+            let mut record = match self.timed("claim", self.store.claim(&new)).await {
+                Ok(Claim::Acquired(lease)) => return Acquired::Lease(lease),
+                Ok(Claim::Existing(record)) if record.lease_token == token => {
+                    // Our own claim, landed by an earlier attempt whose reply was lost.
+                    return Acquired::Lease(new.lease());
+                }
+                Ok(Claim::Existing(record)) => *record,
+                Err(error) => return self.sent_and_failed(&new, "claim", error),
+            };
+            // Decide about the record, waiting for it where the policy waits.
+            loop {
+                let wait_left = wait_until.saturating_duration_since(Instant::now());
+                let refuse = |refusal| Acquired::Answer(Answer::Refused(refusal));
+                match decide(&record, &job.fingerprint, &self.config.policy, wait_left) {
+                    Decision::Replay => {
+                        return match record.response {
+                            Some(stored) if stored.body.is_some() => {
+                                Acquired::Answer(Answer::Replay(stored))
+                            }
+                            _ => refuse(Refusal::ResponseNotStored),
+                        };
+                    }
+                    Decision::ResponseNotStored => return refuse(Refusal::ResponseNotStored),
+                    Decision::KeyReused => return refuse(Refusal::KeyReused),
+                    Decision::InFlight { retry_after } => {
+                        return refuse(Refusal::InFlight { retry_after });
+                    }
+                    Decision::OutcomeUnknown => return refuse(Refusal::OutcomeUnknown),
+                    Decision::Wait => match self.wait_for_change(job, &record, wait_left).await {
+                        Ok(Some(changed)) => record = changed,
+                        Ok(None) => break, // released meanwhile: claim again
+                        Err(error) => {
+                            tracing::warn!(error = %error, "idempotency store failed while waiting");
+                            return Acquired::StoreFailed;
+                        }
+                    },
+                    Decision::TakeOver => {
+                        match self
+                            .timed("take_over", self.store.take_over(record.lease_token, &new))
+                            .await
+                        {
+                            Ok(Some(lease)) => return Acquired::Lease(lease),
+                            // Changed meanwhile (perhaps by this very takeover,
+                            // retried): claim again, which recognizes our token.
+                            Ok(None) => break,
+                            Err(error) => return self.sent_and_failed(&new, "take_over", error),
+                        }
+                    }
+                }
+            }
+        }
+        Acquired::Answer(Answer::Refused(Refusal::InFlight {
+            retry_after: self.config.policy.retry_after,
+        }))
+    }
+
+    /// A claim or takeover failed after it may have been sent: it may have
+    /// landed (a reply lost, a commit whose answer never came) or may still
+    /// land (queued behind a lock). Free the key if it did.
+    fn sent_and_failed<T>(
+        &self,
+        new: &NewRecord<'_>,
+        operation: &str,
+        error: StoreError,
+    ) -> Acquired<T> {
+        tracing::warn!(error = %error, operation, "idempotency store failed; releasing the claim in case it landed");
+        self.release_in_background(new.lease());
+        Acquired::StoreFailed
+    }
+
+    /// Frees a lease from a tracked task of its own, fenced by its token.
+    ///
+    /// The write being released may land in the store after its sender gave
+    /// up, so the release is tried every quarter second for twice the store
+    /// timeout, whatever each try answers. The token is this run's own, so
+    /// nothing else is ever touched.
+    pub(super) fn release_in_background(&self, lease: Lease) {
+        let store = self.store.clone();
+        let timeout = self.config.store_timeout;
+        self.tracker.spawn(async move {
+            let attempts = (2 * timeout.as_millis() / RELEASE_PAUSE.as_millis()).max(4);
+            for _ in 0..attempts {
+                // A refusal (`LeaseLost`) may mean the claim has not landed
+                // yet, and a client library may even send it again: keep
+                // trying for the whole window.
+                if let Ok(Ok(())) = tokio::time::timeout(timeout, store.release(&lease)).await {
+                    store.events().publish(&lease.scope, &lease.key);
+                }
+                tokio::time::sleep(RELEASE_PAUSE).await;
+            }
+        });
+    }
+
+    /// Waits (up to `wait_left`) until the in-flight `record` changes, and
+    /// reads it again. `None` when the record is gone.
+    async fn wait_for_change(
+        &self,
+        job: &Job,
+        record: &Record,
+        wait_left: Duration,
+    ) -> Result<Option<Record>, StoreError> {
+        // Subscribe before reading again, so a completion in between is seen.
+        let subscription = self.store.events().subscribe(&job.scope, &job.key);
+        let current = self
+            .timed("get", self.store.get(&job.scope, &job.key))
+            .await?;
+        match current {
+            Some(current)
+                if current.lease_token == record.lease_token
+                    && current.state() == RecordState::InFlight =>
+            {
+                // Still the same run: wait for its end, bounded by the wait
+                // and by its lease (a crashed holder publishes nothing).
+                let bound = wait_left.min(current.lease_remaining());
+                let _ = tokio::time::timeout(bound, subscription.changed()).await;
+                self.timed("get", self.store.get(&job.scope, &job.key))
+                    .await
+            }
+            other => Ok(other),
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Step 5 of a run: write its end to the store, fenced by its lease, or in
+//! its transaction when the work began one.
+
+use std::time::Duration;
+
+use super::Engine;
+use crate::StoredResponse;
+use crate::store::{Lease, Store, StoreError};
+
+/// How a run ended, as far as its record is concerned.
+pub(super) enum Ending<'a> {
+    /// Store this outcome (in a transaction: commit the work's writes with it).
+    Complete(&'a StoredResponse),
+    /// Delete the record; in a transaction, commit the work's writes
+    /// (`keep_writes`, a success not to be stored) or roll them back.
+    Release {
+        /// Whether the work's writes commit.
+        keep_writes: bool,
+    },
+    /// Cut off at the maximum handler time: in a transaction, roll back and
+    /// release; otherwise end the lease so the record becomes abandoned.
+    CutOff,
+}
+
+impl Ending<'_> {
+    /// The store operation, for the lease-lost metric.
+    pub(super) fn operation(&self) -> &'static str {
+        match self {
+            Self::Complete(_) => "complete",
+            Self::Release { .. } => "release",
+            Self::CutOff => "renew",
+        }
+    }
+}
+
+/// A failed settlement, and whether the work's writes were rolled back (or
+/// may have been: a commit that did not confirm).
+pub(super) struct SettleError {
+    pub(super) error: StoreError,
+    pub(super) rolled_back: bool,
+}
+
+/// The run's transaction in transactional mode (`None` otherwise).
+#[cfg(feature = "postgres")]
+pub(super) struct Transaction(pub(super) Option<crate::transaction::TransactionSlot>);
+
+/// No transactions without PostgreSQL.
+#[cfg(not(feature = "postgres"))]
+pub(super) struct Transaction;
+
+impl<S: Store> Engine<S> {
+    /// Writes the end of a run: in the work's transaction when it began
+    /// one, else with the fenced store operations. `Ok(true)` when it went
+    /// through the transaction (for a cut-off: the writes were rolled back).
+    pub(super) async fn settle(
+        &self,
+        lease: &Lease,
+        transaction: &Transaction,
+        ending: Ending<'_>,
+    ) -> Result<bool, SettleError> {
+        #[cfg(feature = "postgres")]
+        if let Some(slot) = &transaction.0 {
+            match slot.take() {
+                Ok(Some(open)) => {
+                    return self
+                        .settle_in_transaction(lease, open, ending)
+                        .await
+                        .map(|()| true);
+                }
+                Ok(None) => {}
+                Err(crate::transaction::TxStillInUse) => {
+                    // A leaked `Tx` keeps the transaction: it rolls back when
+                    // dropped. Free the key so a retry runs.
+                    tracing::error!(
+                        "the work kept its Tx after it returned; its writes are rolled back"
+                    );
+                    let error = match self.timed("release", self.store.release(lease)).await {
+                        Ok(()) => StoreError::Unsupported("a Tx outliving its work"),
+                        Err(error) => error,
+                    };
+                    return Err(SettleError {
+                        error,
+                        rolled_back: true,
+                    });
+                }
+            }
+        }
+        #[cfg(not(feature = "postgres"))]
+        let Transaction = transaction;
+        let result = match ending {
+            Ending::Complete(stored) => self.complete_with_retries(lease, stored).await,
+            Ending::Release { .. } => self.timed("release", self.store.release(lease)).await,
+            Ending::CutOff => {
+                self.timed("renew", self.store.renew(lease, Duration::ZERO))
+                    .await
+            }
+        };
+        result.map(|()| false).map_err(|error| SettleError {
+            error,
+            rolled_back: false,
+        })
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn settle_in_transaction(
+        &self,
+        lease: &Lease,
+        mut transaction: sqlx::Transaction<'static, sqlx::Postgres>,
+        ending: Ending<'_>,
+    ) -> Result<(), SettleError> {
+        let rolled_back = |error| SettleError {
+            error,
+            rolled_back: true,
+        };
+        let Some(transactions) = self.config.transactions.as_ref() else {
+            return Err(rolled_back(StoreError::Unsupported("transactions")));
+        };
+        let postgres = &transactions.postgres;
+        let written = match ending {
+            Ending::Complete(stored) => {
+                self.timed(
+                    "complete",
+                    postgres.complete_in(&mut transaction, lease, stored),
+                )
+                .await
+            }
+            Ending::Release { keep_writes: true } => {
+                self.timed("release", postgres.release_in(&mut transaction, lease))
+                    .await
+            }
+            Ending::Release { keep_writes: false } | Ending::CutOff => {
+                // Roll the writes back, then free the key: nothing ran.
+                let _ = transaction.rollback().await;
+                return self
+                    .timed("release", self.store.release(lease))
+                    .await
+                    .map_err(rolled_back);
+            }
+        };
+        if let Err(error) = written {
+            let _ = transaction.rollback().await;
+            return Err(rolled_back(error));
+        }
+        let commit = async { transaction.commit().await.map_err(StoreError::from) };
+        self.timed("commit", commit).await.map_err(rolled_back)?;
+        transactions.committed(lease).await;
+        Ok(())
+    }
+
+    /// Completes the record, trying again on transient failures: an outcome
+    /// that is not stored turns into an unknown outcome for every retry.
+    async fn complete_with_retries(
+        &self,
+        lease: &Lease,
+        stored: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let mut pause = Duration::from_millis(50);
+        for _ in 0..2 {
+            match self
+                .timed("complete", self.store.complete(lease, stored))
+                .await
+            {
+                Err(StoreError::Unavailable(_) | StoreError::Timeout(_)) => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                other => return other,
+            }
+        }
+        self.timed("complete", self.store.complete(lease, stored))
+            .await
+    }
+}

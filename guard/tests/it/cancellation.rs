@@ -1,0 +1,75 @@
+//! A caller that goes away while its claim is held up in the store (behind
+//! a lock): the claim lands after the caller left, and the engine's task
+//! still owns it. The key ends completed (the run finished and replays) or
+//! free, never stranded in flight or "outcome unknown".
+
+use std::time::Duration;
+
+use http::StatusCode;
+use idempotency_guard::{IdempotencyLayer, LeaseToken, RecordState, Store};
+
+use crate::support::{app, send};
+
+/// Waits until the record of `key` is settled (completed or gone).
+async fn settled<S: Store>(store: &S, key: &str) -> Option<RecordState> {
+    for _ in 0..100 {
+        let state = store
+            .get("default", key)
+            .await
+            .unwrap()
+            .map(|record| record.state());
+        if state != Some(RecordState::InFlight) {
+            return state;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the record of {key} stayed in flight: nobody owns the claim");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn client_gone_while_sqlite_write_lock_holds_the_claim() {
+    let db = idempotency_tests::sqlite().await;
+    let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
+    let mut blocker = db.store.pool().acquire().await.unwrap();
+    sqlx::query("begin immediate")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let gone = tokio::time::timeout(Duration::from_millis(400), send(&router, "held", "{}")).await;
+    assert!(gone.is_err(), "the claim was not held up by the write lock");
+    sqlx::query("commit").execute(&mut *blocker).await.unwrap();
+    drop(blocker);
+    let state = settled(&db.store, "held").await;
+    assert_ne!(state, Some(RecordState::Abandoned), "the key was stranded");
+    let retry = send(&router, "held", "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert_eq!(runs.get(), 1, "the handler ran {} times", runs.get());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn client_gone_while_postgres_row_lock_holds_the_claim() {
+    let db = idempotency_tests::postgres().await;
+    let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
+    // An uncommitted insert of the same key: the claim's insert waits for it.
+    let mut blocker = db.store.pool().begin().await.unwrap();
+    sqlx::query(
+        "insert into idempotency_records
+            (scope, key, fingerprint, method, path, state, lease_token, lease_expires_at,
+             transactional, created_at, expires_at)
+         values ('default', 'held', $1, 'POST', '/things', 'in_flight', $2,
+                 now() + interval '1 minute', false, now(), now() + interval '1 hour')",
+    )
+    .bind(vec![0_u8; 32])
+    .bind(LeaseToken::new().as_uuid())
+    .execute(&mut *blocker)
+    .await
+    .unwrap();
+    let gone = tokio::time::timeout(Duration::from_millis(400), send(&router, "held", "{}")).await;
+    assert!(gone.is_err(), "the claim was not held up by the row lock");
+    blocker.rollback().await.unwrap();
+    let state = settled(&db.store, "held").await;
+    assert_ne!(state, Some(RecordState::Abandoned), "the key was stranded");
+    let retry = send(&router, "held", "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert_eq!(runs.get(), 1, "the handler ran {} times", runs.get());
+}
