@@ -107,7 +107,7 @@ mod retry_after;
 pub mod status;
 pub mod telemetry;
 
-pub use backoff::Backoff;
+pub use backoff::{Backoff, Jitter};
 pub use breaker::CircuitBreaker;
 pub use budget::RetryBudget;
 pub use error::{ErrorKind, Failure, RetryError};
