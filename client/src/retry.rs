@@ -47,10 +47,11 @@ const PROBLEM_LIMIT: u64 = 16 * 1024;
 /// Clones share their budgets and breakers.
 ///
 /// ```no_run
-/// use idempotency_client::{RetryClient, StatusClient};
+/// use idempotency_client::{Policy, RetryClient, StatusClient};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = RetryClient::new(reqwest::Client::new())
+///     .with_endpoint("create-payment", Policy::guarded_write())
 ///     .with_status_client(StatusClient::new("http://127.0.0.1:8080", "token-of-tenant-a"));
 /// let payment = serde_json::json!({"amount": 4200, "currency": "EUR"});
 /// let response = client
@@ -228,11 +229,11 @@ impl RetryClient {
     /// from the policy of its first call.
     ///
     /// ```
-    /// use idempotency_client::{CircuitBreaker, Kind, Policy, RetryClient};
+    /// use idempotency_client::{CircuitBreaker, Policy, RetryClient};
     ///
     /// let client = RetryClient::new(reqwest::Client::new()).with_endpoint(
     ///     "create-payment",
-    ///     Policy::new(Kind::Write).with_circuit_breaker(CircuitBreaker::new(5)),
+    ///     Policy::guarded_write().with_circuit_breaker(CircuitBreaker::new(5)),
     /// );
     /// # drop(client);
     /// ```
