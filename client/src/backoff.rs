@@ -1,6 +1,11 @@
 //! Exponential backoff with full jitter: the pause before retry `n` is drawn
 //! uniformly from `[0, min(cap, base × 2^n))`, so that clients that failed
-//! together do not come back together.
+//! together do not come back together. (Equal jitter, drawn from the upper
+//! half of that range, is the option for callers who want a least pause.)
+//!
+//! The pause is drawn from the schedule alone, never from what is left of
+//! a call's deadline: when the pause and another attempt do not fit, the
+//! call stops (`DeadlineExceeded`) rather than retrying sooner.
 
 use std::time::Duration;
 
@@ -22,6 +27,20 @@ use std::time::Duration;
 pub struct Backoff {
     base: Duration,
     cap: Duration,
+    jitter: Jitter,
+}
+
+/// How a pause is drawn under its ceiling (`min(cap, base × 2^retry)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Jitter {
+    /// Uniform over `[0, ceiling)`: the widest spread, the least total
+    /// wait (AWS's "full jitter").
+    #[default]
+    Full,
+    /// Uniform over `[ceiling / 2, ceiling)`: every pause is at least half
+    /// its ceiling (AWS's "equal jitter").
+    Equal,
 }
 
 /// The cap when none is set: no single pause is longer, whatever the
@@ -35,6 +54,7 @@ impl Backoff {
         Self {
             base,
             cap: DEFAULT_CAP,
+            jitter: Jitter::Full,
         }
     }
 
@@ -53,6 +73,29 @@ impl Backoff {
     pub fn with_cap(mut self, cap: Duration) -> Self {
         self.cap = cap;
         self
+    }
+
+    /// Sets how pauses are drawn under their ceiling.
+    ///
+    /// The default value is [`Jitter::Full`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_client::{Backoff, Jitter};
+    ///
+    /// let backoff = Backoff::new(Duration::from_millis(100)).with_jitter(Jitter::Equal);
+    /// assert_eq!(backoff.delay(0, 0.0), Duration::from_millis(50));
+    /// assert_eq!(backoff.floor(1), Duration::from_millis(100));
+    /// ```
+    #[must_use]
+    pub fn with_jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Returns how pauses are drawn.
+    pub fn jitter(&self) -> Jitter {
+        self.jitter
     }
 
     /// Returns the base: the ceiling of the first retry's pause.
@@ -75,10 +118,22 @@ impl Backoff {
             .min(self.cap)
     }
 
+    /// Returns the shortest pause before retry `retry`: zero with full
+    /// jitter, half the ceiling with equal jitter.
+    pub fn floor(&self, retry: u32) -> Duration {
+        match self.jitter {
+            Jitter::Full => Duration::ZERO,
+            Jitter::Equal => self.ceiling(retry) / 2,
+        }
+    }
+
     /// Returns the pause before retry `retry` for a uniform `sample` in
-    /// `[0, 1)`: `sample × ceiling(retry)` (full jitter).
+    /// `[0, 1)`: `sample × ceiling(retry)` with full jitter,
+    /// `ceiling / 2 + sample × ceiling / 2` with equal jitter.
     pub fn delay(&self, retry: u32, sample: f64) -> Duration {
-        full_jitter(self.ceiling(retry), sample)
+        let ceiling = self.ceiling(retry);
+        let floor = self.floor(retry);
+        floor + full_jitter(ceiling - floor, sample)
     }
 }
 
@@ -139,6 +194,16 @@ mod tests {
         // Huge ceilings neither panic nor overflow.
         assert!(full_jitter(Duration::MAX, 1.0) <= Duration::MAX);
         assert!(full_jitter(Duration::MAX, 0.5) > Duration::from_secs(u64::MAX / 4));
+    }
+
+    #[test]
+    fn equal_jitter_keeps_the_upper_half() {
+        let backoff = Backoff::new(100 * MS).with_jitter(Jitter::Equal);
+        assert_eq!(backoff.delay(0, 0.0), 50 * MS);
+        assert_eq!(backoff.delay(2, 0.5), 300 * MS);
+        assert!(backoff.delay(2, 0.999_999) < 400 * MS);
+        assert_eq!(backoff.floor(3), 400 * MS);
+        assert_eq!(Backoff::new(100 * MS).floor(3), Duration::ZERO);
     }
 
     #[test]

@@ -3,11 +3,16 @@
 //! that share of calls (the AWS SDKs' retry quota, gRPC's retry throttling
 //! and Finagle's retry budgets work alike).
 //!
-//! The bucket starts empty unless told otherwise: over any run of `n` calls,
-//! retries ≤ `share × n + initial`, so the amplification factor (requests
-//! sent per call) stays at or below `1 + share + initial / n`, whatever the
-//! failure rate. The cap bounds how much a long quiet spell can save up for
-//! a burst.
+//! The bucket starts full (the AWS SDKs' retry quota and gRPC's retry
+//! throttling do too), so that a fresh client, a short-lived process or a
+//! new instance of a fleet can retry its first calls. The bound, exactly:
+//! from a fresh bucket, over its first `n` calls, retries ≤
+//! `share × n + initial`; over any later run of `n` calls, retries ≤
+//! `share × n + max(cap, initial)` (the most the bucket can hold when the
+//! run starts). So the amplification factor (requests sent per call) stays
+//! at or below `1 + share + initial / n`: with the defaults `1.1 + 10 / n`,
+//! that is 1.110 over 1000 calls at 100 % failure, and `1 + share` over
+//! any long window. The cap bounds how much a quiet spell saves up.
 
 /// How many retries a client, or one endpoint, may make: a share of its
 /// calls.
@@ -23,7 +28,8 @@
 pub struct RetryBudget {
     share: f64,
     cap: f64,
-    initial: f64,
+    /// `None`: a fresh bucket is full (holds the cap).
+    initial: Option<f64>,
 }
 
 /// The default budget, when none is set.
@@ -34,10 +40,9 @@ impl Defaults {
     /// budget; amplification stays at or below 1.1.
     const SHARE: f64 = 0.1;
     /// Ten retries saved up at most: a burst of failures after a quiet
-    /// spell retries ten calls more than its share, not thousands.
+    /// spell retries ten calls more than its share, not thousands. A fresh
+    /// bucket holds as much, so a fresh client can retry.
     const CAP: f64 = 10.0;
-    /// Empty at start: retries never exceed the share, from the first call.
-    const INITIAL: f64 = 0.0;
 }
 
 impl Default for RetryBudget {
@@ -54,11 +59,12 @@ impl RetryBudget {
         Self {
             share: non_negative(share),
             cap: Defaults::CAP,
-            initial: Defaults::INITIAL,
+            initial: None,
         }
     }
 
-    /// Sets how many retries the bucket can save up.
+    /// Sets how many retries the bucket can save up (and, unless
+    /// [`RetryBudget::with_initial`] says otherwise, holds at start).
     ///
     /// The default value is 10.
     ///
@@ -75,21 +81,23 @@ impl RetryBudget {
     }
 
     /// Sets how many retries a fresh bucket holds, so that a client's first
-    /// calls may retry before they have earned it. Over a run of `n` calls,
-    /// retries may then reach `share × n + initial`.
+    /// calls may retry before they have earned it. Over the first `n` calls
+    /// of a fresh bucket, retries may reach `share × n + initial`; 0 makes
+    /// that `share × n` exactly, at the price that a fresh client earns its
+    /// first retry only after `1 / share` calls.
     ///
-    /// The default value is 0: a fresh client earns its first retry after
-    /// `1 / share` calls.
+    /// The default value is the cap: a fresh bucket is full.
     ///
     /// ```
     /// use idempotency_client::RetryBudget;
     ///
+    /// assert_eq!(RetryBudget::new(0.1).initial(), 10.0, "full at start");
     /// let budget = RetryBudget::new(0.1).with_initial(3.0);
     /// assert_eq!(budget.initial(), 3.0);
     /// ```
     #[must_use]
     pub fn with_initial(mut self, retries: f64) -> Self {
-        self.initial = non_negative(retries);
+        self.initial = Some(non_negative(retries));
         self
     }
 
@@ -105,7 +113,7 @@ impl RetryBudget {
 
     /// Returns how many retries a fresh bucket holds.
     pub fn initial(&self) -> f64 {
-        self.initial
+        self.initial.unwrap_or(self.cap)
     }
 }
 
@@ -139,7 +147,7 @@ impl TokenBucket {
     /// A bucket for `budget`, holding its initial tokens.
     pub(crate) fn new(budget: &RetryBudget) -> Self {
         Self {
-            balance: milli(budget.initial),
+            balance: milli(budget.initial()),
             deposit: milli(budget.share),
             cap: milli(budget.cap),
         }
@@ -169,46 +177,16 @@ impl TokenBucket {
     }
 }
 
-/// Which budget refused a retry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// The client-wide budget is spent.
-    Client,
-    /// The endpoint's budget is spent.
-    Endpoint,
-}
-
-impl Refusal {
-    /// The metric label.
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Self::Client => "client",
-            Self::Endpoint => "endpoint",
-        }
-    }
-}
-
-/// Takes one retry from both buckets, or from neither: a retry needs the
-/// client's budget and its endpoint's. Lock order: client, then endpoint.
-pub(crate) fn take_retry(
-    client: &std::sync::Mutex<TokenBucket>,
-    endpoint: &std::sync::Mutex<TokenBucket>,
-) -> Result<(), Refusal> {
-    let mut client = client
+/// Takes one retry's token from `bucket`; `false` when it has none.
+pub(crate) fn take_retry(bucket: &std::sync::Mutex<TokenBucket>) -> bool {
+    let mut bucket = bucket
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut endpoint = endpoint
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !client.has_token() {
-        return Err(Refusal::Client);
+    let has = bucket.has_token();
+    if has {
+        bucket.take();
     }
-    if !endpoint.has_token() {
-        return Err(Refusal::Endpoint);
-    }
-    client.take();
-    endpoint.take();
-    Ok(())
+    has
 }
 
 #[cfg(test)]
@@ -218,8 +196,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_fresh_bucket_is_full() {
+        let mut bucket = TokenBucket::new(&RetryBudget::default());
+        assert_eq!(bucket.retries_left(), 10.0);
+        // Deposits beyond the cap are not kept.
+        bucket.deposit();
+        assert_eq!(bucket.retries_left(), 10.0);
+    }
+
+    #[test]
     fn a_share_of_a_tenth_earns_one_retry_per_ten_calls() {
-        let mut bucket = TokenBucket::new(&RetryBudget::new(0.1));
+        let mut bucket = TokenBucket::new(&RetryBudget::new(0.1).with_initial(0.0));
         for _ in 0..9 {
             bucket.deposit();
             assert!(!bucket.has_token());
@@ -231,11 +218,20 @@ mod tests {
     }
 
     #[test]
-    fn retries_never_exceed_the_share_of_calls() {
+    fn retries_never_exceed_the_share_of_calls_plus_the_start() {
         // Whatever the pattern of calls and retries, at every point of the
-        // run: retries ≤ share × calls + initial.
-        for (share, initial) in [(0.1, 0.0), (0.25, 0.0), (1.0, 0.0), (0.1, 3.0), (2.5, 1.0)] {
-            let budget = RetryBudget::new(share).with_initial(initial).with_cap(50.0);
+        // run: retries ≤ share × calls + initial (the default: initial =
+        // cap = 10).
+        let cases = [
+            RetryBudget::default(),
+            RetryBudget::new(0.1).with_initial(0.0),
+            RetryBudget::new(0.25).with_initial(0.0).with_cap(50.0),
+            RetryBudget::new(1.0).with_cap(50.0),
+            RetryBudget::new(0.1).with_initial(3.0),
+            RetryBudget::new(2.5).with_initial(1.0).with_cap(50.0),
+        ];
+        for budget in cases {
+            let (share, initial) = (budget.share(), budget.initial());
             let mut bucket = TokenBucket::new(&budget);
             let (mut calls, mut retries) = (0u32, 0u32);
             for _ in 0..5000u32 {
@@ -251,21 +247,44 @@ mod tests {
                 let bound = share * f64::from(calls) + initial;
                 assert!(
                     f64::from(retries) <= bound + 1e-9,
-                    "share {share}: {retries} retries after {calls} calls"
+                    "{budget:?}: {retries} retries after {calls} calls"
                 );
             }
             // And the budget is used: close to the bound, not far under it.
             let bound = share * f64::from(calls) + initial;
-            assert!(
-                f64::from(retries) >= bound - 1.0,
-                "share {share}: {retries}"
-            );
+            assert!(f64::from(retries) >= bound - 1.0, "{budget:?}: {retries}");
         }
     }
 
     #[test]
+    fn the_default_bucket_over_its_first_calls_at_total_failure() {
+        // The short window, exactly: a fresh default bucket (10 retries,
+        // 0.1 per call) whose every call wants two retries (three attempts).
+        let mut bucket = TokenBucket::new(&RetryBudget::default());
+        let mut retries = Vec::new();
+        for _ in 0..1000 {
+            bucket.deposit();
+            let mut taken = 0;
+            for _ in 0..2 {
+                if bucket.has_token() {
+                    bucket.take();
+                    taken += 1;
+                }
+            }
+            retries.push(taken);
+        }
+        let after = |n: usize| retries[..n].iter().sum::<u32>();
+        // The first five calls retry twice each (the start allowance),
+        // then one call in ten retries.
+        assert_eq!(&retries[..5], &[2, 2, 2, 2, 2]);
+        assert_eq!(after(10), 10);
+        assert_eq!(after(100), 19);
+        assert_eq!(after(1000), 109, "≤ 0.1 × 1000 + 10");
+    }
+
+    #[test]
     fn the_cap_bounds_savings() {
-        let mut bucket = TokenBucket::new(&RetryBudget::new(1.0).with_cap(3.0));
+        let mut bucket = TokenBucket::new(&RetryBudget::new(1.0).with_cap(3.0).with_initial(0.0));
         for _ in 0..100 {
             bucket.deposit();
         }
@@ -277,26 +296,20 @@ mod tests {
     }
 
     #[test]
-    fn a_retry_needs_both_budgets_and_takes_from_both_or_neither() {
-        let client = Mutex::new(TokenBucket::new(&RetryBudget::new(1.0)));
-        let endpoint = Mutex::new(TokenBucket::new(&RetryBudget::new(0.5)));
-        client.lock().unwrap().deposit();
-        endpoint.lock().unwrap().deposit();
-        assert_eq!(take_retry(&client, &endpoint), Err(Refusal::Endpoint));
-        assert_eq!(
-            client.lock().unwrap().retries_left(),
-            1.0,
-            "a refused retry takes nothing"
-        );
-        endpoint.lock().unwrap().deposit();
-        assert_eq!(take_retry(&client, &endpoint), Ok(()));
-        assert_eq!(take_retry(&client, &endpoint), Err(Refusal::Client));
+    fn a_refused_retry_takes_nothing() {
+        let bucket = Mutex::new(TokenBucket::new(&RetryBudget::new(0.5).with_initial(0.0)));
+        bucket.lock().unwrap().deposit();
+        assert!(!take_retry(&bucket));
+        assert_eq!(bucket.lock().unwrap().retries_left(), 0.5);
+        bucket.lock().unwrap().deposit();
+        assert!(take_retry(&bucket));
+        assert!(!take_retry(&bucket));
     }
 
     #[test]
     fn odd_shares_mean_no_retries() {
         for share in [-1.0, f64::NAN, f64::NEG_INFINITY, 0.0] {
-            let mut bucket = TokenBucket::new(&RetryBudget::new(share));
+            let mut bucket = TokenBucket::new(&RetryBudget::new(share).with_initial(0.0));
             for _ in 0..100 {
                 bucket.deposit();
             }

@@ -107,8 +107,14 @@ pub(crate) struct Situation<'a> {
 pub(crate) enum Decision {
     /// Hand the answer back to the caller.
     Return,
-    /// Send again (same key) after this pause, if the budget allows.
+    /// Send again (same key) after this pause: a retry, if the budget
+    /// allows.
     Resend { after: Duration },
+    /// Send again (same key) after this pause to fetch an answer the guard
+    /// stored, or is about to store: the write ran or runs, so this is no
+    /// load on a failing service and takes nothing from the budget (it
+    /// still takes an attempt and fits in the deadline).
+    Fetch { after: Duration },
     /// Ask the key-status service about the key after this pause.
     AskStatus { after: Duration },
     /// Give up.
@@ -120,12 +126,14 @@ pub(crate) enum Decision {
 enum Want {
     Return,
     Stop(ErrorKind),
-    /// Resend after the backoff's jittered pause.
+    /// Resend after the backoff's pause.
     Backoff,
-    /// Resend at once (the status service says it ran: fetch the replay).
-    ResendNow,
     /// Resend after the server's hint, at least the floor, plus jitter.
     ResendAfterHint(Duration),
+    /// Fetch the stored answer at once (the status service says it ran).
+    FetchNow,
+    /// Fetch after the guard's hint (its 409: the first request runs).
+    FetchAfterHint(Duration),
     /// Ask the status service if there is one, else back off and resend.
     AskOrBackoff,
     /// Ask the status service again after this long (advice `wait`).
@@ -152,7 +160,7 @@ fn want(outcome: Outcome, class: Class) -> Want {
                 retry_after,
             },
             KeyedWrite,
-        ) => Want::ResendAfterHint(retry_after.unwrap_or(IN_FLIGHT_WAIT)),
+        ) => Want::FetchAfterHint(retry_after.unwrap_or(IN_FLIGHT_WAIT)),
         (
             Outcome::Answer {
                 status: 409,
@@ -161,14 +169,15 @@ fn want(outcome: Outcome, class: Class) -> Want {
             },
             KeyedWrite,
         ) => Want::Stop(ErrorKind::OutcomeUnknown),
-        // 429: only with a Retry-After.
+        // 429: the server did nothing and said when to come back. The one
+        // failure a write without a key is retried on (seed 000's rule).
         (
             Outcome::Answer {
                 status: 429,
                 retry_after: Some(hint),
                 ..
             },
-            Read | KeyedWrite,
+            _,
         ) => Want::ResendAfterHint(hint),
         // Not run (or released by the guard): send again.
         (
@@ -191,8 +200,8 @@ fn want(outcome: Outcome, class: Class) -> Want {
             },
             KeyedWrite,
         ) => Want::AskOrBackoff,
-        // Everything else is the answer: 4xx, 501, 505..., any answer to
-        // an unkeyed write.
+        // Everything else is the answer: 4xx, 501, 505..., any answer but
+        // a 429 with `Retry-After` to an unkeyed write.
         (Outcome::Answer { .. }, _) => Want::Return,
         (Outcome::ConnectFailed, Read | KeyedWrite) => Want::Backoff,
         (Outcome::TimedOut | Outcome::Dropped, Read) => Want::Backoff,
@@ -208,7 +217,7 @@ fn want(outcome: Outcome, class: Class) -> Want {
             },
             _,
         ) => match advice {
-            Advice::Replay => Want::ResendNow,
+            Advice::Replay => Want::FetchNow,
             Advice::Retry => Want::Backoff,
             Advice::Wait => Want::AskAfter(retry_after),
             Advice::Reconcile => Want::Stop(ErrorKind::OutcomeUnknown),
@@ -222,16 +231,12 @@ fn limit(want: Want, at: &Situation<'_>) -> Decision {
     let policy = at.policy;
     let retry = at.attempts.saturating_sub(1);
     let ceiling = policy.backoff.ceiling(retry);
-    // The pause may take what the deadline leaves beyond one attempt.
-    let room = at.remaining.checked_sub(policy.attempt_room());
-    let resend = |pause: Option<Duration>| {
-        if at.attempts >= policy.max_attempts {
-            return Decision::Stop(ErrorKind::AttemptsExhausted);
-        }
-        match (room, pause) {
-            (Some(room), Some(pause)) if pause <= room => Decision::Resend { after: pause },
-            _ => Decision::Stop(ErrorKind::DeadlineExceeded),
-        }
+    let attempts_left = at.attempts < policy.max_attempts;
+    // Whether a pause and then a whole attempt fit in what is left.
+    let fits = |pause: Duration| {
+        pause
+            .checked_add(policy.attempt_room())
+            .is_some_and(|needed| needed <= at.remaining)
     };
     match want {
         Want::Return => Decision::Return,
@@ -239,32 +244,68 @@ fn limit(want: Want, at: &Situation<'_>) -> Decision {
         Want::AskOrBackoff if at.status_service => Decision::AskStatus {
             after: Duration::ZERO,
         },
-        // Full jitter over what is left: never a pause the deadline cannot
-        // afford, and never a shared instant (clamping would make one).
-        Want::Backoff | Want::AskOrBackoff => {
-            resend(room.map(|room| full_jitter(ceiling.min(room), at.sample)))
+        _ if matches!(
+            want,
+            Want::Backoff | Want::AskOrBackoff | Want::ResendAfterHint(_)
+        ) && !attempts_left =>
+        {
+            Decision::Stop(ErrorKind::AttemptsExhausted)
         }
-        Want::ResendNow => resend(Some(Duration::ZERO)),
+        // The pause is the schedule's, whatever is left of the deadline:
+        // when it and another attempt do not fit, stop and say so, rather
+        // than retry sooner (a shrunken pause brings retries in bursts).
+        Want::Backoff | Want::AskOrBackoff => {
+            let pause = policy.backoff.delay(retry, at.sample);
+            if fits(pause) {
+                Decision::Resend { after: pause }
+            } else {
+                Decision::Stop(ErrorKind::DeadlineExceeded)
+            }
+        }
+        // The server's wait is never shortened; only the spreading on top
+        // of it takes what the deadline leaves.
         Want::ResendAfterHint(hint) => {
             let wait = hint.max(policy.retry_after_floor);
-            let jitter = room
-                .and_then(|room| room.checked_sub(wait))
-                .map_or(Duration::ZERO, |spare| {
-                    full_jitter(ceiling.min(spare), at.sample)
-                });
-            resend(Some(wait + jitter))
+            if !fits(wait) {
+                return Decision::Stop(ErrorKind::DeadlineExceeded);
+            }
+            let spare = at.remaining - wait - policy.attempt_room();
+            Decision::Resend {
+                after: wait + full_jitter(ceiling.min(spare), at.sample),
+            }
         }
-        Want::AskAfter(wait) => match room {
-            Some(room) if wait <= room => Decision::AskStatus { after: wait },
-            _ => Decision::Stop(ErrorKind::DeadlineExceeded),
+        Want::FetchNow if !attempts_left => Decision::Stop(ErrorKind::AttemptsExhausted),
+        Want::FetchNow if at.remaining.is_zero() => Decision::Stop(ErrorKind::DeadlineExceeded),
+        Want::FetchNow => Decision::Fetch {
+            after: Duration::ZERO,
         },
+        // Still running: wait as told when the call can, else say so.
+        Want::FetchAfterHint(hint) => {
+            if !attempts_left || hint >= at.remaining {
+                return Decision::Stop(ErrorKind::OutcomeStillRunning);
+            }
+            let spare = at
+                .remaining
+                .saturating_sub(hint)
+                .saturating_sub(policy.attempt_room());
+            Decision::Fetch {
+                after: hint + full_jitter(ceiling.min(spare), at.sample),
+            }
+        }
+        Want::AskAfter(wait) => {
+            if !attempts_left || wait >= at.remaining {
+                Decision::Stop(ErrorKind::OutcomeStillRunning)
+            } else {
+                Decision::AskStatus { after: wait }
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Backoff, Kind};
+    use crate::{Backoff, Jitter, Kind};
 
     const MS: Duration = Duration::from_millis(1);
 
@@ -311,7 +352,7 @@ mod tests {
     #[test]
     fn truth_table() {
         use Class::{KeyedWrite as KW, Read as R, UnkeyedWrite as UW};
-        use Decision::{AskStatus, Resend, Return, Stop};
+        use Decision::{AskStatus, Fetch, Resend, Return, Stop};
         use ErrorKind::*;
         let p = policy();
         // Attempts so far 1 (first retry: ceiling 100 ms), sample 0.5.
@@ -324,6 +365,9 @@ mod tests {
         };
         let floor = Resend {
             after: 500 * MS + 50 * MS,
+        };
+        let fetch_now = Fetch {
+            after: Duration::ZERO,
         };
         let s = 2000 * MS;
         type Row = (Outcome, Class, bool, u32, Duration, Decision);
@@ -347,13 +391,19 @@ mod tests {
             (answer(503), R, false, 1, s, back),
             (answer(504), R, true, 1, s, back),
             (answer(501), R, false, 1, s, Return),
-            // 429: Retry-After honoured, with a floor; none: no retry.
+            // 429: Retry-After honoured, with a floor, for every class
+            // (an unkeyed write too: the server did nothing); none: no retry.
             (hinted(429, 1), R, false, 1, s, wait_1s),
             (hinted(429, 0), R, false, 1, s, floor),
             (hinted(429, 1), KW, true, 1, s, wait_1s),
+            (hinted(429, 1), UW, false, 1, s, wait_1s),
+            (hinted(429, 0), UW, false, 1, s, floor),
             (answer(429), R, false, 1, s, Return),
             (answer(429), KW, true, 1, s, Return),
+            (answer(429), UW, false, 1, s, Return),
             (hinted(429, 5), R, false, 1, s, Stop(DeadlineExceeded)),
+            (hinted(429, 5), UW, false, 1, s, Stop(DeadlineExceeded)),
+            (hinted(429, 1), UW, false, 3, s, Stop(AttemptsExhausted)),
             // Keyed writes: resend what did not run, ask about what may have.
             (answer(500), KW, true, 1, s, back),
             (answer(503), KW, true, 1, s, back),
@@ -371,40 +421,58 @@ mod tests {
             (Outcome::TimedOut, R, true, 1, s, back),
             (Outcome::Dropped, R, true, 1, s, back),
             (Outcome::ConnectFailed, R, true, 1, s, back),
-            // Unkeyed writes: never resent.
+            // Unkeyed writes: nothing ambiguous is resent; neither is a
+            // failure the server reported (it may have done part of it).
             (answer(500), UW, true, 1, s, Return),
             (answer(502), UW, true, 1, s, Return),
             (answer(503), UW, true, 1, s, Return),
-            (hinted(429, 1), UW, true, 1, s, Return),
+            (answer(504), UW, true, 1, s, Return),
+            (answer(408), UW, true, 1, s, Return),
             (Outcome::TimedOut, UW, true, 1, s, Stop(UnkeyedWrite)),
             (Outcome::Dropped, UW, true, 1, s, Stop(UnkeyedWrite)),
             (Outcome::ConnectFailed, UW, true, 1, s, Stop(UnkeyedWrite)),
             (Outcome::Broken, R, true, 1, s, Stop(NotRetryable)),
-            // The guard's conflicts: in flight is a wait, abandoned is unknown.
-            (conflict(GuardConflict::InFlight), KW, true, 1, s, wait_1s),
+            // The guard's conflicts: in flight is a wait for the stored
+            // answer (a fetch, free of the budget), abandoned is unknown.
+            (conflict(GuardConflict::InFlight), KW, true, 1, s, Fetch { after: 1050 * MS }),
             (conflict(GuardConflict::OutcomeUnknown), KW, true, 1, s, Stop(OutcomeUnknown)),
             (conflict(GuardConflict::InFlight), R, true, 1, s, Return),
             (conflict(GuardConflict::OutcomeUnknown), UW, true, 1, s, Return),
-            // The status service's advice.
-            (advised(Advice::Replay), KW, true, 1, s, Resend { after: Duration::ZERO }),
+            (conflict(GuardConflict::InFlight), KW, true, 1, 1100 * MS, Fetch { after: 1000 * MS }),
+            (conflict(GuardConflict::InFlight), KW, true, 1, 1000 * MS, Stop(OutcomeStillRunning)),
+            (conflict(GuardConflict::InFlight), KW, true, 3, s, Stop(OutcomeStillRunning)),
+            // The status service's advice: replay is a fetch, at once.
+            (advised(Advice::Replay), KW, true, 1, s, fetch_now),
             (advised(Advice::Retry), KW, true, 1, s, back),
             (advised(Advice::Wait), KW, true, 1, s, AskStatus { after: 1000 * MS }),
             (advised(Advice::Reconcile), KW, true, 1, s, Stop(OutcomeUnknown)),
             (Outcome::StatusUnavailable, KW, true, 1, s, back),
             // Limits: attempts, then the deadline.
             (answer(503), R, false, 3, s, Stop(AttemptsExhausted)),
+            (advised(Advice::Retry), KW, true, 3, s, Stop(AttemptsExhausted)),
             (advised(Advice::Replay), KW, true, 3, s, Stop(AttemptsExhausted)),
+            // A retry needs its whole pause (50 ms here) and a whole
+            // attempt (200 ms): never a pause shrunk to fit.
             (answer(503), R, false, 1, 199 * MS, Stop(DeadlineExceeded)),
-            (answer(503), R, false, 1, 200 * MS, Resend { after: Duration::ZERO }),
-            (answer(503), R, false, 1, 240 * MS, Resend { after: 20 * MS }),
-            (advised(Advice::Replay), KW, true, 1, 199 * MS, Stop(DeadlineExceeded)),
-            (advised(Advice::Wait), KW, true, 1, 1199 * MS, Stop(DeadlineExceeded)),
-            (advised(Advice::Wait), KW, true, 1, 1200 * MS, AskStatus { after: 1000 * MS }),
+            (answer(503), R, false, 1, 249 * MS, Stop(DeadlineExceeded)),
+            (answer(503), R, false, 1, 250 * MS, back),
+            (answer(503), R, false, 2, 299 * MS, Stop(DeadlineExceeded)),
+            (answer(503), R, false, 2, 300 * MS, Resend { after: 100 * MS }),
+            // A fetch needs an attempt and some deadline, not a whole
+            // attempt's room: it fetches what is stored.
+            (advised(Advice::Replay), KW, true, 1, 199 * MS, fetch_now),
+            (advised(Advice::Replay), KW, true, 1, Duration::ZERO, Stop(DeadlineExceeded)),
+            // Wait advice: followed when the deadline allows it; else the
+            // error says it still runs.
+            (advised(Advice::Wait), KW, true, 1, 1001 * MS, AskStatus { after: 1000 * MS }),
+            (advised(Advice::Wait), KW, true, 1, 1000 * MS, Stop(OutcomeStillRunning)),
+            (advised(Advice::Wait), KW, true, 3, s, Stop(OutcomeStillRunning)),
             (hinted(429, 1), R, false, 1, 1199 * MS, Stop(DeadlineExceeded)),
             (hinted(429, 1), R, false, 1, 1200 * MS, Resend { after: 1000 * MS }),
             // Asking the service costs no attempt and waits for nothing.
             (answer(504), KW, true, 3, s, ask),
             (answer(504), KW, true, 1, Duration::ZERO, ask),
+            (answer(504), KW, false, 3, s, Stop(AttemptsExhausted)),
         ];
         for (i, &(outcome, class, status_service, attempts, remaining, expected)) in
             table.iter().enumerate()
@@ -426,28 +494,32 @@ mod tests {
     }
 
     #[test]
-    fn pauses_grow_with_retries_and_never_pass_the_deadline() {
-        let p = policy().with_max_attempts(100);
-        for attempts in 1..20 {
-            for remaining in [200 * MS, 350 * MS, 1000 * MS, 60_000 * MS] {
-                for sample in [0.0, 0.3, 0.999] {
-                    let at = Situation {
-                        class: Class::Read,
-                        status_service: false,
-                        attempts,
-                        remaining,
-                        policy: &p,
-                        sample,
-                    };
-                    let Decision::Resend { after } = decide(answer(503), &at) else {
-                        panic!("a read retries a 503");
-                    };
-                    let ceiling = p.backoff.ceiling(attempts - 1);
-                    assert!(after <= ceiling, "{after:?} above {ceiling:?}");
-                    assert!(
-                        after + p.attempt_room() <= remaining,
-                        "the pause leaves room for the attempt"
-                    );
+    fn pauses_follow_the_schedule_or_the_call_stops() {
+        for jitter in [Jitter::Full, Jitter::Equal] {
+            let p = policy()
+                .with_max_attempts(100)
+                .with_backoff(Backoff::new(100 * MS).with_jitter(jitter));
+            for attempts in 1..20 {
+                for remaining in [200 * MS, 350 * MS, 1000 * MS, 60_000 * MS] {
+                    for sample in [0.0, 0.3, 0.999] {
+                        let at = Situation {
+                            class: Class::Read,
+                            status_service: false,
+                            attempts,
+                            remaining,
+                            policy: &p,
+                            sample,
+                        };
+                        let scheduled = p.backoff.delay(attempts - 1, sample);
+                        let expected = if scheduled + p.attempt_room() <= remaining {
+                            Decision::Resend { after: scheduled }
+                        } else {
+                            Decision::Stop(ErrorKind::DeadlineExceeded)
+                        };
+                        assert_eq!(decide(answer(503), &at), expected);
+                        assert!(scheduled >= p.backoff.floor(attempts - 1));
+                        assert!(scheduled <= p.backoff.ceiling(attempts - 1));
+                    }
                 }
             }
         }

@@ -11,7 +11,9 @@ pub enum ErrorKind {
     /// that failed to serialize).
     InvalidRequest,
     /// A write without an `Idempotency-Key` failed (connect error, timeout,
-    /// dropped connection). It is never sent again: it may have run.
+    /// dropped connection). It is never sent again: it may have run. (A
+    /// write gets a key only on an endpoint declared guarded:
+    /// [`Policy::guarded_write`](crate::Policy::guarded_write).)
     UnkeyedWrite,
     /// A failure that no retry fixes (a redirect loop, an unreadable
     /// answer).
@@ -32,6 +34,12 @@ pub enum ErrorKind {
     /// have run; do not resend it blindly. Reconcile by other means (the
     /// key is in [`RetryError::key`]).
     OutcomeUnknown,
+    /// The write is still running (the key-status service advised `wait`,
+    /// or the guard answered `409 request-in-flight`), and the call's
+    /// deadline or attempts do not allow waiting as long as asked. It may
+    /// well succeed: send it again later with the same key
+    /// ([`RetryError::key`]), never a new one, to get its answer.
+    OutcomeStillRunning,
 }
 
 impl ErrorKind {
@@ -46,6 +54,7 @@ impl ErrorKind {
             Self::AttemptsExhausted => "attempts-exhausted",
             Self::CircuitOpen => "circuit-open",
             Self::OutcomeUnknown => "outcome-unknown",
+            Self::OutcomeStillRunning => "outcome-still-running",
         }
     }
 }
@@ -61,6 +70,9 @@ impl fmt::Display for ErrorKind {
             Self::AttemptsExhausted => "the attempts allowed are spent",
             Self::CircuitOpen => "the circuit breaker is open",
             Self::OutcomeUnknown => "the write's outcome is unknown",
+            Self::OutcomeStillRunning => {
+                "the write is still running and the call cannot wait for it"
+            }
         })
     }
 }
@@ -93,7 +105,7 @@ impl Failure {
 /// outcome unknown, ...), how many attempts it made, the idempotency key
 /// it used, and the last failure it saw.
 #[derive(Debug, thiserror::Error)]
-#[error("{endpoint}: {kind} (after {attempts} attempt(s))")]
+#[error("{endpoint}: {kind} (after {attempts} attempt(s){})", key_note(.key.as_deref()))]
 pub struct RetryError {
     pub(crate) kind: ErrorKind,
     pub(crate) endpoint: String,
@@ -102,6 +114,12 @@ pub struct RetryError {
     pub(crate) may_have_run: bool,
     #[source]
     pub(crate) last: Option<Failure>,
+}
+
+/// The key in the message, when the call sent one: the caller needs it to
+/// reconcile or to fetch the answer later.
+fn key_note(key: Option<&str>) -> String {
+    key.map(|key| format!(", key {key}")).unwrap_or_default()
 }
 
 impl RetryError {
@@ -171,8 +189,21 @@ mod tests {
         };
         assert_eq!(
             error.to_string(),
-            "create-payment: the retry budget is spent (after 1 attempt(s))"
+            "create-payment: the retry budget is spent (after 1 attempt(s), key k)"
         );
         assert_eq!(error.kind().as_str(), "budget-exhausted");
+        let running = RetryError {
+            kind: ErrorKind::OutcomeStillRunning,
+            endpoint: "create-payment".to_owned(),
+            attempts: 1,
+            key: None,
+            may_have_run: true,
+            last: None,
+        };
+        assert_eq!(
+            running.to_string(),
+            "create-payment: the write is still running and the call cannot wait for it \
+             (after 1 attempt(s))"
+        );
     }
 }

@@ -8,10 +8,12 @@
 //! # Calling a guarded API safely
 //!
 //! ```no_run
-//! use idempotency_client::{RetryClient, StatusClient};
+//! use idempotency_client::{Policy, RetryClient, StatusClient};
 //!
 //! # async fn run() -> Result<(), idempotency_client::RetryError> {
 //! let client = RetryClient::new(reqwest::Client::new())
+//!     // Declare the endpoints behind the guard: only their writes get keys.
+//!     .with_endpoint("create-payment", Policy::guarded_write())
 //!     .with_status_client(StatusClient::new("http://127.0.0.1:8080", "token-of-tenant-a"));
 //! let payment = serde_json::json!({"amount": 4200, "currency": "EUR"});
 //! // One logical write: one Idempotency-Key (a UUID v7), sent with every attempt.
@@ -26,33 +28,52 @@
 //! picks the policy, the retry budget and the circuit breaker, and labels
 //! the metrics; use one name per operation, never a URL with ids in it.
 //!
+//! A write endpoint that is not declared guarded ([`Policy::guarded_write`],
+//! or [`Policy::with_guarded`]) gets no key and is retried only on a `429`
+//! with `Retry-After`: a server that ignores `Idempotency-Key` never runs a
+//! write twice because of this client. A request that sets its own
+//! `Idempotency-Key` is a keyed write wherever it goes.
+//!
 //! What the client does with each outcome ([`ErrorKind`] names the errors):
 //!
-//! | outcome of an attempt | read (GET, HEAD, OPTIONS, TRACE, or idempotent) | write with a key | write without a key |
+//! | outcome of an attempt | read (GET, HEAD, OPTIONS, TRACE, or idempotent) | write with a key (guarded endpoint) | write without a key |
 //! |---|---|---|---|
 //! | 1xx–3xx, 4xx but 408/429 | returned | returned | returned |
-//! | 429 with `Retry-After` | resent after max(it, 500 ms) | same | returned |
+//! | 429 with `Retry-After` | resent after max(it, 500 ms) | same | same |
 //! | 429 without `Retry-After` | returned | returned | returned |
 //! | connect error | resent after backoff | resent after backoff | `UnkeyedWrite` |
 //! | 408, 500, 503 | resent after backoff | resent after backoff (same key) | returned |
 //! | 502, 504 | resent after backoff | status look-up first | returned |
 //! | timeout, dropped connection | resent after backoff | status look-up first | `UnkeyedWrite` |
-//! | guard's 409 `request-in-flight` | returned | resent after its `Retry-After` | returned |
+//! | guard's 409 `request-in-flight` | returned | fetched after its `Retry-After` (`OutcomeStillRunning` when that does not fit) | returned |
 //! | guard's 409 `outcome-unknown` | returned | `OutcomeUnknown` | returned |
 //!
-//! After a status look-up: `replay` resends at once (the stored answer
-//! comes back, `Idempotent-Replayed: true`), `wait` asks again after
-//! `retry_after_seconds`, `retry` (404) resends after backoff,
-//! `reconcile` stops with [`ErrorKind::OutcomeUnknown`]. Without a status
-//! service, or when it fails, the write is resent with the same key: the
-//! guard makes that safe.
+//! After a status look-up: `replay` fetches the stored answer at once
+//! (`Idempotent-Replayed: true`), `wait` asks again after
+//! `retry_after_seconds` (or stops with [`ErrorKind::OutcomeStillRunning`]
+//! when the deadline is nearer than that), `retry` (404) resends after
+//! backoff, `reconcile` stops with [`ErrorKind::OutcomeUnknown`]. Without a
+//! status service, or when it fails, the write is resent with the same
+//! key: the guard makes that safe.
 //!
-//! Every resend needs a token of the client's retry budget and of the
-//! endpoint's ([`ErrorKind::BudgetExhausted`] otherwise), an attempt left
-//! ([`ErrorKind::AttemptsExhausted`]), and enough of the call's deadline
-//! left for the pause and a whole attempt
-//! ([`ErrorKind::DeadlineExceeded`]). An open circuit fails at once
-//! ([`ErrorKind::CircuitOpen`]). Every attempt carries `X-Retry-Attempt`.
+//! # Limits of a call
+//!
+//! - **Retries** (every resend but a fetch) take a token of the retry
+//!   budget ([`ErrorKind::BudgetExhausted`] otherwise).
+//! - **Fetches** (a resend after `replay` advice, or after the guard's
+//!   `409 request-in-flight`) take no token: the write ran or runs, its
+//!   answer is stored or about to be, so fetching it is no load on a
+//!   failing service. They still take an attempt and fit in the deadline.
+//! - **Attempts**: at most [`Policy::with_max_attempts`] requests, fetches
+//!   included ([`ErrorKind::AttemptsExhausted`]).
+//! - **Deadline**: a retry is made only when its whole pause (the backoff's
+//!   draw, never shortened to fit) and a whole attempt fit in what is left
+//!   of the call's deadline ([`ErrorKind::DeadlineExceeded`] otherwise);
+//!   a fetch needs only some deadline left, and its timeout is what is
+//!   left.
+//! - An open circuit fails at once ([`ErrorKind::CircuitOpen`]).
+//!
+//! Every attempt carries `X-Retry-Attempt`.
 //!
 //! # Default policies
 //!
@@ -63,18 +84,29 @@
 //! | attempt timeout ([`Policy::with_attempt_timeout`]) | 1 s | 800 ms |
 //! | attempts ([`Policy::with_max_attempts`]) | 3 | 3 |
 //! | 429 floor ([`Policy::with_retry_after_floor`]) | 500 ms | 500 ms |
-//! | key ([`Policy::with_generated_keys`]) | none | a UUID v7 per call, unless the request has one |
-//! | endpoint budget ([`Policy::with_budget`]) | 10% of calls, at most 10 saved, empty at start | same |
+//! | guarded ([`Policy::with_guarded`]): key per call | — | no ([`Policy::guarded_write`]: yes, a UUID v7 per call, unless the request has one) |
+//! | retry budget | the client's, shared ([`RetryClient::with_budget`]) | same |
 //! | circuit breaker ([`Policy::with_circuit_breaker`]) | none | none |
-//! | client budget ([`RetryClient::with_budget`]) | 10% of calls, at most 100 saved, empty at start | shared |
 //!
-//! The budget is a token bucket: each call adds its share of a token, each
-//! retry takes a whole one. Over any `n` calls, retries are at most
-//! `share × n` (plus the initial tokens, 0 by default), so the
-//! amplification factor (requests per call) stays at or below `1 + share`
-//! whatever fails. The price: a fresh client earns its first retry after
-//! ten calls; give it [`RetryBudget::with_initial`] tokens if that matters
-//! more than the bound.
+//! # The retry budget
+//!
+//! One rule: every retry takes one token from exactly one bucket. That is
+//! the client's shared bucket ([`RetryClient::with_budget`]) unless the
+//! endpoint's policy gives it one of its own ([`Policy::with_budget`]),
+//! which then replaces the shared one for that endpoint. Each call adds
+//! its share of a token to its bucket.
+//!
+//! The default bucket: a share of 0.1 (one retry per ten calls), at most 10
+//! tokens saved, **full at start** (as the AWS SDKs' retry quota and gRPC's
+//! retry throttling), so a fresh client, a CLI or a new instance of a
+//! fleet retries its first failures. The bound, exactly: over the first
+//! `n` calls of a fresh bucket, retries ≤ `share × n + initial` (default
+//! `0.1 × n + 10`); over any later run of `n` calls, retries ≤
+//! `share × n + cap`. Amplification (requests per call) is therefore at
+//! most `1 + share + 10 / n`: 1.110 over 1000 calls at 100 % failure, and
+//! `1 + share` over any long window. [`RetryBudget::with_initial`]`(0.0)`
+//! makes it `1 + share` from the first call, at the price that a fresh
+//! client earns its first retry only after ten calls.
 //!
 //! # Metrics
 //!
@@ -107,7 +139,7 @@ mod retry_after;
 pub mod status;
 pub mod telemetry;
 
-pub use backoff::Backoff;
+pub use backoff::{Backoff, Jitter};
 pub use breaker::CircuitBreaker;
 pub use budget::RetryBudget;
 pub use error::{ErrorKind, Failure, RetryError};

@@ -1,6 +1,7 @@
 //! Per-endpoint retry policies: how long a call may take, how its retries
-//! are spaced, whether writes get an idempotency key, and the endpoint's
-//! retry budget and circuit breaker.
+//! are spaced, whether the endpoint is guarded (its writes get an
+//! idempotency key), and, optionally, a retry budget of its own and a
+//! circuit breaker.
 
 use std::time::Duration;
 
@@ -60,7 +61,7 @@ const RETRY_AFTER_FLOOR: Duration = Duration::from_millis(500);
 /// use std::time::Duration;
 /// use idempotency_client::{Backoff, CircuitBreaker, Kind, Policy, RetryBudget};
 ///
-/// let policy = Policy::new(Kind::Write)
+/// let policy = Policy::guarded_write()
 ///     .with_backoff(Backoff::new(Duration::from_millis(200)))
 ///     .with_deadline(Duration::from_secs(5))
 ///     .with_attempt_timeout(Duration::from_secs(2))
@@ -77,13 +78,15 @@ pub struct Policy {
     pub(crate) max_attempts: u32,
     pub(crate) retry_after_floor: Duration,
     pub(crate) idempotent: bool,
-    pub(crate) generate_keys: bool,
-    pub(crate) budget: RetryBudget,
+    pub(crate) guarded: bool,
+    pub(crate) budget: Option<RetryBudget>,
     pub(crate) breaker: Option<CircuitBreaker>,
 }
 
 impl Policy {
-    /// The default policy of reads or of writes.
+    /// The default policy of reads or of writes. A write endpoint is not
+    /// guarded by default: its writes get no key and are retried only on
+    /// `429` (see [`Policy::guarded_write`]).
     pub fn new(kind: Kind) -> Self {
         let defaults = match kind {
             Kind::Read => READ,
@@ -97,10 +100,25 @@ impl Policy {
             max_attempts: defaults.max_attempts,
             retry_after_floor: RETRY_AFTER_FLOOR,
             idempotent: false,
-            generate_keys: true,
-            budget: RetryBudget::default(),
+            guarded: false,
+            budget: None,
             breaker: None,
         }
+    }
+
+    /// The default policy of a write endpoint declared guarded (it sits
+    /// behind the idempotency guard, or anything else that honours
+    /// `Idempotency-Key`): `Policy::new(Kind::Write).with_guarded(true)`.
+    ///
+    /// ```
+    /// use idempotency_client::{Kind, Policy};
+    ///
+    /// let policy = Policy::guarded_write();
+    /// assert!(policy.guarded());
+    /// assert_eq!(policy.kind(), Kind::Write);
+    /// ```
+    pub fn guarded_write() -> Self {
+        Self::new(Kind::Write).with_guarded(true)
     }
 
     /// Sets the pauses between attempts.
@@ -212,40 +230,56 @@ impl Policy {
         self
     }
 
-    /// Sets whether a write without an `Idempotency-Key` header gets one (a
-    /// UUID v7, made once per call and sent with every attempt). Without a
-    /// key, a write is never retried: turn this off only for endpoints that
-    /// are not guarded, where a key would protect nothing.
+    /// Declares whether the endpoint is guarded: whether the server
+    /// honours `Idempotency-Key`, so that a write sent twice with one key
+    /// runs once. A guarded endpoint's writes without a key get one (a
+    /// UUID v7, made once per call and sent with every attempt) and are
+    /// retried after failures that leave their outcome unknown. An
+    /// undeclared endpoint's writes get no key and are retried only on a
+    /// `429` with `Retry-After` (the server said it did nothing), so a
+    /// server that ignores keys never runs a write twice because of this
+    /// client. A write whose request carries its own key is treated as
+    /// guarded whatever this says: the caller vouched for the server.
     ///
-    /// The default value is `true`.
+    /// # Warning
+    ///
+    /// Declare only endpoints that really are guarded: against a server
+    /// that ignores the key, a resent write runs again.
+    ///
+    /// The default value is `false` ([`Policy::guarded_write`] sets it).
     ///
     /// ```
     /// use idempotency_client::{Kind, Policy};
     ///
-    /// let policy = Policy::new(Kind::Write).with_generated_keys(false);
-    /// assert!(!policy.generated_keys());
+    /// let policy = Policy::new(Kind::Write).with_guarded(true);
+    /// assert!(policy.guarded());
+    /// assert!(!Policy::new(Kind::Write).guarded());
     /// ```
     #[must_use]
-    pub fn with_generated_keys(mut self, generate: bool) -> Self {
-        self.generate_keys = generate;
+    pub fn with_guarded(mut self, guarded: bool) -> Self {
+        self.guarded = guarded;
         self
     }
 
-    /// Sets the endpoint's retry budget (the client has one of its own as
-    /// well; a retry needs both).
+    /// Gives each endpoint that follows this policy a retry budget of its
+    /// own, used *instead of* the client's shared one (never both: a retry
+    /// takes one token from exactly one bucket). Use it to keep a noisy
+    /// endpoint from spending the retries of the others, or to give one
+    /// endpoint a larger share.
     ///
-    /// The default value is a share of 0.1 (one retry per ten calls), at
-    /// most 10 saved up, empty at start.
+    /// The default value is none: the endpoint retries from the client's
+    /// shared budget ([`RetryClient::with_budget`](crate::RetryClient::with_budget)).
     ///
     /// ```
     /// use idempotency_client::{Kind, Policy, RetryBudget};
     ///
+    /// assert_eq!(Policy::new(Kind::Read).budget(), None);
     /// let policy = Policy::new(Kind::Read).with_budget(RetryBudget::new(0.2));
-    /// assert_eq!(policy.budget().share(), 0.2);
+    /// assert_eq!(policy.budget().map(|b| b.share()), Some(0.2));
     /// ```
     #[must_use]
     pub fn with_budget(mut self, budget: RetryBudget) -> Self {
-        self.budget = budget;
+        self.budget = Some(budget);
         self
     }
 
@@ -300,13 +334,13 @@ impl Policy {
         self.idempotent
     }
 
-    /// Returns whether writes without a key get one.
-    pub fn generated_keys(&self) -> bool {
-        self.generate_keys
+    /// Returns whether the endpoint is declared guarded.
+    pub fn guarded(&self) -> bool {
+        self.guarded
     }
 
-    /// Returns the endpoint's retry budget.
-    pub fn budget(&self) -> RetryBudget {
+    /// Returns the endpoint's own retry budget, if it has one.
+    pub fn budget(&self) -> Option<RetryBudget> {
         self.budget
     }
 
@@ -334,11 +368,12 @@ mod tests {
         let write = Policy::new(Kind::Write);
         assert_eq!(write.backoff().base(), Duration::from_secs(1));
         assert_eq!(write.deadline(), Duration::from_secs(2));
+        assert!(Policy::guarded_write().guarded());
         for policy in [read, write] {
-            assert!(policy.generated_keys());
+            assert!(!policy.guarded(), "no endpoint is guarded unless declared");
             assert!(!policy.idempotent());
             assert_eq!(policy.retry_after_floor(), Duration::from_millis(500));
-            assert_eq!(policy.budget().share(), 0.1);
+            assert_eq!(policy.budget(), None, "the client's shared budget");
             assert!(policy.circuit_breaker().is_none());
             assert!(policy.attempt_timeout() < policy.deadline());
         }

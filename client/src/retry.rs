@@ -17,10 +17,6 @@ use crate::key::{IDEMPOTENCY_KEY, RETRY_ATTEMPT};
 use crate::status::{Advice, StatusClient};
 use crate::{ErrorKind, Failure, Kind, Policy, RetryBudget, RetryError, new_key, telemetry};
 
-/// The client-wide budget when none is set: one retry per ten calls, as
-/// each endpoint's, with more room to save up since all endpoints fill it.
-const CLIENT_BUDGET_CAP: f64 = 100.0;
-
 /// The largest guard problem body read to tell a 409's kind.
 const PROBLEM_LIMIT: u64 = 16 * 1024;
 
@@ -29,15 +25,21 @@ const PROBLEM_LIMIT: u64 = 16 * 1024;
 /// - Reads (GET, HEAD, OPTIONS, TRACE, or an endpoint marked idempotent)
 ///   are retried on connect errors, timeouts, dropped connections, 408,
 ///   429 (with `Retry-After`), 500, 502, 503 and 504.
-/// - Writes get an `Idempotency-Key` (a UUID v7, or the caller's own),
-///   made once per call and sent with every attempt. After a failure that
-///   leaves the outcome unknown (a timeout, a dropped connection, 502,
-///   504) the client asks the key-status service first and follows its
-///   advice; without one, it resends with the same key, which the guard
-///   makes safe. A write without a key is never sent twice.
-/// - Pauses are exponential with full jitter; one deadline covers the
-///   whole call; retries draw on a budget (the client's and the
-///   endpoint's); an endpoint may have a circuit breaker.
+/// - Writes to an endpoint declared guarded ([`Policy::guarded_write`])
+///   get an `Idempotency-Key` (a UUID v7, or the caller's own), made once
+///   per call and sent with every attempt. After a failure that leaves the
+///   outcome unknown (a timeout, a dropped connection, 502, 504) the
+///   client asks the key-status service first and follows its advice;
+///   without one, it resends with the same key, which the guard makes
+///   safe. Fetching an answer the guard stored (after `replay` advice or
+///   its `409 request-in-flight`) takes nothing from the retry budget.
+/// - Writes without a key (an undeclared endpoint) are retried only on a
+///   `429` with `Retry-After`, the server's word that it did nothing.
+/// - Pauses are exponential with full jitter, drawn from the schedule
+///   alone; one deadline covers the whole call, and a retry whose pause
+///   and attempt do not fit in it is not made; retries draw on one retry
+///   budget (the client's shared one, or the endpoint's own when its
+///   policy sets one); an endpoint may have a circuit breaker.
 /// - Every attempt carries `X-Retry-Attempt: <n>`, and is built afresh by
 ///   the closure given to [`RetryClient::send`], so no body is ever
 ///   reused after it was consumed.
@@ -45,10 +47,11 @@ const PROBLEM_LIMIT: u64 = 16 * 1024;
 /// Clones share their budgets and breakers.
 ///
 /// ```no_run
-/// use idempotency_client::{RetryClient, StatusClient};
+/// use idempotency_client::{Policy, RetryClient, StatusClient};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = RetryClient::new(reqwest::Client::new())
+///     .with_endpoint("create-payment", Policy::guarded_write())
 ///     .with_status_client(StatusClient::new("http://127.0.0.1:8080", "token-of-tenant-a"));
 /// let payment = serde_json::json!({"amount": 4200, "currency": "EUR"});
 /// let response = client
@@ -70,24 +73,28 @@ pub struct RetryClient {
     state: Arc<State>,
 }
 
-/// What the client's calls share: its budget, and each endpoint's budget
-/// and breaker.
+/// What the client's calls share: the shared budget, and each endpoint's
+/// bucket and breaker.
 #[derive(Debug)]
 struct State {
-    budget: Mutex<TokenBucket>,
+    budget: Arc<Mutex<TokenBucket>>,
     endpoints: Mutex<HashMap<String, Arc<EndpointState>>>,
 }
 
 #[derive(Debug)]
 struct EndpointState {
-    budget: Mutex<TokenBucket>,
+    /// The one bucket the endpoint's calls fill and its retries drain: the
+    /// client's shared one, or the endpoint's own.
+    budget: Arc<Mutex<TokenBucket>>,
+    /// Whether `budget` is the endpoint's own (the metric label).
+    own_budget: bool,
     breaker: Option<Mutex<BreakerState>>,
 }
 
 impl State {
     fn new(budget: &RetryBudget) -> Arc<Self> {
         Arc::new(Self {
-            budget: Mutex::new(TokenBucket::new(budget)),
+            budget: Arc::new(Mutex::new(TokenBucket::new(budget))),
             endpoints: Mutex::new(HashMap::new()),
         })
     }
@@ -98,8 +105,13 @@ impl State {
         if let Some(state) = endpoints.get(name) {
             return Arc::clone(state);
         }
+        let budget = match &policy.budget {
+            Some(own) => Arc::new(Mutex::new(TokenBucket::new(own))),
+            None => Arc::clone(&self.budget),
+        };
         let state = Arc::new(EndpointState {
-            budget: Mutex::new(TokenBucket::new(&policy.budget)),
+            budget,
+            own_budget: policy.budget.is_some(),
             breaker: policy.breaker.map(|b| Mutex::new(BreakerState::new(b))),
         });
         endpoints.insert(name.to_owned(), Arc::clone(&state));
@@ -112,11 +124,11 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl RetryClient {
-    /// A retrying client over `http`, with the default policies, a
-    /// client-wide budget and no status service.
+    /// A retrying client over `http`, with the default policies (no
+    /// endpoint guarded), the default shared budget and no status service.
     pub fn new(http: reqwest::Client) -> Self {
         telemetry::describe();
-        let budget = RetryBudget::default().with_cap(CLIENT_BUDGET_CAP);
+        let budget = RetryBudget::default();
         Self {
             http,
             status: None,
@@ -148,11 +160,14 @@ impl RetryClient {
         self
     }
 
-    /// Sets the client-wide retry budget, shared by all endpoints (each
-    /// endpoint's policy has its own as well; a retry needs both).
+    /// Sets the client's retry budget, shared by every endpoint whose
+    /// policy has no budget of its own ([`Policy::with_budget`]). Each
+    /// retry takes a token from exactly one bucket: the endpoint's own if
+    /// it has one, else this one.
     ///
     /// The default value is a share of 0.1 (one retry per ten calls), at
-    /// most 100 saved up, empty at start.
+    /// most 10 saved up, full at start: over the first `n` calls, at most
+    /// `0.1 × n + 10` retries.
     ///
     /// ```
     /// use idempotency_client::{RetryBudget, RetryClient};
@@ -214,11 +229,11 @@ impl RetryClient {
     /// from the policy of its first call.
     ///
     /// ```
-    /// use idempotency_client::{CircuitBreaker, Kind, Policy, RetryClient};
+    /// use idempotency_client::{CircuitBreaker, Policy, RetryClient};
     ///
     /// let client = RetryClient::new(reqwest::Client::new()).with_endpoint(
     ///     "create-payment",
-    ///     Policy::new(Kind::Write).with_circuit_breaker(CircuitBreaker::new(5)),
+    ///     Policy::guarded_write().with_circuit_breaker(CircuitBreaker::new(5)),
     /// );
     /// # drop(client);
     /// ```
@@ -254,8 +269,10 @@ impl RetryClient {
     /// policy. `request` builds the request afresh for every attempt, so
     /// bodies are never reused; give it the same request every time.
     ///
-    /// A write gets an `Idempotency-Key` (a UUID v7) unless `request` sets
-    /// one; that key is sent with every attempt.
+    /// A write to an endpoint declared guarded gets an `Idempotency-Key`
+    /// (a UUID v7) unless `request` sets one; that key is sent with every
+    /// attempt. A write to another endpoint is sent without one (unless
+    /// `request` sets it) and retried only on a `429` with `Retry-After`.
     ///
     /// Any answer the policy does not retry (success, a 4xx other than 408
     /// and 429, a 429 without `Retry-After`) comes back as `Ok`, as does a
@@ -265,8 +282,8 @@ impl RetryClient {
     ///
     /// A [`RetryError`] when the call gives up: its [`ErrorKind`] says why
     /// (budget exhausted, deadline exceeded, attempts exhausted, circuit
-    /// open, outcome unknown, a failed write without a key, an invalid
-    /// request), and [`RetryError::last`] holds the last failure (an
+    /// open, outcome unknown, outcome still running, a failed write without
+    /// a key, an invalid request), and [`RetryError::last`] holds the last failure (an
     /// answer, or a transport error).
     pub async fn send<F>(&self, endpoint: &str, request: F) -> Result<Response, RetryError>
     where
@@ -287,7 +304,6 @@ impl RetryClient {
             .as_ref()
             .map(|k| String::from_utf8_lossy(k.as_bytes()).into_owned());
         let endpoint_state = self.state.endpoint(endpoint, policy);
-        lock(&self.state.budget).deposit();
         lock(&endpoint_state.budget).deposit();
         let deadline = Deadline::after(started, policy.deadline);
         let status_service = match (&self.status, class) {
@@ -362,11 +378,20 @@ impl RetryClient {
                         };
                     }
                     Decision::Resend { after } => {
-                        let taken = budget::take_retry(&self.state.budget, &endpoint_state.budget);
-                        if let Err(refusal) = taken {
-                            telemetry::budget_refusal(endpoint, refusal.label());
+                        if !budget::take_retry(&endpoint_state.budget) {
+                            let label = if endpoint_state.own_budget {
+                                "endpoint"
+                            } else {
+                                "shared"
+                            };
+                            telemetry::budget_refusal(endpoint, label);
                             return Err(call.stop(ErrorKind::BudgetExhausted));
                         }
+                        pause(after).await;
+                        break;
+                    }
+                    // The answer is stored (or about to be): no retry budget.
+                    Decision::Fetch { after } => {
                         pause(after).await;
                         break;
                     }
@@ -425,14 +450,14 @@ impl<'a> Call<'a> {
 }
 
 /// How a call is retried, and the key its attempts carry: the caller's,
-/// or a new one for a write whose policy makes keys.
+/// or a new one for a write to an endpoint declared guarded.
 fn identify(first: &Request, policy: &Policy) -> (Class, Option<HeaderValue>) {
     if is_safe(first.method()) || policy.idempotent {
         return (Class::Read, None);
     }
     let key = match first.headers().get(IDEMPOTENCY_KEY) {
         Some(theirs) => Some(theirs.clone()),
-        None if policy.generate_keys => HeaderValue::from_str(&new_key()).ok(),
+        None if policy.guarded => HeaderValue::from_str(&new_key()).ok(),
         None => None,
     };
     match key {
@@ -613,9 +638,9 @@ mod tests {
     }
 
     #[test]
-    fn writes_get_a_key_unless_they_have_one_or_are_idempotent() {
+    fn only_guarded_writes_get_a_key() {
         let http = reqwest::Client::new();
-        let writes = Policy::new(Kind::Write);
+        let writes = Policy::guarded_write();
         let post = http.post("http://127.0.0.1:1/").build().unwrap();
         let (class, key) = identify(&post, &writes);
         assert_eq!(class, Class::KeyedWrite);
@@ -629,9 +654,12 @@ mod tests {
             identify(&theirs, &writes),
             (Class::KeyedWrite, Some(HeaderValue::from_static("order-1")))
         );
+        // Undeclared: no key of ours; the caller's own is kept.
+        let undeclared = Policy::new(Kind::Write);
+        assert_eq!(identify(&post, &undeclared), (Class::UnkeyedWrite, None));
         assert_eq!(
-            identify(&post, &writes.clone().with_generated_keys(false)),
-            (Class::UnkeyedWrite, None)
+            identify(&theirs, &undeclared),
+            (Class::KeyedWrite, Some(HeaderValue::from_static("order-1")))
         );
         assert_eq!(
             identify(&post, &writes.clone().with_idempotent(true)),

@@ -11,7 +11,8 @@
 //!   after the first, by what they got; retries with `outcome="success"`
 //!   are the retry successes.
 //! - `idempotency_client_budget_refusals_total{endpoint, budget}`: retries
-//!   the budget refused (`budget` is `client` or `endpoint`).
+//!   the budget refused (`budget` is `shared`, the client's, or `endpoint`,
+//!   an endpoint's own).
 //! - `idempotency_client_status_checks_total{endpoint, advice}`: key-status
 //!   look-ups after an outcome-unknown failure, by advice (`replay`,
 //!   `wait`, `retry`, `reconcile`, or `unavailable`).
@@ -51,7 +52,7 @@ pub fn describe() {
     );
     metrics::describe_counter!(
         BUDGET_REFUSALS_TOTAL,
-        "Retries refused by the retry budget, by endpoint and budget (client or endpoint)."
+        "Retries refused by the retry budget, by endpoint and budget (shared or endpoint)."
     );
     metrics::describe_counter!(
         STATUS_CHECKS_TOTAL,
