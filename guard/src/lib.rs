@@ -175,7 +175,7 @@ pub use engine::{Drain, Engine, FailureMode};
 pub use events::RecordEvents;
 pub use fingerprint::Fingerprint;
 pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError};
-pub use layer::{FinalResponse, IdempotencyLayer, IdempotencyService};
+pub use layer::{FinalResponse, IdempotencyLayer, IdempotencyService, OutcomeUnknown};
 pub use migrate::MigrationError;
 pub use problem::Rejection;
 pub use record::{Record, RecordState, StoredResponse};

@@ -358,3 +358,58 @@ async fn sigterm_lets_an_in_flight_payment_finish() {
     }
     assert!(exited, "the app exited after SIGTERM");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_a_payment_whose_client_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("payments.db").display());
+    let env = [("DATABASE_URL", url.as_str())];
+    let app = Process::start(env!("CARGO_BIN_EXE_payments"), &env, "/metrics").await;
+    // The client gives up after 300 ms; the payment takes 1.5 s.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let gone = pay(&impatient, &app, "left-early", &payment(9, 1500)).await;
+    assert!(gone.is_err(), "the client was meant to time out");
+    let pid = app.pid().unwrap().to_string();
+    let signalled = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(signalled.success());
+    let mut exited = false;
+    for _ in 0..100 {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z "))
+        {
+            exited = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(exited, "the app did not exit after SIGTERM");
+    assert_eq!(
+        count_payments(&url).await,
+        1,
+        "the app exited before the payment whose client left was written"
+    );
+    app.kill().await;
+    // After a restart, the retry gets the stored answer.
+    let app = Process::start(env!("CARGO_BIN_EXE_payments"), &env, "/metrics").await;
+    let http = reqwest::Client::new();
+    let retry = pay(&http, &app, "left-early", &payment(9, 1500))
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), 201);
+    assert_eq!(
+        retry
+            .headers()
+            .get("idempotent-replayed")
+            .and_then(|v| v.to_str().ok()),
+        Some("true"),
+        "the retry after the restart was not a replay"
+    );
+    assert_eq!(count_payments(&url).await, 1);
+}

@@ -167,6 +167,15 @@ pub enum Settle<T> {
         /// success that is not to be stored) or roll back (a failure).
         keep_writes: bool,
     },
+    /// The work's outcome is unknown (it handed the job to something that
+    /// went silent after receiving it: an upstream reset mid-request, a
+    /// timeout): end the lease so the key is abandoned, answered
+    /// `outcome-unknown` and never run again blindly. In transactional mode
+    /// the work's writes roll back and the key is released instead.
+    Abandon {
+        /// What this caller gets.
+        reply: T,
+    },
 }
 
 /// What became of the outcome of work that ran.
@@ -177,6 +186,8 @@ pub enum Settled {
     Stored,
     /// The key was released: a retry runs the work again.
     Released,
+    /// The work said its outcome is unknown: the key is abandoned.
+    Abandoned,
     /// The work ran but its outcome could not be stored (the store failed):
     /// later callers see the run as abandoned.
     NotStored,
@@ -238,6 +249,7 @@ impl<T> Answer<T> {
             Self::Ran { settled, .. } => match settled {
                 Settled::Stored | Settled::NotStored => Outcome::Executed,
                 Settled::Released => Outcome::Released,
+                Settled::Abandoned => Outcome::Abandoned,
                 Settled::Unguarded => Outcome::StoreUnavailable,
             },
             Self::Replay(_) => Outcome::Replayed,
@@ -546,7 +558,7 @@ impl<S: Store> Engine<S> {
                         reply: value,
                     },
                     Err(error) => {
-                        tracing::error!(error = %error, "the outcome does not serialize; key released");
+                        tracing::error!(error = %error, "the outcome does not serialize; the key is released");
                         Settle::Release {
                             reply: value,
                             keep_writes: false,
@@ -613,7 +625,9 @@ impl<S: Store> Engine<S> {
                     slot: None,
                 };
                 let reply = match work(context).await {
-                    Settle::Complete { reply, .. } | Settle::Release { reply, .. } => reply,
+                    Settle::Complete { reply, .. }
+                    | Settle::Release { reply, .. }
+                    | Settle::Abandon { reply } => reply,
                 };
                 Answer::Ran {
                     reply,

@@ -59,7 +59,15 @@ impl<S: Store> Engine<S> {
         // the transaction is taken back.
         drop(work);
         let answer = match ended {
-            Some(Ok(settle)) => self.settle_outcome(job, &lease, &transaction, settle).await,
+            Some(Ok(settle)) => {
+                if matches!(settle, Settle::Abandon { .. })
+                    && let Some(renewals) = renewals.take()
+                {
+                    // No renewal may land after the lease is ended.
+                    renewals.stop().await;
+                }
+                self.settle_outcome(job, &lease, &transaction, settle).await
+            }
             Some(Err(_panic)) => {
                 tracing::error!(key = %job.key, "the work panicked; its key is released");
                 let ending = Ending::Release { keep_writes: false };
@@ -102,6 +110,17 @@ impl<S: Store> Engine<S> {
                     reply,
                     settled: Settled::Released,
                 };
+            }
+            Settle::Abandon { reply } => {
+                let rolled_back = self
+                    .settle_logged(job, lease, transaction, Ending::CutOff)
+                    .await;
+                let settled = if rolled_back {
+                    Settled::Released
+                } else {
+                    Settled::Abandoned
+                };
+                return Answer::Ran { reply, settled };
             }
         };
         match self

@@ -16,6 +16,7 @@
 //! | 400, 413, 415 or 422 not marked [`FinalResponse`] (an extractor rejected the request before the handler started: Stripe's rule) | no | released: the corrected request runs |
 //! | 400, 413, 415 or 422 with [`FinalResponse`] in its extensions (the handler decided it) | yes | completed |
 //! | 5xx, 408, 425, 429, `Cache-Control: no-store`, a panic, a broken body | no | released |
+//! | anything carrying [`OutcomeUnknown`] in its extensions | no | abandoned (released in transactional mode when the run began its transaction) |
 //! | nothing before the maximum handler time | no | abandoned (released in transactional mode when the run began its transaction) |
 
 mod service;
@@ -56,6 +57,27 @@ pub const MAX_SCOPE_LEN: usize = 255;
 pub struct FinalResponse;
 
 impl axum::response::IntoResponseParts for FinalResponse {
+    type Error = std::convert::Infallible;
+
+    fn into_response_parts(
+        self,
+        mut parts: axum::response::ResponseParts,
+    ) -> Result<axum::response::ResponseParts, Self::Error> {
+        parts.extensions_mut().insert(self);
+        Ok(parts)
+    }
+}
+
+/// Marks a response whose outcome the handler does not know: it handed the
+/// request on and lost track of it (an upstream reset the connection after
+/// receiving the request, or timed out). The guard sends the response, but
+/// stores nothing and ends the lease: the key is abandoned, later requests
+/// get 409 `outcome-unknown` and the status service says `reconcile`, so
+/// nothing runs twice blindly. (The gateway marks its 502/504 answers so.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutcomeUnknown;
+
+impl axum::response::IntoResponseParts for OutcomeUnknown {
     type Error = std::convert::Infallible;
 
     fn into_response_parts(

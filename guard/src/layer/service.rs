@@ -16,7 +16,7 @@ use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower::{Service, ServiceExt};
 
-use super::{Config, FinalResponse, MAX_SCOPE_LEN, is_rejection_before_work};
+use super::{Config, FinalResponse, MAX_SCOPE_LEN, OutcomeUnknown, is_rejection_before_work};
 use crate::engine::{Answer, Engine, Job, RunContext, Settle};
 use crate::problem::Rejection;
 use crate::response::{BoxError, Captured, capture, headers_to_store, is_no_store};
@@ -235,6 +235,11 @@ where
         reply: Ok(Response::from_parts(parts, Body::new(body))),
         keep_writes,
     };
+    if parts.extensions.get::<OutcomeUnknown>().is_some() {
+        return Settle::Abandon {
+            reply: Ok(Response::from_parts(parts, Body::new(body))),
+        };
+    }
     // Stripe's rule: an extractor's rejection means no work was done.
     if is_rejection_before_work(parts.status) && parts.extensions.get::<FinalResponse>().is_none() {
         return release(parts, body, false);

@@ -40,6 +40,7 @@ macro_rules! engine_suite {
                 never_ending_body_ends_in_handler_timeout,
                 extractor_rejections_release_the_key,
                 final_client_errors_are_stored,
+                an_unknown_outcome_abandons_the_key,
                 nested_mounts_have_their_own_fingerprints,
             );
         }
@@ -376,6 +377,25 @@ pub(crate) async fn final_client_errors_are_stored<S: Store>(db: TestDb<S>) {
     let replay = call(&router, post_json(&key, "application/json", "{}")).await;
     assert_eq!(replay.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(replay.replayed(), "a final 422 was not stored");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A handler that lost track of its request (an upstream went silent).
+async fn lost_track(State(runs): State<Arc<AtomicUsize>>) -> impl IntoResponse {
+    runs.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::BAD_GATEWAY, OutcomeUnknown, "upstream reset")
+}
+
+pub(crate) async fn an_unknown_outcome_abandons_the_key<S: Store>(db: TestDb<S>) {
+    let (router, runs) = router(IdempotencyLayer::new(db.store.clone()), lost_track);
+    let key = key("unknown");
+    let first = call(&router, post_json(&key, "application/json", "{}")).await;
+    assert_eq!(first.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(first.body, "upstream reset");
+    let record = db.store.get("default", &key).await.unwrap().unwrap();
+    assert_eq!(record.state(), RecordState::Abandoned);
+    let retry = call(&router, post_json(&key, "application/json", "{}")).await;
+    assert_eq!(retry.problem(), "outcome-unknown");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
