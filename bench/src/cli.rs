@@ -169,4 +169,7 @@ pub(crate) struct ServeArgs {
     pub(crate) prefix: String,
     #[arg(long, default_value_t = 32)]
     pub(crate) pool_size: u32,
+    /// The guard's in-process replay cache, in MiB (0: none, the default).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) replay_cache_mib: usize,
 }

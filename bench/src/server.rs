@@ -3,6 +3,7 @@
 //! process; prints `listening <address>` on its first line of stdout.
 
 use std::io::Write as _;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
@@ -49,29 +50,40 @@ fn bare() -> Router {
     Router::new().route(PATH, post(create_order))
 }
 
-fn guarded<S: Store>(store: S) -> Router {
+fn guarded<S: Store>(store: S, replay_cache_mib: usize) -> Router {
+    let mut layer = IdempotencyLayer::new(store);
+    if replay_cache_mib > 0 {
+        layer = layer.with_replay_cache(replay_cache_mib << 20, Duration::from_secs(60));
+    }
     Router::new()
         .route(PATH, post(create_order))
-        .route_layer(IdempotencyLayer::new(store))
+        .route_layer(layer)
 }
 
 /// Serves the app `args` names until killed.
 pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let cache = args.replay_cache_mib;
     let app = match args.app {
         App::Bare => bare(),
         App::Guard => {
             let store = args.store.context("--store is needed with the guard")?;
             match store {
-                StoreName::Postgres => guarded(postgres(&args).await?),
-                StoreName::Sqlite => guarded(SqliteStore::connect(&args.database_url).await?),
-                StoreName::Redis => {
-                    guarded(RedisStore::connect(&args.redis_url, &args.prefix).await?)
+                StoreName::Postgres => guarded(postgres(&args).await?, cache),
+                StoreName::Sqlite => {
+                    guarded(SqliteStore::connect(&args.database_url).await?, cache)
                 }
-                StoreName::RedisCluster => guarded(cluster(&args).await?),
-                StoreName::Tiered => guarded(TieredStore::new(
-                    postgres(&args).await?,
+                StoreName::Redis => guarded(
                     RedisStore::connect(&args.redis_url, &args.prefix).await?,
-                )),
+                    cache,
+                ),
+                StoreName::RedisCluster => guarded(cluster(&args).await?, cache),
+                StoreName::Tiered => guarded(
+                    TieredStore::new(
+                        postgres(&args).await?,
+                        RedisStore::connect(&args.redis_url, &args.prefix).await?,
+                    ),
+                    cache,
+                ),
             }
         }
         App::GuardTx => Router::new()

@@ -14,10 +14,15 @@ use tokio::sync::Notify;
 
 type RecordId = (String, String);
 
+/// A function told of every event (the engine's replay cache drops its copy
+/// of a record that changed). Held weakly: dropping it unregisters it.
+pub type Watcher = dyn Fn(&str, &str) + Send + Sync;
+
 /// A registry of waiters, keyed by `(scope, key)`. Cloning shares it.
 #[derive(Clone, Default)]
 pub struct RecordEvents {
     waiters: Arc<Mutex<HashMap<RecordId, Weak<Channel>>>>,
+    watchers: Arc<Mutex<Vec<Weak<Watcher>>>>,
 }
 
 #[derive(Default)]
@@ -68,8 +73,25 @@ impl RecordEvents {
         }
     }
 
-    /// Wakes every subscription to `(scope, key)`.
+    /// Tells `watcher` of every event from now on, until it is dropped.
+    pub fn watch(&self, watcher: &Arc<Watcher>) {
+        let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+        watchers.retain(|w| w.strong_count() > 0);
+        watchers.push(Arc::downgrade(watcher));
+    }
+
+    /// Wakes every subscription to `(scope, key)`, and tells every watcher.
     pub fn publish(&self, scope: &str, key: &str) {
+        let watchers: Vec<Arc<Watcher>> = self
+            .watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for watcher in watchers {
+            watcher(scope, key);
+        }
         let channel = {
             let waiters = self.lock();
             waiters

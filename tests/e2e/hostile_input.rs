@@ -214,9 +214,11 @@ async fn hostile_input_gets_clear_errors_and_leaves_nothing_behind() {
     let peak = app.peak_rss_kib().unwrap_or(0);
     assert!(peak < 128 * 1024, "the app's peak memory is {peak} KiB");
 
-    // Only the rows that reached a handler left a record (the handler's own
-    // 4xx answers are stored like any answer); only the three valid
-    // payments and the other scope's payment exist.
+    // Only the rows whose handler ran left a record: the Json extractor's
+    // rejections (400, 422 for invalid JSON, deep nesting, duplicate keys)
+    // happen before the handler starts, so they are not stored and their
+    // keys are free for the corrected request (Stripe's rule). Only the
+    // three valid payments and the other scope's payment exist.
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
     let payments: i64 = sqlx::query_scalar("select count(*) from payments")
         .fetch_one(&pool)
@@ -234,12 +236,9 @@ async fn hostile_input_gets_clear_errors_and_leaves_nothing_behind() {
         [
             "';DROP_TABLE_payments;--",
             "acme-secret",
-            "duplicate-keys",
-            "invalid-json",
-            "nested",
             "nested-inside",
             "quoted-ok"
         ],
-        "records exist only for requests that reached the handler"
+        "records exist only for requests whose handler ran"
     );
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::cache::Hit;
 use super::{Answer, Engine, Job, Refusal};
 use crate::decision::{Decision, InFlightPolicy, decide};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
@@ -50,6 +51,15 @@ impl<S: Store> Engine<S> {
 
     /// Claims `job`'s key, taking over or waiting as the policy says.
     pub(super) async fn acquire<T>(&self, job: &Job) -> Acquired<T> {
+        if let Some(cache) = self.replay_cache() {
+            match cache.get(&job.scope, &job.key, &job.fingerprint) {
+                Some(Hit::Replay(stored)) => return Acquired::Answer(Answer::Replay(stored)),
+                Some(Hit::Reused) => {
+                    return Acquired::Answer(Answer::Refused(Refusal::KeyReused));
+                }
+                None => {}
+            }
+        }
         let token = LeaseToken::new();
         let new = self.new_record(job, token);
         let wait_until = match self.config.policy.in_flight {
@@ -57,7 +67,10 @@ impl<S: Store> Engine<S> {
             InFlightPolicy::Reject => Instant::now(),
         };
         for _ in 0..MAX_CLAIM_ROUNDS {
-            let mut record = match self.timed("claim", self.store.claim(&new)).await {
+            let pending = PendingClaim::arm(self, &new);
+            let claimed = self.timed("claim", self.store.claim(&new)).await;
+            pending.disarm();
+            let mut record = match claimed {
                 Ok(Claim::Acquired(lease)) => return Acquired::Lease(lease),
                 Ok(Claim::Existing(record)) if record.lease_token == token => {
                     // Our own claim, landed by an earlier attempt whose reply was lost.
@@ -74,6 +87,18 @@ impl<S: Store> Engine<S> {
                     Decision::Replay => {
                         return match record.response {
                             Some(stored) if stored.body.is_some() => {
+                                if let Some(cache) = self.replay_cache() {
+                                    let lives = (record.expires_at - record.observed_at)
+                                        .try_into()
+                                        .unwrap_or_default();
+                                    cache.put(
+                                        &job.scope,
+                                        &job.key,
+                                        record.fingerprint,
+                                        stored.clone(),
+                                        lives,
+                                    );
+                                }
                                 Acquired::Answer(Answer::Replay(stored))
                             }
                             _ => refuse(Refusal::ResponseNotStored),
@@ -94,10 +119,12 @@ impl<S: Store> Engine<S> {
                         }
                     },
                     Decision::TakeOver => {
-                        match self
+                        let pending = PendingClaim::arm(self, &new);
+                        let taken = self
                             .timed("take_over", self.store.take_over(record.lease_token, &new))
-                            .await
-                        {
+                            .await;
+                        pending.disarm();
+                        match taken {
                             Ok(Some(lease)) => return Acquired::Lease(lease),
                             // Changed meanwhile (perhaps by this very takeover,
                             // retried): claim again, which recognizes our token.
@@ -111,6 +138,15 @@ impl<S: Store> Engine<S> {
         Acquired::Answer(Answer::Refused(Refusal::InFlight {
             retry_after: self.config.policy.retry_after,
         }))
+    }
+
+    /// Frees a lease from a tracked task of its own, when called inside a
+    /// runtime (a drop during a runtime's shutdown has none: the process is
+    /// going away, and its claim lapses into abandoned).
+    fn release_if_running(&self, lease: Lease) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.release_in_background(lease);
+        }
     }
 
     /// A claim or takeover failed after it may have been sent: it may have
@@ -176,6 +212,38 @@ impl<S: Store> Engine<S> {
                     .await
             }
             other => Ok(other),
+        }
+    }
+}
+
+/// A claim or takeover on its way to the store. If the caller's future is
+/// dropped before the answer comes back (a client that went away), the
+/// claim may still land: dropping this hands its token to a background
+/// release.
+struct PendingClaim<'a, S: Store> {
+    engine: &'a Engine<S>,
+    lease: Option<Lease>,
+}
+
+impl<'a, S: Store> PendingClaim<'a, S> {
+    fn arm(engine: &'a Engine<S>, new: &NewRecord<'_>) -> Self {
+        Self {
+            engine,
+            lease: Some(new.lease()),
+        }
+    }
+
+    /// The answer came back: whoever reads it owns what it says.
+    fn disarm(mut self) {
+        self.lease = None;
+    }
+}
+
+impl<S: Store> Drop for PendingClaim<'_, S> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            tracing::warn!(key = %lease.key, "the caller went away while its claim was on its way; releasing it in case it landed");
+            self.engine.release_if_running(lease);
         }
     }
 }

@@ -35,16 +35,19 @@
 //! Who owns the record at each step, and what happens when the caller goes
 //! away (its future is dropped), is the whole point of this module:
 //!
-//! 1. **Hand-off.** [`Engine::run`] moves everything into a task of its own,
-//!    tracked by the engine's [`Drain`], before any store command is sent.
-//!    From here on the caller only waits for the answer: dropping its future
+//! 1. **Claim** ([`claim`]): one atomic store operation with a fresh lease
+//!    token, sent from the caller's own future, armed with a guard: if the
+//!    caller goes away before the claim's answer comes back, the guard hands
+//!    the token to a background task that releases it (fenced) for twice the
+//!    store timeout, in case the claim landed or still lands. The same
+//!    happens when the claim (or a takeover) fails or times out. A record
+//!    already carrying the token is the request's own claim (a client
+//!    library retried it after losing the reply), so it counts as acquired.
+//!    A claim never ends owned by nobody.
+//! 2. **Hand-off.** Once the lease is held, the run moves into a task of its
+//!    own, tracked by the engine's [`Drain`], with no await in between: from
+//!    here on the caller only waits for the answer, and dropping its future
 //!    cancels nothing.
-//! 2. **Claim** ([`claim`]): one atomic store operation with a fresh lease
-//!    token. A record already carrying that token is the request's own claim
-//!    (a client library retried it after losing the reply), so it counts as
-//!    acquired. When the claim (or a takeover) fails or times out, it may
-//!    still land later: a background task releases that token, fenced, for
-//!    twice the store timeout. A claim never ends owned by nobody.
 //! 3. **Decide** ([`crate::decision::decide`]) on an existing record:
 //!    replay, refuse, wait for it, or take it over (atomically, fenced by
 //!    the previous token).
@@ -62,6 +65,7 @@
 //! On shutdown, [`Drain::wait`] waits for every task of step 1 to end,
 //! bounded by the maximum handler time.
 
+mod cache;
 mod claim;
 mod drain;
 mod settle;
@@ -375,6 +379,14 @@ pub struct Engine<S> {
     store: S,
     config: Arc<EngineConfig>,
     tracker: TaskTracker,
+    cache: Option<Arc<ReplayCacheHandle>>,
+}
+
+/// The replay cache and its registration with the store's events (dropping
+/// the last engine clone unregisters it).
+struct ReplayCacheHandle {
+    cache: Arc<cache::ReplayCache>,
+    _watcher: Arc<crate::events::Watcher>,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for Engine<S> {
@@ -394,7 +406,38 @@ impl<S: Store> Engine<S> {
             store,
             config: Arc::new(EngineConfig::default()),
             tracker: TaskTracker::new(),
+            cache: None,
         }
+    }
+
+    /// Keeps completed records' responses in this process, up to
+    /// `capacity` bytes, so replays cost no store round trip (see the
+    /// cache's docs in the crate's `engine::cache` module for when a copy
+    /// is dropped). A copy lives at most `max_age`: on a store that does not
+    /// publish other processes' changes (SQLite, PostgreSQL without
+    /// notifications), that bounds how long an operator's deletion made
+    /// elsewhere can go unseen here.
+    ///
+    /// The default value is no cache.
+    pub fn with_replay_cache(mut self, capacity: usize, max_age: Duration) -> Self {
+        let cache = Arc::new(cache::ReplayCache::new(capacity, max_age));
+        let weak = Arc::downgrade(&cache);
+        let watcher: Arc<crate::events::Watcher> = Arc::new(move |scope: &str, key: &str| {
+            if let Some(cache) = weak.upgrade() {
+                cache.invalidate(scope, key);
+            }
+        });
+        self.store.events().watch(&watcher);
+        self.cache = Some(Arc::new(ReplayCacheHandle {
+            cache,
+            _watcher: watcher,
+        }));
+        self
+    }
+
+    /// The replay cache, when the engine keeps one.
+    fn replay_cache(&self) -> Option<&cache::ReplayCache> {
+        self.cache.as_deref().map(|handle| &*handle.cache)
     }
 
     fn config_mut(&mut self) -> &mut EngineConfig {
@@ -517,16 +560,27 @@ impl<S: Store> Engine<S> {
     ///
     /// The work runs in a task of its own: if the caller stops waiting (its
     /// future is dropped), the run goes on to its end and its outcome is
-    /// stored, so the caller's retry gets the replay. A panic in the work
-    /// releases the key and answers [`Refusal::Failed`].
+    /// stored, so the caller's retry gets the replay; a caller that goes away
+    /// while its claim is still on its way leaves the claim to be released
+    /// in the background. A panic in the work releases the key and answers
+    /// [`Refusal::Failed`].
     pub async fn run<F, Fut, T>(&self, job: Job, work: F) -> Answer<T>
     where
         F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Settle<T>> + Send + 'static,
         T: Send + 'static,
     {
+        let lease = match self.acquire(&job).await {
+            claim::Acquired::Lease(lease) => lease,
+            claim::Acquired::Answer(answer) => return answer,
+            claim::Acquired::StoreFailed => return self.store_failed(work).await,
+        };
+        // No await between the claim's answer and this hand-off: from here
+        // on the run is the task's, whatever becomes of the caller.
         let engine = self.clone();
-        let task = self.tracker.spawn(engine.run_owned(job, work));
+        let task = self
+            .tracker
+            .spawn(async move { engine.run_acquired(job, lease, work).await });
         match task.await {
             Ok(answer) => answer,
             Err(error) => {
@@ -578,18 +632,13 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Steps 2 to 6 of the module docs, inside the run's own task.
-    async fn run_owned<F, Fut, T>(self, job: Job, work: F) -> Answer<T>
+    /// Steps 4 to 6 of the module docs, inside the run's own task.
+    async fn run_acquired<F, Fut, T>(self, job: Job, lease: Lease, work: F) -> Answer<T>
     where
         F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Settle<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let lease = match self.acquire(&job).await {
-            claim::Acquired::Lease(lease) => lease,
-            claim::Acquired::Answer(answer) => return answer,
-            claim::Acquired::StoreFailed => return self.store_failed(work).await,
-        };
         #[cfg(feature = "postgres")]
         let slot = self.config.transactions.as_ref().map(|transactions| {
             crate::transaction::TransactionSlot::new(transactions.postgres.clone(), lease.clone())

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::settle::{Ending, SettleError, Transaction};
 use super::{Answer, Engine, Job, Refusal, Settle, Settled, timed};
+use crate::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 use crate::telemetry::count_lease_lost;
 
@@ -58,6 +59,7 @@ impl<S: Store> Engine<S> {
         // Drop the work (and with it any transaction handle it held) before
         // the transaction is taken back.
         drop(work);
+        let mut stored = None;
         let answer = match ended {
             Some(Ok(settle)) => {
                 if matches!(settle, Settle::Abandon { .. })
@@ -66,7 +68,9 @@ impl<S: Store> Engine<S> {
                     // No renewal may land after the lease is ended.
                     renewals.stop().await;
                 }
-                self.settle_outcome(job, &lease, &transaction, settle).await
+                let (answer, kept) = self.settle_outcome(job, &lease, &transaction, settle).await;
+                stored = kept;
+                answer
             }
             Some(Err(_panic)) => {
                 tracing::error!(key = %job.key, "the work panicked; its key is released");
@@ -90,6 +94,11 @@ impl<S: Store> Engine<S> {
             renewals.stop().await;
         }
         self.store.events().publish(&job.scope, &job.key);
+        // After the event, which drops any older copy: keep the new one.
+        if let (Some(cache), Some(stored)) = (self.replay_cache(), stored) {
+            let lives = self.config.retention.saturating_sub(started.elapsed());
+            cache.put(&job.scope, &job.key, job.fingerprint, stored, lives);
+        }
         answer
     }
 
@@ -100,16 +109,17 @@ impl<S: Store> Engine<S> {
         lease: &Lease,
         transaction: &Transaction,
         settle: Settle<T>,
-    ) -> Answer<T> {
+    ) -> (Answer<T>, Option<StoredResponse>) {
         let (response, reply) = match settle {
             Settle::Complete { response, reply } => (response, reply),
             Settle::Release { reply, keep_writes } => {
                 let ending = Ending::Release { keep_writes };
                 self.settle_logged(job, lease, transaction, ending).await;
-                return Answer::Ran {
+                let answer = Answer::Ran {
                     reply,
                     settled: Settled::Released,
                 };
+                return (answer, None);
             }
             Settle::Abandon { reply } => {
                 let rolled_back = self
@@ -120,17 +130,21 @@ impl<S: Store> Engine<S> {
                 } else {
                     Settled::Abandoned
                 };
-                return Answer::Ran { reply, settled };
+                return (Answer::Ran { reply, settled }, None);
             }
         };
         match self
             .settle(lease, transaction, Ending::Complete(&response))
             .await
         {
-            Ok(_) => Answer::Ran {
-                reply,
-                settled: Settled::Stored,
-            },
+            Ok(_) => {
+                let kept = self.replay_cache().is_some().then_some(response);
+                let answer = Answer::Ran {
+                    reply,
+                    settled: Settled::Stored,
+                };
+                (answer, kept)
+            }
             Err(SettleError {
                 error,
                 rolled_back: true,
@@ -139,13 +153,14 @@ impl<S: Store> Engine<S> {
                 // they did. A retry is safe either way.
                 tracing::error!(error = %error, key = %job.key, "transactional completion failed; writes rolled back");
                 let retry_after = self.config.policy.retry_after;
-                if matches!(error, StoreError::LeaseLost) {
+                let answer = if matches!(error, StoreError::LeaseLost) {
                     count_lease_lost(&job.route, "complete");
                     Answer::Refused(Refusal::InFlight { retry_after })
                 } else {
                     self.release_in_background(lease.clone());
                     Answer::Refused(Refusal::StoreUnavailable { retry_after })
-                }
+                };
+                (answer, None)
             }
             Err(SettleError {
                 error,
@@ -157,10 +172,11 @@ impl<S: Store> Engine<S> {
                     count_lease_lost(&job.route, "complete");
                 }
                 tracing::error!(error = %error, key = %job.key, "the outcome could not be stored");
-                Answer::Ran {
+                let answer = Answer::Ran {
                     reply,
                     settled: Settled::NotStored,
-                }
+                };
+                (answer, None)
             }
         }
     }

@@ -380,6 +380,16 @@ impl<S: Store> IdempotencyLayer<S> {
         self
     }
 
+    /// Keeps completed responses in this process, up to `capacity` bytes and
+    /// at most `max_age` each, so replays cost no store round trip; see
+    /// [`Engine::with_replay_cache`].
+    ///
+    /// The default value is no cache.
+    pub fn with_replay_cache(mut self, capacity: usize, max_age: Duration) -> Self {
+        self.engine_mut(|engine| engine.with_replay_cache(capacity, max_age));
+        self
+    }
+
     /// Sets the response headers left out of stored responses, beside the
     /// hop-by-hop headers, which are never stored.
     ///

@@ -1,7 +1,7 @@
 //! A caller that goes away while its claim is held up in the store (behind
-//! a lock): the claim lands after the caller left, and the engine's task
-//! still owns it. The key ends completed (the run finished and replays) or
-//! free, never stranded in flight or "outcome unknown".
+//! a lock): the claim lands after the caller left, and the engine still
+//! owns it (a background release, fenced by the claim's token). The key
+//! ends free (or completed), never stranded in flight or "outcome unknown".
 
 use std::time::Duration;
 
@@ -10,8 +10,12 @@ use idempotency_guard::{IdempotencyLayer, LeaseToken, RecordState, Store};
 
 use crate::support::{app, send};
 
-/// Waits until the record of `key` is settled (completed or gone).
+/// Waits until the record of `key` is settled (completed or gone). The
+/// claim that was held up lands as soon as the lock goes; the guard then
+/// either finishes the run or releases the claim in the background (every
+/// quarter second): give it a second before looking.
 async fn settled<S: Store>(store: &S, key: &str) -> Option<RecordState> {
+    tokio::time::sleep(Duration::from_secs(1)).await;
     for _ in 0..100 {
         let state = store
             .get("default", key)

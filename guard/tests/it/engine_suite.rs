@@ -19,8 +19,8 @@ use http::{Request, StatusCode};
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle};
 use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord, StoreError};
 use idempotency_guard::{
-    AbandonedPolicy, FinalResponse, Fingerprint, IdempotencyLayer, Record, RecordEvents,
-    RecordState, Store, StoredResponse,
+    AbandonedPolicy, FinalResponse, Fingerprint, IdempotencyLayer, OutcomeUnknown, Record,
+    RecordEvents, RecordState, Store, StoredResponse,
 };
 
 use crate::support::{TestDb, call};
@@ -34,6 +34,7 @@ macro_rules! engine_suite {
             engine_suite!(@tests $fixture;
                 engine_runs_once_under_200_concurrent_callers,
                 engine_keeps_json_outcomes,
+                replay_cache_answers_without_the_store_until_told,
                 a_retried_claim_of_our_own_counts_as_acquired,
                 an_ended_lease_is_never_renewed,
                 streamed_body_slower_than_the_lease_is_not_taken_over,
@@ -196,6 +197,102 @@ pub(crate) async fn a_retried_claim_of_our_own_counts_as_acquired<S: Store>(db: 
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let record = db.store.get("engine", &job.key).await.unwrap().unwrap();
     assert_eq!(record.state(), RecordState::Completed);
+}
+
+/// A store that counts the reads and claims that reach it.
+#[derive(Clone)]
+struct Counting<S> {
+    store: S,
+    calls: Arc<AtomicUsize>,
+}
+
+impl<S: Store> Store for Counting<S> {
+    async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.store.claim(new).await
+    }
+
+    async fn take_over(
+        &self,
+        previous: LeaseToken,
+        new: &NewRecord<'_>,
+    ) -> Result<Option<Lease>, StoreError> {
+        self.store.take_over(previous, new).await
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        self.store.complete(lease, response).await
+    }
+
+    async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
+        self.store.renew(lease, duration).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.store.release(lease).await
+    }
+
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.store.get(scope, key).await
+    }
+
+    fn events(&self) -> &RecordEvents {
+        self.store.events()
+    }
+}
+
+pub(crate) async fn replay_cache_answers_without_the_store_until_told<S: Store>(db: TestDb<S>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let store = Counting {
+        store: db.store.clone(),
+        calls: Arc::clone(&calls),
+    };
+    let engine = Engine::new(store).with_replay_cache(1 << 20, Duration::from_secs(60));
+    let key = key("cached");
+    let job = Job::new("engine", &key, Fingerprint::of_bytes(b"a"));
+    let first: u32 = engine
+        .run_json(job.clone(), |_run| async { 7 })
+        .await
+        .unwrap();
+    assert_eq!((first, calls.load(Ordering::SeqCst)), (7, 1));
+    // A store that echoes its own completion to every process (Redis pub/sub)
+    // drops the fresh copy once: the first replay may read the store.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let replayed: u32 = engine
+        .run_json(job.clone(), |_run| async { panic!("ran twice") })
+        .await
+        .unwrap();
+    assert_eq!(replayed, 7);
+    let cached = calls.load(Ordering::SeqCst);
+    assert!(cached <= 2, "{cached} store calls for one replay");
+    for _ in 0..3 {
+        let replayed: u32 = engine
+            .run_json(job.clone(), |_run| async { panic!("ran twice") })
+            .await
+            .unwrap();
+        assert_eq!(replayed, 7);
+    }
+    let reused = engine
+        .run_json::<_, _, u32>(
+            Job::new("engine", &key, Fingerprint::of_bytes(b"b")),
+            |_run| async { panic!("ran for another payload") },
+        )
+        .await;
+    assert_eq!(reused, Err(Refusal::KeyReused));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        cached,
+        "a cached replay reached the store"
+    );
+    // The store says the record changed: the copy is dropped, the store read.
+    db.store.events().publish("engine", &key);
+    let replayed: u32 = engine
+        .run_json(job, |_run| async { panic!("ran twice") })
+        .await
+        .unwrap();
+    assert_eq!(replayed, 7);
+    assert_eq!(calls.load(Ordering::SeqCst), cached + 1);
 }
 
 pub(crate) async fn an_ended_lease_is_never_renewed<S: Store>(db: TestDb<S>) {

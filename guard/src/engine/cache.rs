@@ -1,0 +1,185 @@
+//! The replay cache: completed records kept in the process, so a replay
+//! costs no store round trip.
+//!
+//! A completed record never changes until it expires or an operator deletes
+//! it, so a copy is safe to answer from while both hold: each entry lives
+//! until its record's retention ends (measured on the store's clock when it
+//! was read) or `max_age` passes, whichever is first, and is dropped at once
+//! when the store's events say the record changed (a release, a deletion
+//! published by another process through Redis pub/sub or PostgreSQL
+//! notifications). On a store that does not publish other processes'
+//! changes (SQLite, PostgreSQL without notifications), an operator's
+//! deletion elsewhere is seen here within `max_age`. A store that echoes
+//! every change to every process (Redis) also drops the copy made at a
+//! run's completion when the echo comes back: the first replay after it
+//! reads the store once, and keeps the copy from then on.
+//!
+//! The cache is bounded by the bytes it holds; when full, it drops entries
+//! in no particular order (the next replay of a dropped key reads the store).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::{Fingerprint, StoredResponse};
+
+/// What the cache keeps of one completed record.
+struct Entry {
+    fingerprint: Fingerprint,
+    response: StoredResponse,
+    valid_until: Instant,
+    size: usize,
+}
+
+#[derive(Default)]
+struct Entries {
+    map: HashMap<(String, String), Entry>,
+    bytes: usize,
+}
+
+/// Completed records of recent runs and replays, by `(scope, key)`.
+pub(crate) struct ReplayCache {
+    entries: Mutex<Entries>,
+    capacity: usize,
+    max_age: Duration,
+}
+
+/// A cached answer for a job.
+pub(crate) enum Hit {
+    /// The same request: replay this.
+    Replay(StoredResponse),
+    /// Another request with the key.
+    Reused,
+}
+
+impl ReplayCache {
+    pub(crate) fn new(capacity: usize, max_age: Duration) -> Self {
+        Self {
+            entries: Mutex::default(),
+            capacity,
+            max_age,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cached answer for `(scope, key)`, if a live copy is held.
+    pub(crate) fn get(&self, scope: &str, key: &str, fingerprint: &Fingerprint) -> Option<Hit> {
+        let mut entries = self.lock();
+        let id = (scope.to_owned(), key.to_owned());
+        let entry = entries.map.get(&id)?;
+        if entry.valid_until <= Instant::now() {
+            let size = entry.size;
+            entries.map.remove(&id);
+            entries.bytes -= size;
+            return None;
+        }
+        Some(if entry.fingerprint == *fingerprint {
+            Hit::Replay(entry.response.clone())
+        } else {
+            Hit::Reused
+        })
+    }
+
+    /// Keeps a completed record's response for at most `lives` (what is
+    /// left of its retention) and the cache's `max_age`. Responses too large
+    /// to store (no body) are not kept.
+    pub(crate) fn put(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+        response: StoredResponse,
+        lives: Duration,
+    ) {
+        let Some(body) = &response.body else { return };
+        let size = scope.len() + key.len() + body.len() + response.encode_headers().len() + 96;
+        if size > self.capacity {
+            return;
+        }
+        let valid_until = Instant::now() + lives.min(self.max_age);
+        let mut entries = self.lock();
+        while entries.bytes + size > self.capacity {
+            let Some(victim) = entries.map.keys().next().cloned() else {
+                break;
+            };
+            if let Some(evicted) = entries.map.remove(&victim) {
+                entries.bytes -= evicted.size;
+            }
+        }
+        let entry = Entry {
+            fingerprint,
+            response,
+            valid_until,
+            size,
+        };
+        if let Some(replaced) = entries
+            .map
+            .insert((scope.to_owned(), key.to_owned()), entry)
+        {
+            entries.bytes -= replaced.size;
+        }
+        entries.bytes += size;
+    }
+
+    /// Drops the copy of a record that changed.
+    pub(crate) fn invalidate(&self, scope: &str, key: &str) {
+        let mut entries = self.lock();
+        if let Some(entry) = entries.map.remove(&(scope.to_owned(), key.to_owned())) {
+            entries.bytes -= entry.size;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(body: &'static str) -> StoredResponse {
+        StoredResponse::from_bytes(body)
+    }
+
+    #[tokio::test]
+    async fn answers_replays_and_reuses_until_invalidated_or_expired() {
+        let cache = ReplayCache::new(1 << 20, Duration::from_secs(60));
+        let (a, b) = (
+            Fingerprint::from_bytes([1; 32]),
+            Fingerprint::from_bytes([2; 32]),
+        );
+        cache.put("s", "k", a, response("ok"), Duration::from_secs(60));
+        assert!(
+            matches!(cache.get("s", "k", &a), Some(Hit::Replay(r)) if r.body.as_deref() == Some(&b"ok"[..]))
+        );
+        assert!(matches!(cache.get("s", "k", &b), Some(Hit::Reused)));
+        assert!(cache.get("other", "k", &a).is_none());
+        cache.invalidate("s", "k");
+        assert!(cache.get("s", "k", &a).is_none());
+        cache.put("s", "short", a, response("ok"), Duration::from_millis(20));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(cache.get("s", "short", &a).is_none(), "outlived its record");
+    }
+
+    #[test]
+    fn stays_within_its_capacity() {
+        let cache = ReplayCache::new(4096, Duration::from_secs(60));
+        let fingerprint = Fingerprint::from_bytes([1; 32]);
+        for i in 0..1000 {
+            cache.put(
+                "s",
+                &format!("k{i}"),
+                fingerprint,
+                response("0123456789"),
+                Duration::from_secs(60),
+            );
+            assert!(cache.lock().bytes <= 4096);
+        }
+        assert!(!cache.lock().map.is_empty());
+        let huge = StoredResponse::from_bytes(vec![0_u8; 8192]);
+        cache.put("s", "huge", fingerprint, huge, Duration::from_secs(60));
+        assert!(cache.get("s", "huge", &fingerprint).is_none());
+    }
+}
