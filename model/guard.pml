@@ -161,21 +161,24 @@ proctype Request(byte i) {
   bool replied;
   bool good;                                       /* the handler's answer is to be stored */
   bool own = true;                                 /* i still knows token i as its own */
+  bool fresh;                                      /* the claim inserted the record */
 
   /* 1. Claim; decide; take over. A round trip is shorter than a tick.
    * Requests are alike, so they may start in the order of their ids. */
   atomic { started == i - 1 -> started = i; urgent[i] = true }
 claim:
   atomic {
+    fresh = (st == ABSENT);
     send(CLAIM, i, 0);
     if
-    :: !replied -> goto cancel
-    :: replied && tok == i && own -> goto acquired                     /* Acquired, or own token */
-    :: replied && !(tok == i && own) && st == COMPLETED ->
+    :: !replied -> fresh = false; goto cancel
+    :: replied && (fresh || (tok == i && own)) ->                      /* Acquired, or own token */
+       fresh = false; own = true; goto acquired
+    :: replied && !(fresh || (tok == i && own)) && st == COMPLETED ->
        printf("R%d: replay\n", i); goto done
-    :: replied && !(tok == i && own) && left > 0 ->
+    :: replied && !(fresh || (tok == i && own)) && st == IN_FLIGHT && left > 0 ->
        printf("R%d: 409 request-in-flight (token %d)\n", i, tok); goto done
-    :: replied && !(tok == i && own) && st == IN_FLIGHT && left == 0 ->  /* abandoned */
+    :: replied && !(fresh || (tok == i && own)) && st == IN_FLIGHT && left == 0 ->  /* abandoned */
        printf("R%d: token %d abandoned (its lease lapsed)\n", i, tok);
        assert(!live[tok] || missed[tok]);          /* (1) a live holder's lease never lapses */
        p = tok;
@@ -313,7 +316,7 @@ end:
 #define STATUS_TRUE (st != COMPLETED || effects > 0)                /* (5) */
 #else
 #define RUNS_ONCE (effects <= 1)                                    /* (1) */
-#define STATUS_TRUE (st != COMPLETED || effects > 0)                /* (5) */
+#define STATUS_TRUE ((st != COMPLETED || effects > 0) && (st != ABSENT || effects == 0))   /* (5) */
 #endif
 
 active proctype Invariants() {
