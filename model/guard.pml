@@ -11,7 +11,7 @@
  * Variants (spin -D...): TX (transactional mode), RUN_AGAIN (abandoned runs
  * run again; the default is Reject). Negative controls, each must fail:
  * NO_FENCE, NO_RELEASE_ON_CANCEL, EARLY_RENEW_STOP, UNTRACKED_RELEASE,
- * NEW_TOKEN_PER_ROUND.
+ * NO_OWN_TOKEN, NEW_TOKEN_PER_ROUND.
  */
 
 #ifndef F
@@ -160,7 +160,11 @@ proctype Request(byte i) {
   byte p;                                          /* the token the claim found */
   bool replied;
   bool good;                                       /* the handler's answer is to be stored */
+#ifdef NO_OWN_TOKEN
+  bool own = false;                                /* Existing with i's token is not Acquired */
+#else
   bool own = true;                                 /* i still knows token i as its own */
+#endif
   bool fresh;                                      /* the claim inserted the record */
 
   /* 1. Claim; decide; take over. A round trip is shorter than a tick.
@@ -169,11 +173,16 @@ proctype Request(byte i) {
 claim:
   atomic {
     fresh = (st == ABSENT);
-    send(CLAIM, i, 0);
+    if
+    :: send(CLAIM, i, 0)
+    :: faults < F -> faults++; fresh = false;     /* reply lost; the store client retries: */
+       printf("R%d: claim reply lost, the store client retries\n", i);
+       store_claim(i); replied = true; store_claim(i)  /* the retry answers Existing */
+    fi;
     if
     :: !replied -> fresh = false; goto cancel
     :: replied && (fresh || (tok == i && own)) ->                      /* Acquired, or own token */
-       fresh = false; own = true; goto acquired
+       fresh = false; goto acquired
     :: replied && !(fresh || (tok == i && own)) && st == COMPLETED ->
        printf("R%d: replay\n", i); goto done
     :: replied && !(fresh || (tok == i && own)) && st == IN_FLIGHT && left > 0 ->
