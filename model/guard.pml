@@ -15,7 +15,7 @@
  */
 
 #ifndef F
-#define F 2        /* message faults (delayed or lost commands) per execution */
+#define F 2        /* faults per execution: a command delayed or lost, a reply lost, a renewal late */
 #endif
 #ifndef C
 #define C 1        /* process crashes per execution */
@@ -99,7 +99,7 @@ inline store_claim(i) {
 inline store_take_over(i, p) {                     /* compare-and-set */
   if
   :: tok == p && st == IN_FLIGHT && left == 0 ->
-     assert(!live[p] || missed[p]);                /* (1) a live holder is never taken over */
+     assert(!live[p] || missed[p]);                /* (1) nor a live holder whose renewals land */
      tok = i; left = L; txl = false; TOOK_OVER; printf("S take_over %d from %d: done\n", i, p)
   :: else -> printf("S take_over %d from %d: None\n", i, p)
   fi
@@ -142,7 +142,8 @@ inline apply(op, i, p) {
 }
 
 /* Request i sends `op`: it lands and the reply arrives (replied), or it
- * stays in the network, to land any time later or never, and i times out. */
+ * stays in the network, to land later (before the next tick) or never, and
+ * i times out. */
 inline send(op, i, p) {
   if
   :: replied = true; apply(op, i, p)
@@ -278,8 +279,9 @@ done:
 }
 
 /* Time: a tick brings the lease one tick closer to lapsing and renews every
- * running renewal task's lease (the renewal lands, or is late: it lands some
- * time later, or never). A tick waits for replies and due cut-offs. */
+ * running renewal task's lease (the renewal lands, or is late: it lands later
+ * in the tick, or never). A tick waits for the replies of claims, for due
+ * cut-offs and for the commands in the network. */
 #define QUIET(j) (!urgent[j] && !(running[j] && el[j] == M) && net[j] == NOTHING && !rnet[j])
 #define TICK(j) \
   if :: running[j] -> el[j]++ :: else -> skip fi; \
