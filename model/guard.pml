@@ -1,0 +1,357 @@
+/*
+ * The claim / lease / fence protocol of the idempotency guard, checked by spin.
+ *
+ * N requests for one (scope, key) share one store record. Each request
+ * claims, decides, maybe takes over, runs its handler detached, renews its
+ * lease while it runs and captures, and settles. Between a request and the
+ * store a command may be delayed (it lands later, or never) so that its
+ * reply never comes; a process may crash at any step; time passes in ticks
+ * of one renewal period. model/README.md maps every step to the engine.
+ *
+ * Variants (spin -D...): TX (transactional mode), RUN_AGAIN (abandoned runs
+ * run again; the default is Reject). Negative controls, each must fail:
+ * NO_FENCE, NO_RELEASE_ON_CANCEL, EARLY_RENEW_STOP, UNTRACKED_RELEASE,
+ * NO_OWN_TOKEN, NEW_TOKEN_PER_ROUND.
+ */
+
+#ifndef F
+#define F 2        /* faults per execution: a command delayed or lost, a reply lost, a renewal late */
+#endif
+#ifndef C
+#define C 1        /* process crashes per execution */
+#endif
+#define N 3        /* requests for the key; request i draws lease token i */
+#define L 2        /* the lease, in ticks (the engine renews every L/3; the model every tick) */
+#define M 3        /* the maximum handler time, in ticks */
+
+/* record states */
+#define ABSENT    0
+#define IN_FLIGHT 1
+#define COMPLETED 2
+
+/* commands that can be held in the network (COMPLETE, in TX: complete
+ * inside the handler's transaction, then commit) */
+mtype = { CLAIM, TAKEOVER, MARK, COMPLETE, RELEASE, ABANDON };
+#define NOTHING 0
+
+/* the phases of a lease holder */
+#define STARTING  1   /* holds the lease; the handler has not run */
+#define CAPTURING 2   /* the handler returned; its body is being captured */
+
+#ifdef NO_FENCE
+#define FENCE(i) true
+#else
+#define FENCE(i) (tok == i)
+#endif
+
+/* ---- the store: one record ---- */
+byte st = ABSENT;
+byte tok;            /* the record's lease token; 0: none */
+byte left;           /* lease ticks left; 0: lapsed (abandoned if never completed) */
+bool txl;            /* record.transactional */
+
+/* ---- the network ---- */
+mtype net[N+1];      /* request i's command still in flight after i stopped waiting */
+byte netp[N+1];      /* for a take-over in flight: the previous token */
+bool rnet[N+1];      /* a renewal of request i still in flight */
+byte faults;         /* message faults so far */
+byte crashes;        /* crashes so far */
+
+/* ---- time ---- */
+byte el[N+1];        /* ticks since request i took the lease (0..M) */
+bool running[N+1];   /* i holds a lease and has not settled: the cut-off applies */
+bool renewing[N+1];  /* i's renewal task runs */
+bool urgent[N+1];    /* i waits for a claim's or take-over's reply: no tick meanwhile */
+
+/* ---- ghosts: what happened, for the properties ---- */
+byte effects;        /* default mode: effects of handlers that succeeded */
+byte committed;      /* TX: handler transactions committed */
+byte done_tok;       /* the token the record was completed with; 0: none */
+bool live[N+1];      /* i holds a lease and renews it; not settled, crashed or cut off */
+bool missed[N+1];    /* a renewal of i did not land in its tick */
+bool excused;        /* a crash, a cut-off or an unanswered settle write happened */
+byte finished;       /* requests whose tasks have all ended */
+byte started;        /* requests started so far */
+
+/* ---- vacuity checks: spin -DWITNESS=n must reach condition n, else the model
+ * would pass by never getting there ---- */
+#ifdef WITNESS
+byte takeovers;      /* take-overs that landed */
+#define TOOK_OVER takeovers++
+#if WITNESS == 1     /* completed despite every fault and crash */
+#define SEEN (st == COMPLETED && faults == F && crashes == C)
+#elif WITNESS == 2   /* RUN_AGAIN: a take-over ran the effect again and completed */
+#define SEEN (takeovers > 0 && st == COMPLETED && effects == 2)
+#else                /* TX: committed once, after a crash and a take-over */
+#define SEEN (takeovers > 0 && committed == 1 && crashes == C)
+#endif
+#else
+#define TOOK_OVER skip
+#endif
+
+/* ---- the store's operations, each one atomic step (called inside atomic) ---- */
+inline store_claim(i) {
+  if
+  :: st == ABSENT -> st = IN_FLIGHT; tok = i; left = L; txl = false; printf("S claim %d: inserted\n", i)
+  :: else -> skip                                  /* Existing(record) */
+  fi
+}
+inline store_take_over(i, p) {                     /* compare-and-set */
+  if
+  :: tok == p && st == IN_FLIGHT && left == 0 ->
+     assert(!live[p] || missed[p]);                /* (1) nor a live holder whose renewals land */
+     tok = i; left = L; txl = false; TOOK_OVER; printf("S take_over %d from %d: done\n", i, p)
+  :: else -> printf("S take_over %d from %d: None\n", i, p)
+  fi
+}
+inline store_mark(i) {
+  if :: FENCE(i) && st == IN_FLIGHT -> txl = true; printf("S mark %d: transactional\n", i) :: else -> skip fi
+}
+inline store_renew(i) {                            /* a lapsed lease is never revived */
+  if :: FENCE(i) && st == IN_FLIGHT && left > 0 -> left = L :: else -> skip fi
+}
+inline store_complete(i) {                         /* TX: with the commit, both or neither */
+  if
+  :: FENCE(i) && st == IN_FLIGHT ->
+     st = COMPLETED; done_tok = i; printf("S complete %d: completed\n", i);
+#ifdef TX
+     committed++
+#endif
+  :: else -> printf("S complete %d: refused\n", i)   /* LeaseLost (TX: rolled back) */
+  fi
+}
+inline store_release(i) {
+  if
+  :: FENCE(i) && st == IN_FLIGHT ->
+     st = ABSENT; tok = 0; left = 0; txl = false; printf("S release %d: deleted\n", i)
+  :: else -> skip
+  fi
+}
+inline store_abandon(i) {                          /* ends the lease now */
+  if :: FENCE(i) && st == IN_FLIGHT -> left = 0; printf("S abandon %d: lapsed\n", i) :: else -> skip fi
+}
+inline apply(op, i, p) {
+  if
+  :: op == CLAIM -> store_claim(i)
+  :: op == TAKEOVER -> store_take_over(i, p)
+  :: op == MARK -> store_mark(i)
+  :: op == COMPLETE -> store_complete(i)
+  :: op == RELEASE -> store_release(i)
+  :: op == ABANDON -> store_abandon(i)
+  fi
+}
+
+/* Request i sends `op`: it lands and the reply arrives (replied), or it
+ * stays in the network, to land later (before the next tick) or never, and
+ * i times out. */
+inline send(op, i, p) {
+  if
+  :: replied = true; apply(op, i, p)
+  :: faults < F && net[i] == NOTHING -> faults++; replied = false; net[i] = op; netp[i] = p;
+     printf("R%d command %e delayed: no reply\n", i, op)
+  fi
+}
+
+inline stop(i) {                                   /* the run is over: renewals stop */
+  live[i] = false; running[i] = false; renewing[i] = false
+}
+
+proctype Request(byte i) {
+  byte ph;                                         /* holder phase */
+  byte p;                                          /* the token the claim found */
+  bool replied;
+  bool good;                                       /* the handler's answer is to be stored */
+#ifdef NO_OWN_TOKEN
+  bool own = false;                                /* Existing with i's token is not Acquired */
+#else
+  bool own = true;                                 /* i still knows token i as its own */
+#endif
+  bool fresh;                                      /* the claim inserted the record */
+
+  /* 1. Claim; decide; take over. A round trip is shorter than a tick.
+   * Requests are alike, so they may start in the order of their ids. */
+  atomic { started == i - 1 -> started = i; urgent[i] = true }
+claim:
+  atomic {
+    fresh = (st == ABSENT);
+    if
+    :: send(CLAIM, i, 0)
+    :: faults < F -> faults++; fresh = false;     /* reply lost; the store client retries: */
+       printf("R%d: claim reply lost, the store client retries\n", i);
+       store_claim(i); replied = true; store_claim(i)  /* the retry answers Existing */
+    fi;
+    if
+    :: !replied -> fresh = false; goto cancel
+    :: replied && (fresh || (tok == i && own)) ->                      /* Acquired, or own token */
+       fresh = false; goto acquired
+    :: replied && !(fresh || (tok == i && own)) && st == COMPLETED ->
+       printf("R%d: replay\n", i); goto done
+    :: replied && !(fresh || (tok == i && own)) && st == IN_FLIGHT && left > 0 ->
+       printf("R%d: 409 request-in-flight (token %d)\n", i, tok); goto done
+    :: replied && !(fresh || (tok == i && own)) && st == IN_FLIGHT && left == 0 ->  /* abandoned */
+       printf("R%d: token %d abandoned (its lease lapsed)\n", i, tok);
+       assert(!live[tok] || missed[tok]);          /* (1) a live holder's lease never lapses */
+       p = tok;
+#ifndef RUN_AGAIN
+       if :: txl -> skip :: else -> printf("R%d: 409 outcome-unknown\n", i); goto done fi
+#endif
+    fi
+  }
+  atomic {
+    if
+    :: send(TAKEOVER, i, p);
+       if
+       :: !replied -> goto cancel
+       :: replied && tok == i -> goto acquired
+       :: else -> goto claim                       /* None: someone was first; claim again */
+       fi
+    :: faults < F -> faults++;                     /* reply lost; the store client retries: */
+       printf("R%d: take_over reply lost, the store client retries\n", i);
+       store_take_over(i, p); store_take_over(i, p);   /* the retry answers None */
+#ifdef NEW_TOKEN_PER_ROUND
+       own = false;                                /* the next round draws another token */
+#endif
+       goto claim
+    fi
+  }
+
+acquired:
+  atomic { printf("R%d: holds the lease\n", i); urgent[i] = false; live[i] = true; running[i] = true; renewing[i] = true;
+           el[i] = 0; ph = STARTING }
+  /* 2. Run detached, renewed until settled (renewals: see Environment). 3. Settle. */
+  do
+  :: atomic { crashes < C -> crashes++; excused = true; stop(i); printf("R%d: crash\n", i); break }
+  :: atomic { ph == STARTING && el[i] < M ->        /* the handler runs and returns */
+#ifdef TX
+       send(MARK, i, 0);                            /* beginning its transaction */
+       if
+       :: replied && FENCE(i) && st == IN_FLIGHT ->
+          if :: good = true :: good = false fi      /* its writes, pending in the transaction */
+       :: else -> good = false                      /* no transaction: it fails */
+       fi;
+#else
+       if
+       :: good = true; effects++                    /* its effect */
+       :: good = false                              /* 5xx, panic, rejection: no effect */
+       fi;
+#endif
+       printf("R%d: handler ran (success %d)\n", i, good);
+       ph = CAPTURING;
+#ifdef EARLY_RENEW_STOP
+       renewing[i] = false;
+#endif
+     }
+  :: atomic { running[i] && el[i] == M ->            /* cut off at the maximum handler time */
+       stop(i); excused = true; printf("R%d: cut off\n", i);
+#ifdef TX
+       send(RELEASE, i, 0);                          /* rolled back: nothing ran */
+#else
+       send(ABANDON, i, 0);                          /* outcome unknown */
+#endif
+       break }
+  :: atomic { ph == CAPTURING && el[i] < M ->        /* captured: settle */
+       if
+       :: good -> send(COMPLETE, i, 0)
+       :: else -> send(RELEASE, i, 0)
+       fi;
+       stop(i);
+       if :: !replied -> excused = true :: else -> skip fi;
+       break }
+  od;
+  goto done;
+
+cancel:
+  /* The claim or take-over may land later: release token i in the
+   * background until it lands, or until nothing of i's can land any more. */
+  urgent[i] = false; printf("R%d: 503; releases its token in the background\n", i);
+#ifndef NO_RELEASE_ON_CANCEL
+  do
+  :: atomic { st == IN_FLIGHT && FENCE(i) -> store_release(i) }   /* a lost one is a later one */
+  :: atomic { net[i] == NOTHING && !(st == IN_FLIGHT && tok == i) -> break }
+  :: atomic { crashes < C -> crashes++; excused = true; printf("R%d: crash\n", i); break }
+#ifdef UNTRACKED_RELEASE
+  :: printf("R%d: shut down (drained)\n", i); break   /* drain does not wait for this task */
+#endif
+  od;
+#endif
+done:
+  finished++
+}
+
+/* Time: a tick brings the lease one tick closer to lapsing and renews every
+ * running renewal task's lease (the renewal lands, or is late: it lands later
+ * in the tick, or never). A tick waits for the replies of claims, for due
+ * cut-offs and for the commands in the network. */
+#define QUIET(j) (!urgent[j] && !(running[j] && el[j] == M) && net[j] == NOTHING && !rnet[j])
+#define TICK(j) \
+  if :: running[j] -> el[j]++ :: else -> skip fi; \
+  if \
+  :: renewing[j] -> \
+     if \
+     :: store_renew(j) \
+     :: faults < F && !rnet[j] -> faults++; rnet[j] = true; printf("R%d renewal late\n", j) \
+     fi \
+  :: else -> skip \
+  fi
+/* The network: a command in flight lands, or is dropped. */
+#define DELIVER(j) \
+  :: atomic { net[j] != NOTHING -> \
+       if \
+       :: printf("N R%d %e lands late\n", j, net[j]); apply(net[j], j, netp[j]) \
+       :: printf("N R%d %e lost\n", j, net[j]) \
+       fi; net[j] = NOTHING } \
+  :: atomic { rnet[j] -> \
+       if :: store_renew(j) :: missed[j] = true; printf("N R%d renewal lost\n", j) fi; \
+       rnet[j] = false }
+
+active proctype Environment() {
+end:
+  do
+  :: atomic { QUIET(1) && QUIET(2) && QUIET(3) &&
+              ((st == IN_FLIGHT && left > 0) || running[1] || running[2] || running[3]) ->
+       if :: st == IN_FLIGHT && left > 0 -> left-- :: else -> skip fi;
+       TICK(1); TICK(2); TICK(3); printf("T tick: lease of token %d left %d\n", tok, left) }
+  DELIVER(1)
+  DELIVER(2)
+  DELIVER(3)
+  od
+}
+
+/* Invariants, checked in every reachable state. */
+#define NEVER_OVERWRITTEN (done_tok == 0 || (st == COMPLETED && tok == done_tok))   /* (2) */
+#if defined(TX)
+#define RUNS_ONCE (committed <= 1)                                  /* (3) */
+#define STATUS_TRUE (committed == (st == COMPLETED -> 1 : 0))       /* (3), (5) */
+#elif defined(RUN_AGAIN)
+#define RUNS_ONCE true                                              /* see the take-over */
+#define STATUS_TRUE (st != COMPLETED || effects > 0)                /* (5) */
+#else
+#define RUNS_ONCE (effects <= 1)                                    /* (1) */
+#define STATUS_TRUE ((st != COMPLETED || effects > 0) && (st != ABSENT || effects == 0))   /* (5) */
+#endif
+
+active proctype Invariants() {
+end:
+  atomic { !(NEVER_OVERWRITTEN && RUNS_ONCE && STATUS_TRUE) ->
+    assert(NEVER_OVERWRITTEN); assert(RUNS_ONCE); assert(STATUS_TRUE) }
+}
+
+/* (4) No stranded claim: once every request's tasks and every message are
+ * done, the record is released or completed, unless a crash, a cut-off or
+ * a settle write that got no answer explains it. */
+active proctype Stranded() {
+  atomic { finished == N && net[1] == NOTHING && net[2] == NOTHING && net[3] == NOTHING &&
+           !rnet[1] && !rnet[2] && !rnet[3] ->
+    assert(excused || st != IN_FLIGHT) }
+}
+
+#ifdef WITNESS
+active proctype Witness() {
+end:
+  atomic { SEEN -> printf("W witness reached\n"); assert(false) }
+}
+#endif
+
+init {
+  atomic { run Request(1); run Request(2); run Request(3) }
+}
