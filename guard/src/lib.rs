@@ -130,6 +130,9 @@
 //!
 //! Through the [`metrics`] facade; see [`telemetry`].
 
+// docs.rs (`--cfg docsrs`, nightly) marks each feature-gated item with its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod decision;
 pub mod events;
 pub mod fingerprint;
