@@ -133,6 +133,11 @@
 // docs.rs (`--cfg docsrs`, nightly) marks each feature-gated item with its feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+compile_error!(
+    "idempotency-guard needs a store: enable the feature `postgres`, `sqlite` or `redis`"
+);
+
 pub mod decision;
 pub mod events;
 pub mod fingerprint;

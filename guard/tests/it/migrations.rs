@@ -129,7 +129,7 @@ async fn the_repository_sqlx_toml_names_the_guards_table() {
 }
 
 #[tokio::test]
-async fn a_database_migrated_by_sqlx_cli_outside_the_repository_is_accepted() {
+async fn a_postgres_database_migrated_by_sqlx_cli_outside_the_repository_is_accepted() {
     let (_database, store) = fresh_postgres_store().await;
     // No sqlx.toml: sqlx-cli records in `_sqlx_migrations`.
     sqlx_cli_migrate(store.pool(), None).await;
@@ -148,7 +148,7 @@ async fn a_database_migrated_by_sqlx_cli_outside_the_repository_is_accepted() {
 }
 
 #[tokio::test]
-async fn a_database_migrated_by_sqlx_cli_in_the_repository_is_accepted() {
+async fn a_postgres_database_migrated_by_sqlx_cli_in_the_repository_is_accepted() {
     let (_database, store) = fresh_postgres_store().await;
     sqlx_cli_migrate(store.pool(), Some(sqlx_toml_table_name())).await;
     store.migrate().await.expect("our migrate accepts it");
@@ -161,7 +161,7 @@ async fn a_database_migrated_by_sqlx_cli_in_the_repository_is_accepted() {
 }
 
 #[tokio::test]
-async fn a_database_migrated_by_us_is_accepted_by_sqlx_cli_in_the_repository() {
+async fn a_postgres_database_migrated_by_us_is_accepted_by_sqlx_cli_in_the_repository() {
     let (_database, store) = fresh_postgres_store().await;
     store.migrate().await.unwrap();
     let ours = applied(store.pool(), "_idempotency_migrations").await;
