@@ -1,5 +1,5 @@
 # The service and the payments example, for docker-compose.yml.
-FROM rust:1.94-bookworm AS build
+FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p idempotency-service --bin idempotency-service \

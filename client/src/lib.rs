@@ -126,6 +126,9 @@
 //! sum(rate(idempotency_client_retries_total{outcome="success"}[5m])) / sum(rate(idempotency_client_retries_total[5m]))
 //! ```
 
+// docs.rs (`--cfg docsrs`, nightly) marks each feature-gated item with its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod backoff;
 mod breaker;
 mod budget;

@@ -154,6 +154,14 @@
 //!
 //! Through the [`metrics`] facade; see [`telemetry`].
 
+// docs.rs (`--cfg docsrs`, nightly) marks each feature-gated item with its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+compile_error!(
+    "idempotency-guard needs a store: enable the feature `postgres`, `sqlite` or `redis`"
+);
+
 pub mod decision;
 pub mod engine;
 pub mod events;

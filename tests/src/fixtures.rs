@@ -1,8 +1,20 @@
 //! A fresh store per test, on a real server: PostgreSQL (a schema of its
-//! own in the test database) or SQLite (a file in a temporary directory).
-//! Both are dropped with the [`TestDb`].
+//! own in the test database), SQLite (a file in a temporary directory),
+//! Redis or Redis Cluster (a key prefix of its own). All are dropped with
+//! the [`TestDb`].
+//!
+//! Which servers: the one an environment variable names
+//! (`TEST_POSTGRES_URL`, `TEST_REDIS_URL`, `TEST_REDIS_CLUSTER_URLS`);
+//! else the shared one on its default port, when something answers there
+//! (PostgreSQL 5432, Redis 6379, the cluster `.ci/redis-cluster` starts on
+//! 7101-7103); else a private one this test process starts for itself on
+//! free ports (from `initdb`/`pg_ctl` or `redis-server`), shared by all
+//! its tests and torn down when it exits. `TEST_PRIVATE_SERVERS=1` skips
+//! the shared defaults and always starts private servers.
 
+use std::net::{SocketAddr, TcpStream};
 use std::str::FromStr;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use idempotency_guard::store::postgres::PostgresStore;
@@ -13,12 +25,56 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::partition::Partition;
 
-/// The PostgreSQL server tests use (`TEST_POSTGRES_URL`, default
-/// `postgres://postgres@127.0.0.1:5432/test`); each test gets a schema of
-/// its own in it.
+/// The shared PostgreSQL the tests use when it answers.
+const SHARED_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+/// The shared Redis the tests use when it answers.
+const SHARED_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// The shared Redis Cluster (`.ci/redis-cluster`) the tests use when it answers.
+const SHARED_REDIS_CLUSTER_URLS: [&str; 3] = [
+    "redis://127.0.0.1:7101",
+    "redis://127.0.0.1:7102",
+    "redis://127.0.0.1:7103",
+];
+
+/// The advice a fixture's failure message ends with.
+const SERVER_ADVICE: &str = "Unset TEST_POSTGRES_URL, TEST_REDIS_URL and TEST_REDIS_CLUSTER_URLS to let \
+     the tests start private servers, or start the server they name";
+
+/// Whether `TEST_PRIVATE_SERVERS` asks for private servers even where the
+/// shared defaults answer.
+fn private_servers_forced() -> bool {
+    std::env::var("TEST_PRIVATE_SERVERS")
+        .is_ok_and(|value| matches!(value.as_str(), "1" | "true" | "yes"))
+}
+
+/// Whether something accepts TCP connections on `127.0.0.1:port`.
+fn answers_on(port: u16) -> bool {
+    let address = SocketAddr::from(([127, 0, 0, 1], port));
+    TcpStream::connect_timeout(&address, Duration::from_millis(500)).is_ok()
+}
+
+/// The PostgreSQL server tests use: `TEST_POSTGRES_URL`, else the shared
+/// `postgres://postgres@127.0.0.1:5432/test` when it answers, else a
+/// private server started once for this process. Each test gets a schema
+/// (or a database) of its own in it.
+///
+/// # Panics
+///
+/// When a private server is needed and cannot start (the message names
+/// the Debian package of a missing binary).
 pub fn postgres_url() -> String {
-    std::env::var("TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(url) = std::env::var("TEST_POSTGRES_URL") {
+            return url;
+        }
+        if !private_servers_forced() && answers_on(5432) {
+            return SHARED_POSTGRES_URL.to_owned();
+        }
+        let port = crate::postgres_server::PostgresServer::start_until_exit();
+        format!("postgres://postgres@127.0.0.1:{port}/postgres")
+    })
+    .clone()
 }
 
 /// A store on a fresh database that is dropped with it.
@@ -131,10 +187,7 @@ async fn admin_pool() -> Result<sqlx::PgPool, sqlx::Error> {
 pub async fn postgres() -> TestDb<PostgresStore> {
     let url = postgres_url();
     let admin = admin_pool().await.unwrap_or_else(|error| {
-        panic!(
-            "PostgreSQL is not answering at {url} ({error}). Start it with \
-             `pg_ctlcluster --skip-systemctl-redirect 15 main start`, or point TEST_POSTGRES_URL at a server."
-        )
+        panic!("PostgreSQL is not answering at {url} ({error}). {SERVER_ADVICE}.")
     });
     let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
     sqlx::query(sqlx::AssertSqlSafe(format!("create schema \"{schema}\"")))
@@ -192,8 +245,7 @@ pub struct TestDatabase {
 pub async fn postgres_database() -> TestDatabase {
     let admin = admin_pool().await.unwrap_or_else(|error| {
         panic!(
-            "PostgreSQL is not answering at {} ({error}). Start it with \
-             `pg_ctlcluster --skip-systemctl-redirect 15 main start`, or point TEST_POSTGRES_URL at a server.",
+            "PostgreSQL is not answering at {} ({error}). {SERVER_ADVICE}.",
             postgres_url()
         )
     });
@@ -237,22 +289,51 @@ impl Drop for TestDatabase {
     }
 }
 
-/// The Redis tests use (`TEST_REDIS_URL`, default `redis://127.0.0.1:6379`);
-/// each test keeps its keys under a prefix of its own.
+/// The Redis tests use: `TEST_REDIS_URL`, else the shared
+/// `redis://127.0.0.1:6379` when it answers, else a private `redis-server`
+/// started once for this process. Each test keeps its keys under a prefix
+/// of its own.
+///
+/// # Panics
+///
+/// When a private server is needed and cannot start (the message names
+/// the Debian package of a missing binary).
 pub fn redis_url() -> String {
-    std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(url) = std::env::var("TEST_REDIS_URL") {
+            return url;
+        }
+        if !private_servers_forced() && answers_on(6379) {
+            return SHARED_REDIS_URL.to_owned();
+        }
+        let mut urls = crate::redis_server::start_until_exit(1, false);
+        urls.remove(0)
+    })
+    .clone()
 }
 
-/// The Redis Cluster tests use (`TEST_REDIS_CLUSTER_URLS`, comma-separated,
-/// default the three masters `.ci/redis-cluster` starts on 7101-7103).
+/// The Redis Cluster tests use: `TEST_REDIS_CLUSTER_URLS` (comma-separated
+/// masters), else the shared three masters on 7101-7103 (`.ci/redis-cluster`)
+/// when they answer, else a private three-master cluster started once for
+/// this process.
+///
+/// # Panics
+///
+/// When a private cluster is needed and cannot start (the message names
+/// the Debian package of a missing binary).
 pub fn redis_cluster_urls() -> Vec<String> {
-    std::env::var("TEST_REDIS_CLUSTER_URLS")
-        .unwrap_or_else(|_| {
-            "redis://127.0.0.1:7101,redis://127.0.0.1:7102,redis://127.0.0.1:7103".to_owned()
-        })
-        .split(',')
-        .map(str::to_owned)
-        .collect()
+    static URLS: OnceLock<Vec<String>> = OnceLock::new();
+    URLS.get_or_init(|| {
+        if let Ok(urls) = std::env::var("TEST_REDIS_CLUSTER_URLS") {
+            return urls.split(',').map(str::to_owned).collect();
+        }
+        if !private_servers_forced() && answers_on(7101) {
+            return SHARED_REDIS_CLUSTER_URLS.map(str::to_owned).to_vec();
+        }
+        crate::redis_server::start_until_exit(3, true)
+    })
+    .clone()
 }
 
 fn test_prefix() -> String {
@@ -306,10 +387,7 @@ pub async fn redis() -> TestDb<RedisStore> {
     let store = RedisStore::connect(&format!("redis://{}", partition.address), &prefix)
         .await
         .unwrap_or_else(|error| {
-            panic!(
-                "Redis is not answering at {url} ({error}). Start it with `redis-server --daemonize yes \
-                 --bind 127.0.0.1 --port 6379 --save '' --appendonly no`, or point TEST_REDIS_URL at a server."
-            )
+            panic!("Redis is not answering at {url} ({error}). {SERVER_ADVICE}.")
         });
     TestDb {
         store,
@@ -330,12 +408,11 @@ pub async fn redis_cluster() -> TestDb<RedisStore> {
     let urls = redis_cluster_urls();
     let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
     let prefix = test_prefix();
-    let store = RedisStore::connect_cluster(&nodes, &prefix).await.unwrap_or_else(|error| {
-        panic!(
-            "Redis Cluster is not answering at {urls:?} ({error}). Start it with `.ci/redis-cluster`, \
-             or point TEST_REDIS_CLUSTER_URLS at a cluster."
-        )
-    });
+    let store = RedisStore::connect_cluster(&nodes, &prefix)
+        .await
+        .unwrap_or_else(|error| {
+            panic!("Redis Cluster is not answering at {urls:?} ({error}). {SERVER_ADVICE}.")
+        });
     TestDb {
         store,
         cleanup: vec![Cleanup::RedisPrefix {

@@ -1,9 +1,13 @@
 //! Test support shared by every crate's integration tests, and the
 //! end-to-end tests that span crates and real servers (`tests/e2e/`).
 //!
-//! Tests talk to real servers: PostgreSQL at `TEST_POSTGRES_URL` (default
-//! `postgres://postgres@127.0.0.1:5432/test`), SQLite in temporary files.
-//! A test whose server is missing fails and says what to start.
+//! Tests talk to real servers: PostgreSQL, Redis and a Redis Cluster
+//! (named by `TEST_POSTGRES_URL`, `TEST_REDIS_URL` and
+//! `TEST_REDIS_CLUSTER_URLS`; else the shared ones on their default ports
+//! when they answer; else private ones the test process starts for itself
+//! and tears down when it exits, see [`fixtures`]), SQLite in temporary
+//! files. A test whose server cannot be had fails and says what to install
+//! or start.
 
 pub mod answer;
 pub mod fixtures;
@@ -14,6 +18,7 @@ pub mod proxy;
 pub mod raw_http;
 pub mod redis_server;
 pub mod storm;
+mod watchdog;
 
 pub use answer::{Answer, call};
 pub use fixtures::{

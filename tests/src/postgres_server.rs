@@ -13,10 +13,21 @@ pub struct PostgresServer {
     pub port: u16,
     bin: PathBuf,
     data: PathBuf,
-    _dir: tempfile::TempDir,
+    /// Extra `postgres` options (`-c name=value ...`).
+    settings: String,
+    /// Left to the watchdog: not stopped when dropped.
+    detached: bool,
+    _dir: Option<tempfile::TempDir>,
 }
 
-/// The newest PostgreSQL binaries Debian installed.
+/// The directory of the PostgreSQL server binaries: the newest that
+/// Debian installed under `/usr/lib/postgresql`, else the one of `initdb`
+/// on `PATH`.
+///
+/// # Panics
+///
+/// When neither has `initdb` and `pg_ctl` (the message names the Debian
+/// package).
 fn binaries() -> PathBuf {
     let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
         .map(|entries| {
@@ -26,11 +37,29 @@ fn binaries() -> PathBuf {
                 .collect()
         })
         .unwrap_or_default();
-    versions.sort();
+    versions.sort_by_key(|bin| {
+        // "9.6" < "15": compare the major version as a number.
+        bin.parent()
+            .and_then(|version| version.file_name())
+            .and_then(|name| name.to_str())
+            .and_then(|name| name.split('.').next())
+            .and_then(|major| major.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    let on_path = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .unwrap_or_default();
     versions
-        .pop()
-        .filter(|bin| bin.join("initdb").is_file())
-        .unwrap_or_else(|| panic!("no PostgreSQL server binaries under /usr/lib/postgresql: apt-get install postgresql"))
+        .into_iter()
+        .rev()
+        .chain(on_path)
+        .find(|bin| bin.join("initdb").is_file() && bin.join("pg_ctl").is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "PostgreSQL's initdb and pg_ctl are not installed: install the Debian package \
+                 postgresql (`apt-get install postgresql`), or point TEST_POSTGRES_URL at a server"
+            )
+        })
 }
 
 /// Runs a PostgreSQL tool, as the `postgres` user when running as root
@@ -60,11 +89,55 @@ impl PostgresServer {
     ///
     /// When the binaries are missing or the server does not start.
     pub fn start() -> Self {
+        Self::start_with(&[], false)
+    }
+
+    /// Starts a server that lives until this test process exits, however it
+    /// exits (a watchdog stops it and removes its directory), and returns
+    /// its port. Durability is off (`fsync=off`): the tests that use it
+    /// never crash it, and it is thrown away with the process.
+    ///
+    /// # Panics
+    ///
+    /// When the binaries are missing or the server does not start.
+    pub(crate) fn start_until_exit() -> u16 {
+        let server = Self::start_with(
+            &[
+                "-c fsync=off",
+                "-c synchronous_commit=off",
+                "-c full_page_writes=off",
+                "-c max_connections=300",
+            ],
+            true,
+        );
+        server.port
+    }
+
+    /// Creates and starts a cluster with extra `settings`; `until_exit`
+    /// leaves stopping it and removing its directory to a watchdog that
+    /// acts when the test process exits.
+    fn start_with(settings: &[&str], until_exit: bool) -> Self {
         let bin = binaries();
         let dir = tempfile::Builder::new()
             .prefix("idempotency-pg-")
             .tempdir()
             .expect("a temporary directory");
+        if until_exit {
+            // Immediate shutdown (SIGQUIT), then SIGKILL if it lingers.
+            let data = dir.path().join("data");
+            let pid_file =
+                crate::watchdog::shell_quote(&format!("{}/postmaster.pid", data.display()));
+            let quoted = crate::watchdog::shell_quote(&dir.path().display().to_string());
+            crate::watchdog::run_at_exit(&format!(
+                "pid=$(head -n 1 {pid_file} 2>/dev/null)\n\
+                 if [ -n \"$pid\" ]; then\n\
+                   kill -QUIT \"$pid\" 2>/dev/null\n\
+                   for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 \"$pid\" 2>/dev/null || break; sleep 0.3; done\n\
+                   kill -9 \"$pid\" 2>/dev/null\n\
+                 fi\n\
+                 rm -rf {quoted}"
+            ));
+        }
         // The postgres user must own the directory it writes to.
         let _ = Command::new("chown")
             .args(["-R", "postgres:postgres"])
@@ -93,7 +166,15 @@ impl PostgresServer {
             port,
             bin,
             data,
-            _dir: dir,
+            settings: settings.join(" "),
+            detached: until_exit,
+            _dir: if until_exit {
+                // The watchdog removes it.
+                let _ = dir.keep();
+                None
+            } else {
+                Some(dir)
+            },
         };
         server.start_again();
         server
@@ -111,9 +192,10 @@ impl PostgresServer {
     /// When it does not start.
     pub fn start_again(&self) {
         let options = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -k {}",
+            "-p {} -c listen_addresses=127.0.0.1 -k {} {}",
             self.port,
-            self.socket_dir()
+            self.socket_dir(),
+            self.settings
         );
         let log = format!("{}/server.log", self.socket_dir());
         let started = run(
@@ -170,6 +252,8 @@ impl PostgresServer {
 
 impl Drop for PostgresServer {
     fn drop(&mut self) {
-        self.stop();
+        if !self.detached {
+            self.stop();
+        }
     }
 }

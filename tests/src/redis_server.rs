@@ -1,5 +1,7 @@
 //! A private `redis-server` a test owns: on its own port and directory, so
 //! the test can stop and restart it without touching the shared Redis.
+//! And the Redis (or Redis Cluster) a test process starts for itself when
+//! the machine runs none ([`start_until_exit`], used by the fixtures).
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -83,4 +85,146 @@ impl RedisServer {
         self.kill().await;
         self.launch().await;
     }
+}
+
+/// Starts Redis servers that live until this test process exits: one
+/// plain server (`nodes == 1`, `cluster == false`) or the masters of a
+/// cluster (`cluster == true`), each on free ports in one temporary
+/// directory. A watchdog kills them and removes the directory when the
+/// process exits, however it exits. Returns their `redis://` URLs.
+///
+/// # Panics
+///
+/// When `redis-server` is not installed (the message names the Debian
+/// package), or a server or the cluster does not come up.
+pub(crate) fn start_until_exit(nodes: usize, cluster: bool) -> Vec<String> {
+    let dir = tempfile::Builder::new()
+        .prefix("idempotency-redis-")
+        .tempdir()
+        .expect("a temporary directory")
+        .keep();
+    let quoted = crate::watchdog::shell_quote(&dir.display().to_string());
+    crate::watchdog::run_at_exit(&format!(
+        "for pidfile in {quoted}/*.pid; do\n\
+           [ -f \"$pidfile\" ] && kill -9 \"$(cat \"$pidfile\")\" 2>/dev/null\n\
+         done\n\
+         rm -rf {quoted}"
+    ));
+    // Hold every listener until all ports are chosen, so no two are the same.
+    let listeners: Vec<std::net::TcpListener> = (0..nodes * 2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
+        .collect();
+    let ports: Vec<u16> = listeners
+        .iter()
+        .map(|listener| listener.local_addr().expect("a local address").port())
+        .collect();
+    drop(listeners);
+    let nodes: Vec<(u16, u16)> = ports.chunks(2).map(|pair| (pair[0], pair[1])).collect();
+    for &(port, bus_port) in &nodes {
+        let node_dir = dir.join(port.to_string());
+        std::fs::create_dir_all(&node_dir).expect("a node directory");
+        let mut command = std::process::Command::new("redis-server");
+        command
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .arg("--dir")
+            .arg(&node_dir)
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--logfile")
+            .arg(node_dir.join("redis.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if cluster {
+            command
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
+                .args(["--cluster-port", &bus_port.to_string()])
+                .arg("--cluster-config-file")
+                .arg(node_dir.join("nodes.conf"));
+        }
+        let mut child = command.spawn().unwrap_or_else(|error| {
+            panic!(
+                "cannot start redis-server ({error}): install the Debian package redis-server \
+                 (`apt-get install redis-server`)"
+            )
+        });
+        std::fs::write(dir.join(format!("{port}.pid")), child.id().to_string())
+            .expect("write the pid file the watchdog reads");
+        wait_until_listening(&mut child, port, &node_dir);
+    }
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|(port, _)| format!("redis://127.0.0.1:{port}"))
+        .collect();
+    if cluster {
+        form_cluster(&urls, &nodes);
+    }
+    urls
+}
+
+/// Waits (at most 5 s) until a just-started `redis-server` accepts connections.
+fn wait_until_listening(child: &mut std::process::Child, port: u16, dir: &std::path::Path) {
+    for _ in 0..100 {
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
+            let last = log.lines().last().unwrap_or("no log");
+            panic!("redis-server on port {port} exited with {status}: {last}");
+        }
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("redis-server did not listen on 127.0.0.1:{port} within 5 s");
+}
+
+/// Makes fresh cluster nodes one cluster: an equal share of the 16384 hash
+/// slots each, distinct config epochs, then `CLUSTER MEET`; waits (at most
+/// 20 s) until every node reports `cluster_state:ok` and knows the others.
+fn form_cluster(urls: &[String], nodes: &[(u16, u16)]) {
+    const SLOTS: usize = 16384;
+    let connect = |url: &str| {
+        redis::Client::open(url)
+            .and_then(|client| client.get_connection())
+            .unwrap_or_else(|error| panic!("connect to cluster node {url}: {error}"))
+    };
+    let mut connections: Vec<redis::Connection> = urls.iter().map(|url| connect(url)).collect();
+    let share = SLOTS.div_ceil(connections.len());
+    for (index, connection) in connections.iter_mut().enumerate() {
+        let first = index * share;
+        let last = ((index + 1) * share).min(SLOTS) - 1;
+        let _: () = redis::cmd("CLUSTER")
+            .arg("ADDSLOTSRANGE")
+            .arg(first)
+            .arg(last)
+            .query(connection)
+            .expect("CLUSTER ADDSLOTSRANGE (Redis 7 or later)");
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SET-CONFIG-EPOCH")
+            .arg(index + 1)
+            .query(connection)
+            .expect("CLUSTER SET-CONFIG-EPOCH");
+    }
+    for &(port, bus_port) in &nodes[1..] {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(port)
+            .arg(bus_port)
+            .query(&mut connections[0])
+            .expect("CLUSTER MEET");
+    }
+    let known = format!("cluster_known_nodes:{}", nodes.len());
+    for _ in 0..200 {
+        let ready = connections.iter_mut().all(|connection| {
+            redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query::<String>(connection)
+                .is_ok_and(|info| info.contains("cluster_state:ok") && info.contains(&known))
+        });
+        if ready {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the private Redis Cluster at {urls:?} did not reach cluster_state:ok within 20 s");
 }

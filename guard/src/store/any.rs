@@ -56,6 +56,7 @@ impl<'a> StoreOptions<'a> {
     }
 }
 
+#[cfg(feature = "postgres")]
 fn is_postgres(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
@@ -144,6 +145,8 @@ impl AnyStore {
         match kind {
             #[cfg(feature = "postgres")]
             StoreKind::Sql if notifications && is_postgres(database_url) => {
+                // Irrefutable when PostgreSQL is the only store compiled in.
+                #[allow(irrefutable_let_patterns)]
                 let Self::Postgres(postgres) = Self::connect(database_url).await? else {
                     return Err(StoreError::Unsupported("notifications on this database"));
                 };

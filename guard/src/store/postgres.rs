@@ -231,10 +231,7 @@ impl PostgresStore {
     ///
     /// Returns the migration that failed, or the connection error.
     pub async fn migrate(&self) -> Result<(), crate::MigrationError> {
-        crate::migrate::postgres_migrator()
-            .run(&self.pool)
-            .await
-            .map_err(crate::MigrationError)
+        crate::migrate::run_postgres(&self.pool).await
     }
 
     /// Completes the record inside `transaction`, the handler's transaction

@@ -1,7 +1,7 @@
 //! The guard's integration tests, in one binary: the store conformance
 //! suite and the SPEC table, each run against every store on a real server
-//! (PostgreSQL at `TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`;
-//! SQLite in a temporary file).
+//! (PostgreSQL, Redis and Redis Cluster as `idempotency_tests::fixtures`
+//! finds or starts them; SQLite in a temporary file).
 
 // Test code: a failed unwrap is a failed test (clippy.toml allows it in
 // `#[test]` functions; this extends that to the helpers beside them).
