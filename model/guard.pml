@@ -215,14 +215,14 @@ claim:
   }
 
 acquired:
-  atomic { printf("R%d: holds the lease\n", i); urgent[i] = false; live[i] = true; running[i] = true; renewing[i] = true;
-           el[i] = 0; ph = STARTING }
+  atomic { printf("R%d: holds the lease\n", i); urgent[i] = false;
+           live[i] = true; running[i] = true; renewing[i] = true; el[i] = 0; ph = STARTING }
   /* 2. Run detached, renewed until settled (renewals: see Environment). 3. Settle. */
   do
   :: atomic { crashes < C -> crashes++; excused = true; stop(i); printf("R%d: crash\n", i); break }
   :: atomic { ph == STARTING && el[i] < M ->        /* the handler runs and returns */
 #ifdef TX
-       SEND(MARK, store_mark(i), 0);                          /* beginning its transaction */
+       SEND(MARK, store_mark(i), 0);                /* beginning its transaction */
        if
        :: replied && FENCE(i) && st == IN_FLIGHT ->
           if :: good = true :: good = false fi      /* its writes, pending in the transaction */
