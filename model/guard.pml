@@ -141,16 +141,15 @@ inline apply(op, i, p) {
   fi
 }
 
-/* Request i sends `op`: it lands and the reply arrives (replied), or it
- * stays in the network, to land later (before the next tick) or never, and
- * i times out. */
-inline send(op, i, p) {
-  if
-  :: replied = true; apply(op, i, p)
-  :: faults < F && net[i] == NOTHING -> faults++; replied = false; net[i] = op; netp[i] = p;
-     printf("R%d command %e delayed: no reply\n", i, op)
+/* Request i sends command `op` (the store operation `store`): it lands and
+ * the reply arrives (replied), or it stays in the network, to land later
+ * (before the next tick) or never, and i times out. */
+#define SEND(op, store, p) \
+  if \
+  :: replied = true; store \
+  :: faults < F && net[i] == NOTHING -> faults++; replied = false; net[i] = op; netp[i] = p; \
+     printf("R%d command %e delayed: no reply\n", i, op) \
   fi
-}
 
 inline stop(i) {                                   /* the run is over: renewals stop */
   live[i] = false; running[i] = false; renewing[i] = false
@@ -175,7 +174,7 @@ claim:
   atomic {
     fresh = (st == ABSENT);
     if
-    :: send(CLAIM, i, 0)
+    :: SEND(CLAIM, store_claim(i), 0)
     :: faults < F -> faults++; fresh = false;     /* reply lost; the store client retries: */
        printf("R%d: claim reply lost, the store client retries\n", i);
        store_claim(i); replied = true; store_claim(i)  /* the retry answers Existing */
@@ -199,7 +198,7 @@ claim:
   }
   atomic {
     if
-    :: send(TAKEOVER, i, p);
+    :: SEND(TAKEOVER, store_take_over(i, p), p);
        if
        :: !replied -> goto cancel
        :: replied && tok == i -> goto acquired
@@ -216,14 +215,14 @@ claim:
   }
 
 acquired:
-  atomic { printf("R%d: holds the lease\n", i); urgent[i] = false; live[i] = true; running[i] = true; renewing[i] = true;
-           el[i] = 0; ph = STARTING }
+  atomic { printf("R%d: holds the lease\n", i); urgent[i] = false;
+           live[i] = true; running[i] = true; renewing[i] = true; el[i] = 0; ph = STARTING }
   /* 2. Run detached, renewed until settled (renewals: see Environment). 3. Settle. */
   do
   :: atomic { crashes < C -> crashes++; excused = true; stop(i); printf("R%d: crash\n", i); break }
   :: atomic { ph == STARTING && el[i] < M ->        /* the handler runs and returns */
 #ifdef TX
-       send(MARK, i, 0);                            /* beginning its transaction */
+       SEND(MARK, store_mark(i), 0);                /* beginning its transaction */
        if
        :: replied && FENCE(i) && st == IN_FLIGHT ->
           if :: good = true :: good = false fi      /* its writes, pending in the transaction */
@@ -244,15 +243,15 @@ acquired:
   :: atomic { running[i] && el[i] == M ->            /* cut off at the maximum handler time */
        stop(i); excused = true; printf("R%d: cut off\n", i);
 #ifdef TX
-       send(RELEASE, i, 0);                          /* rolled back: nothing ran */
+       SEND(RELEASE, store_release(i), 0);          /* rolled back: nothing ran */
 #else
-       send(ABANDON, i, 0);                          /* outcome unknown */
+       SEND(ABANDON, store_abandon(i), 0);          /* outcome unknown */
 #endif
        break }
   :: atomic { ph == CAPTURING && el[i] < M ->        /* captured: settle */
        if
-       :: good -> send(COMPLETE, i, 0)
-       :: else -> send(RELEASE, i, 0)
+       :: good -> SEND(COMPLETE, store_complete(i), 0)
+       :: else -> SEND(RELEASE, store_release(i), 0)
        fi;
        stop(i);
        if :: !replied -> excused = true :: else -> skip fi;
