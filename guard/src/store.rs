@@ -23,6 +23,9 @@ pub mod tiered;
 mod any;
 pub use any::{AnyStore, StoreKind, StoreOptions};
 
+pub mod admin;
+pub use admin::AdminStore;
+
 /// The random token that identifies one lease on a record.
 ///
 /// Every write after the claim (complete, renew, release, take over) names

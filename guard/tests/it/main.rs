@@ -10,6 +10,9 @@
 mod support;
 
 #[macro_use]
+mod admin_suite;
+
+#[macro_use]
 mod store_suite;
 #[macro_use]
 mod guard_suite;
@@ -34,3 +37,9 @@ guard_suite!(tiered_guard, idempotency_tests::tiered);
 // sits in its path to cut: the outage tests run on single Redis, which
 // shares every line of the store's error handling with the cluster.
 guard_suite!(redis_cluster_guard, idempotency_tests::redis_cluster, outages: []);
+
+admin_suite!(postgres_admin, idempotency_tests::postgres);
+admin_suite!(sqlite_admin, idempotency_tests::sqlite);
+admin_suite!(redis_admin, idempotency_tests::redis);
+admin_suite!(redis_cluster_admin, idempotency_tests::redis_cluster);
+admin_suite!(tiered_admin, idempotency_tests::tiered);
