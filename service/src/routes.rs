@@ -46,6 +46,9 @@ pub struct AppState {
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// The `retry_after_seconds` hint for in-flight keys.
     pub retry_after: Duration,
+    /// The admin tokens (see [`crate::admin`]); none: the admin API
+    /// refuses every request.
+    pub admin_tokens: Arc<crate::admin::AdminTokens>,
 }
 
 /// The service's router. Tests call it with `oneshot`; `serve` binds it.
@@ -56,6 +59,7 @@ pub fn build_router(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .merge(keys)
+        .merge(crate::admin::router(state.clone()))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
