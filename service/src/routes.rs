@@ -114,6 +114,22 @@ async fn count_requests(request: Request, next: Next) -> Response {
     response
 }
 
+/// Keys the status API answered for, by state (`absent` for a 404 or a
+/// lookup miss): clients told to `reconcile` over and over point at
+/// abandoned keys nobody has fixed.
+pub const KEY_STATES_TOTAL: &str = "idempotency_status_key_states_total";
+
+fn count_state(state: Option<idempotency_client::status::KeyState>) {
+    use idempotency_client::status::KeyState;
+    let label = match state {
+        Some(KeyState::InFlight) => "in_flight",
+        Some(KeyState::Completed) => "completed",
+        Some(KeyState::Abandoned) => "abandoned",
+        None => "absent",
+    };
+    metrics::counter!(KEY_STATES_TOTAL, "state" => label).increment(1);
+}
+
 /// The query of `GET /v1/keys/{key}`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -215,6 +231,7 @@ async fn answer_key(
     let record = read(state.store.get(&scope.0, key.as_str())).await?;
     let status =
         record.and_then(|record| key_status(&record, fingerprint.as_ref(), state.retry_after));
+    count_state(status.as_ref().map(|s| s.state));
     match status {
         Some(status) => Ok(Json(status).into_response()),
         None => Err(ApiProblem::KeyNotFound {
@@ -267,7 +284,9 @@ pub async fn lookup(
         .iter()
         .zip(records)
         .map(|(key, record)| {
-            match record.and_then(|record| key_status(&record, None, state.retry_after)) {
+            let status = record.and_then(|record| key_status(&record, None, state.retry_after));
+            count_state(status.as_ref().map(|s| s.state));
+            match status {
                 Some(mut status) => {
                     status.found = Some(true);
                     LookupResult::Found(status)
