@@ -17,6 +17,8 @@ mod store_suite;
 #[macro_use]
 mod guard_suite;
 mod cross_process;
+#[macro_use]
+mod encrypted;
 mod metrics_probe;
 mod migrations;
 mod redis_faults;
@@ -43,3 +45,19 @@ admin_suite!(sqlite_admin, idempotency_tests::sqlite);
 admin_suite!(redis_admin, idempotency_tests::redis);
 admin_suite!(redis_cluster_admin, idempotency_tests::redis_cluster);
 admin_suite!(tiered_admin, idempotency_tests::tiered);
+
+encrypted_suite!(
+    postgres_encrypted,
+    idempotency_tests::postgres,
+    crate::encrypted::raw_postgres
+);
+encrypted_suite!(
+    sqlite_encrypted,
+    idempotency_tests::sqlite,
+    crate::encrypted::raw_sqlite
+);
+encrypted_suite!(
+    redis_encrypted,
+    idempotency_tests::redis,
+    crate::encrypted::raw_redis
+);
