@@ -161,6 +161,18 @@ impl EncryptionKeys {
         Self::parse(&text)
     }
 
+    /// Reads the keys from the environment variable `name` (the format of
+    /// [`EncryptionKeys::parse`]), for example
+    /// `IDEMPOTENCY_ENCRYPTION_KEYS=2026-11:<base64>,2026-05:<base64>`.
+    ///
+    /// # Errors
+    ///
+    /// [`KeysError::Empty`] when the variable is unset or empty, otherwise
+    /// see [`EncryptionKeys::parse`].
+    pub fn from_env(name: &str) -> Result<Self, KeysError> {
+        Self::parse(&std::env::var(name).unwrap_or_default())
+    }
+
     /// The id of the key that seals new records.
     pub fn current_id(&self) -> &str {
         self.keys.first().map_or("", |(id, _)| id.as_str())
@@ -451,6 +463,10 @@ mod tests {
         let shown = format!("{keys:?}");
         assert!(shown.contains("\"a\"") && !shown.contains("AAECAw"));
         assert!(matches!(EncryptionKeys::parse(""), Err(KeysError::Empty)));
+        assert!(matches!(
+            EncryptionKeys::from_env("IDEMPOTENCY_TEST_UNSET_KEYS_VARIABLE"),
+            Err(KeysError::Empty)
+        ));
         assert!(matches!(
             EncryptionKeys::parse("a:c2hvcnQ="),
             Err(KeysError::Malformed { index: 1 })
