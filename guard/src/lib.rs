@@ -172,6 +172,7 @@ pub mod migrate;
 pub mod problem;
 pub mod purge;
 pub mod record;
+pub mod replay;
 pub mod response;
 pub mod store;
 pub mod telemetry;

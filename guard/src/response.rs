@@ -3,11 +3,10 @@
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt, stream};
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, StatusCode, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, BodyStream};
 
-use crate::StoredResponse;
 
 /// The response header that marks a replay: `Idempotent-Replayed: true`.
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -67,20 +66,6 @@ pub(crate) fn headers_to_store(headers: &HeaderMap, excluded: &[HeaderName]) -> 
     kept
 }
 
-/// The replay of a stored response: its status, headers and body as stored,
-/// plus `Idempotent-Replayed: true`.
-pub(crate) fn replay(stored: &StoredResponse) -> Response<Body> {
-    let body = stored.body.clone().unwrap_or_default();
-    let mut response = Response::new(Body::from(body));
-    *response.status_mut() = stored.status;
-    *response.headers_mut() = stored.headers.clone();
-    response.headers_mut().insert(
-        IDEMPOTENT_REPLAYED.clone(),
-        HeaderValue::from_static("true"),
-    );
-    response
-}
-
 /// A response body read up to the stored-response limit.
 pub(crate) enum Captured<B> {
     /// The whole body fit.
@@ -138,6 +123,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn stores_what_the_spec_says() {

@@ -57,6 +57,14 @@ pub struct Config {
     /// instead of) the file.
     #[arg(long, env = "TOKENS", hide_env_values = true)]
     pub tokens: Option<String>,
+    /// A file of admin tokens, `<name> <scopes> <token>` per line (`<scopes>`:
+    /// comma-separated, or `*` for all); see the admin API's docs.
+    #[arg(long, env = "ADMIN_TOKENS_FILE")]
+    pub admin_tokens_file: Option<PathBuf>,
+    /// `<name> <scopes> <token>` admin triples, separated by `;` or
+    /// newlines, beside (or instead of) the file.
+    #[arg(long, env = "ADMIN_TOKENS", hide_env_values = true)]
+    pub admin_tokens: Option<String>,
     /// Seconds between purges of expired records (0: never purge).
     #[arg(long, env = "PURGE_INTERVAL_SECS", default_value_t = 60)]
     pub purge_interval_secs: u64,

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `GET /v1/keys/{key}` (`?fingerprint=sha256:...`) | 200 with the key's state and advice (`wait`, `replay`, `reconcile`), or 404 `key-not-found` with `advice: retry` |
 //! | `POST /v1/keys/lookup` `{"keys": [...]}` | 200 with one result per key (1 to 1000), in order |
+//! | `GET /v1/admin/keys`, `DELETE /v1/admin/keys/{scope}/{key}`, `POST /v1/admin/keys/{scope}/{key}/release` | the admin API, for admin tokens only (see [`admin`]) |
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 when the store answers, 503 otherwise |
 //! | `GET /metrics` | Prometheus text |
@@ -15,6 +16,7 @@
 //! (401 `unauthorized` otherwise). A key of another scope answers exactly
 //! like an absent one.
 
+pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod openapi;

@@ -25,12 +25,16 @@ use crate::routes::{self, Health};
         routes::healthz,
         routes::readyz,
         routes::render_metrics,
-        routes::openapi_json
+        routes::openapi_json,
+        crate::admin::list_keys,
+        crate::admin::forget_key,
+        crate::admin::release_key
     ),
-    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health)),
+    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, crate::admin::AdminRecord, crate::admin::AdminPage, crate::admin::AdminAction)),
     modifiers(&BearerAuth),
     tags(
         (name = "keys", description = "What became of a key"),
+        (name = "admin", description = "Operators: list a scope's records, forget or release one (admin tokens only)"),
         (name = "operations", description = "Health, readiness, metrics and this document")
     )
 )]

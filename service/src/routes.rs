@@ -46,6 +46,9 @@ pub struct AppState {
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// The `retry_after_seconds` hint for in-flight keys.
     pub retry_after: Duration,
+    /// The admin tokens (see [`crate::admin`]); none: the admin API
+    /// refuses every request.
+    pub admin_tokens: Arc<crate::admin::AdminTokens>,
 }
 
 /// The service's router. Tests call it with `oneshot`; `serve` binds it.
@@ -56,6 +59,7 @@ pub fn build_router(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .merge(keys)
+        .merge(crate::admin::router(state.clone()))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
@@ -108,6 +112,22 @@ async fn count_requests(request: Request, next: Next) -> Response {
     metrics::histogram!("idempotency_status_request_duration_seconds", "endpoint" => endpoint)
         .record(started.elapsed());
     response
+}
+
+/// Keys the status API answered for, by state (`absent` for a 404 or a
+/// lookup miss): clients told to `reconcile` over and over point at
+/// abandoned keys nobody has fixed.
+pub const KEY_STATES_TOTAL: &str = "idempotency_status_key_states_total";
+
+fn count_state(state: Option<idempotency_client::status::KeyState>) {
+    use idempotency_client::status::KeyState;
+    let label = match state {
+        Some(KeyState::InFlight) => "in_flight",
+        Some(KeyState::Completed) => "completed",
+        Some(KeyState::Abandoned) => "abandoned",
+        None => "absent",
+    };
+    metrics::counter!(KEY_STATES_TOTAL, "state" => label).increment(1);
 }
 
 /// The query of `GET /v1/keys/{key}`.
@@ -211,6 +231,7 @@ async fn answer_key(
     let record = read(state.store.get(&scope.0, key.as_str())).await?;
     let status =
         record.and_then(|record| key_status(&record, fingerprint.as_ref(), state.retry_after));
+    count_state(status.as_ref().map(|s| s.state));
     match status {
         Some(status) => Ok(Json(status).into_response()),
         None => Err(ApiProblem::KeyNotFound {
@@ -263,7 +284,9 @@ pub async fn lookup(
         .iter()
         .zip(records)
         .map(|(key, record)| {
-            match record.and_then(|record| key_status(&record, None, state.retry_after)) {
+            let status = record.and_then(|record| key_status(&record, None, state.retry_after));
+            count_state(status.as_ref().map(|s| s.state));
+            match status {
                 Some(mut status) => {
                     status.found = Some(true);
                     LookupResult::Found(status)

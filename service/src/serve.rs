@@ -22,6 +22,9 @@ pub enum ServiceError {
     /// The tokens could not be read.
     #[error("cannot read the tokens")]
     Tokens(#[source] TokensError),
+    /// The admin tokens could not be read.
+    #[error("cannot read the admin tokens")]
+    AdminTokens(#[source] crate::admin::AdminTokensError),
     /// The metrics recorder could not be installed.
     #[error("cannot install the metrics recorder")]
     Metrics(#[source] metrics_exporter_prometheus::BuildError),
@@ -79,6 +82,21 @@ fn tokens(config: &Config) -> Result<Tokens, ServiceError> {
     Ok(tokens)
 }
 
+fn admin_tokens(config: &Config) -> Result<crate::admin::AdminTokens, ServiceError> {
+    let mut tokens = match &config.admin_tokens_file {
+        Some(path) => {
+            crate::admin::AdminTokens::from_file(path).map_err(ServiceError::AdminTokens)?
+        }
+        None => crate::admin::AdminTokens::default(),
+    };
+    if let Some(triples) = &config.admin_tokens {
+        tokens
+            .add_triples(triples)
+            .map_err(ServiceError::AdminTokens)?;
+    }
+    Ok(tokens)
+}
+
 /// Serves the status API until SIGTERM or Ctrl-C, then lets in-flight
 /// requests finish.
 ///
@@ -87,6 +105,7 @@ fn tokens(config: &Config) -> Result<Tokens, ServiceError> {
 /// When the store, the tokens, the listener or the server fail.
 pub async fn serve(config: Config) -> Result<(), ServiceError> {
     let tokens = tokens(&config)?;
+    let admin_tokens = admin_tokens(&config)?;
     let store = connect(&config).await?;
     if config.migrate_on_start {
         store.migrate().await?;
@@ -106,6 +125,7 @@ pub async fn serve(config: Config) -> Result<(), ServiceError> {
         tokens: Arc::new(tokens),
         metrics: Some(metrics),
         retry_after: Duration::from_secs(config.retry_after_secs),
+        admin_tokens: Arc::new(admin_tokens),
     };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -6,6 +6,7 @@
 
 mod compose;
 mod crash;
+mod deploy_files;
 mod hostile_input;
 mod lost_response;
 mod retry_client;

@@ -87,6 +87,11 @@ impl<S: Store> Engine<S> {
         }
         #[cfg(not(feature = "postgres"))]
         let Transaction = transaction;
+        // Without a transaction, what the work wrote stands either way.
+        #[cfg(not(feature = "postgres"))]
+        if let Ending::Release { keep_writes } = &ending {
+            let _ = keep_writes;
+        }
         let result = match ending {
             Ending::Complete(stored) => self.complete_with_retries(lease, stored).await,
             Ending::Release { .. } => self.timed("release", self.store.release(lease)).await,

@@ -31,6 +31,7 @@ pub use service::{IdempotencyService, ResponseFuture};
 
 use crate::decision::{AbandonedPolicy, InFlightPolicy};
 use crate::engine::{Drain, Engine, FailureMode};
+use crate::replay::ReplayPolicy;
 use crate::response::default_stored_status;
 use crate::store::Store;
 
@@ -118,6 +119,8 @@ pub(crate) struct Config {
     pub(crate) mismatch_status: StatusCode,
     /// `Date` (stale on replay) and `Set-Cookie` (a session is not a result).
     pub(crate) excluded_headers: Vec<HeaderName>,
+    /// Everything is stored and replayed (see [`ReplayPolicy`]).
+    pub(crate) replay: ReplayPolicy,
 }
 
 impl Default for Config {
@@ -131,6 +134,7 @@ impl Default for Config {
             stored_statuses: default_stored_status,
             mismatch_status: StatusCode::CONFLICT,
             excluded_headers: vec![header::DATE, header::SET_COOKIE],
+            replay: ReplayPolicy::new(),
         }
     }
 }
@@ -387,6 +391,17 @@ impl<S: Store> IdempotencyLayer<S> {
     /// The default value is no cache.
     pub fn with_replay_cache(mut self, capacity: usize, max_age: Duration) -> Self {
         self.engine_mut(|engine| engine.with_replay_cache(capacity, max_age));
+        self
+    }
+
+    /// Sets what of a response is stored and replayed: everything (the
+    /// default), the status only (for routes that mint secrets: a replay
+    /// answers the status with a `response-not-replayable` problem), a header
+    /// allow-list, or a body with JSON fields redacted. See [`ReplayPolicy`].
+    ///
+    /// The default value is [`ReplayPolicy::new`]: everything.
+    pub fn with_replay_policy(mut self, policy: ReplayPolicy) -> Self {
+        self.config_mut().replay = policy;
         self
     }
 

@@ -189,7 +189,7 @@ where
         let outcome = Some(answer.outcome());
         let result = match answer {
             Answer::Ran { reply, .. } => reply,
-            Answer::Replay(stored) => Ok(crate::response::replay(&stored)),
+            Answer::Replay(stored) => Ok(self.config.replay.replay(&stored, &job_key)),
             Answer::Refused(refusal) => {
                 Ok(
                     Rejection::from_refusal(refusal, &job_key, self.config.mismatch_status)
@@ -206,7 +206,7 @@ where
 async fn run_route<I, B>(
     context: RunContext,
     inner: I,
-    mut request: Request<Body>,
+    request: Request<Body>,
     config: Arc<Config>,
     key: String,
 ) -> Settle<Result<Response<Body>, I::Error>>
@@ -217,9 +217,13 @@ where
     B::Error: Into<BoxError>,
 {
     #[cfg(feature = "postgres")]
-    if let Some(slot) = context.slot() {
-        request.extensions_mut().insert(slot.clone());
-    }
+    let request = {
+        let mut request = request;
+        if let Some(slot) = context.slot() {
+            request.extensions_mut().insert(slot.clone());
+        }
+        request
+    };
     let _ = &context;
     let response = match inner.oneshot(request).await {
         Ok(response) => response,
@@ -265,11 +269,11 @@ where
         Captured::Whole(bytes) => (Some(bytes.clone()), Body::from(bytes)),
         Captured::TooLarge { prefix, rest } => (None, crate::response::resume(prefix, rest)),
     };
-    let response = StoredResponse {
+    let response = config.replay.prepare_for_storage(StoredResponse {
         status: parts.status,
         headers: headers_to_store(&parts.headers, &config.excluded_headers),
         body: stored_body,
-    };
+    });
     Settle::Complete {
         response,
         reply: Ok(Response::from_parts(parts, sent_body)),

@@ -337,3 +337,27 @@ impl TransactionalStore for AnyStore {
         let _ = lease;
     }
 }
+
+// ---------------------------------------------------------------------------
+// Operators' operations (`AdminStore`), delegated.
+// ---------------------------------------------------------------------------
+
+impl crate::store::admin::AdminStore for AnyStore {
+    async fn list(
+        &self,
+        scope: &str,
+        filter: crate::store::admin::StateFilter,
+        page: crate::store::admin::PageRequest<'_>,
+    ) -> Result<crate::store::admin::Page, StoreError> {
+        delegate!(self, store => crate::store::admin::AdminStore::list(store, scope, filter, page).await)
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        rule: crate::store::admin::ForgetRule,
+    ) -> Result<crate::store::admin::Forgotten, StoreError> {
+        delegate!(self, store => crate::store::admin::AdminStore::forget(store, scope, key, rule).await)
+    }
+}

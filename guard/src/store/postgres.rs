@@ -491,6 +491,93 @@ impl TransactionalStore for PostgresStore {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Operators' operations (`AdminStore`): listing and forgetting records.
+// ---------------------------------------------------------------------------
+
+/// One page of a scope's records (keyset pagination by key, byte order).
+/// `$3` is the state filter's name; expired records are left out.
+const ADMIN_LIST: &str = concat!(
+    "select key, ",
+    record_columns!(),
+    " from idempotency_records
+    where scope = $1 and key collate \"C\" > $2 and expires_at > now()
+      and ($3 = 'any'
+        or ($3 = 'completed' and state = 'completed')
+        or ($3 = 'in_flight' and state = 'in_flight' and lease_expires_at > now())
+        or ($3 = 'abandoned' and state = 'in_flight' and lease_expires_at <= now()
+            and not transactional))
+    order by key collate \"C\"
+    limit $4"
+);
+
+/// Deletes the record when the rule allows its state (`$3`: completed ones,
+/// `$4`: abandoned ones), deciding and deleting in one statement; a live
+/// lease always keeps it.
+const ADMIN_FORGET: &str = "delete from idempotency_records
+    where scope = $1 and key = $2
+      and ((state = 'completed' and $3)
+        or (state = 'in_flight' and lease_expires_at <= now() and $4))
+    returning state";
+
+impl crate::store::admin::AdminStore for PostgresStore {
+    async fn list(
+        &self,
+        scope: &str,
+        filter: crate::store::admin::StateFilter,
+        page: crate::store::admin::PageRequest<'_>,
+    ) -> Result<crate::store::admin::Page, StoreError> {
+        let limit = page.clamped_limit();
+        let rows = sqlx::query(ADMIN_LIST)
+            .bind(scope)
+            .bind(page.after.unwrap_or(""))
+            .bind(filter.as_str())
+            .bind(i64::from(limit) + 1)
+            .fetch_all(&self.pool)
+            .await?;
+        let records = rows
+            .iter()
+            .map(|row| {
+                let key: String = row.try_get("key")?;
+                record_from_row(row, scope, &key)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(crate::store::admin::Page::from_overfetch(records, limit))
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        rule: crate::store::admin::ForgetRule,
+    ) -> Result<crate::store::admin::Forgotten, StoreError> {
+        use crate::RecordState;
+        use crate::store::admin::Forgotten;
+        let deleted = sqlx::query(ADMIN_FORGET)
+            .bind(scope)
+            .bind(key)
+            .bind(rule.allows(RecordState::Completed))
+            .bind(rule.allows(RecordState::Abandoned))
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(row) = deleted {
+            let state: String = row.try_get("state")?;
+            self.events.publish(scope, key);
+            return Ok(Forgotten::Deleted(if state == "completed" {
+                RecordState::Completed
+            } else {
+                RecordState::Abandoned
+            }));
+        }
+        // Nothing deleted: say why (a read after the decision, for the
+        // answer only).
+        Ok(match self.get(scope, key).await? {
+            Some(record) => Forgotten::Refused(record.state()),
+            None => Forgotten::Missing,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

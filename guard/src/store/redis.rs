@@ -574,6 +574,171 @@ impl Purge for RedisStore {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Operators' operations (`AdminStore`): listing and forgetting records.
+// ---------------------------------------------------------------------------
+
+/// See `lua/admin_forget.lua`.
+static ADMIN_FORGET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/admin_forget.lua")));
+
+/// How many records a listing reads per round of scripts.
+const ADMIN_READ_CHUNK: usize = 100;
+
+/// Escapes the glob characters of `text` for `SCAN ... MATCH`.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+impl RedisStore {
+    /// Every Redis key matching `pattern`: `SCAN` on one Redis; on a
+    /// cluster, `KEYS` on every primary (a cluster offers no cursor across
+    /// nodes), which blocks each primary while it walks its keys: an
+    /// admin listing is an occasional operator's action, not a hot path.
+    async fn admin_keys(&self, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+        match &self.connection {
+            Connection::Single(connection) => {
+                let mut connection = connection.clone();
+                let mut keys = Vec::new();
+                let mut cursor: u64 = 0;
+                loop {
+                    let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(pattern)
+                        .arg("COUNT")
+                        .arg(1000)
+                        .query_async(&mut connection)
+                        .await?;
+                    keys.extend(batch);
+                    if next == 0 {
+                        return Ok(keys);
+                    }
+                    cursor = next;
+                }
+            }
+            Connection::Cluster(connection) => {
+                use redis::cluster_routing::{
+                    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo,
+                };
+                let mut command = redis::cmd("KEYS");
+                command.arg(pattern);
+                let value = connection
+                    .clone()
+                    .route_command(
+                        command,
+                        RoutingInfo::MultiNode((
+                            MultipleNodeRoutingInfo::AllMasters,
+                            Some(ResponsePolicy::CombineArrays),
+                        )),
+                    )
+                    .await?;
+                redis::from_redis_value(value)
+                    .map_err(|_| CorruptRecord("KEYS returned an unexpected shape").into())
+            }
+        }
+    }
+}
+
+impl RedisStore {
+    /// Deletes the cached copy of a record (tiered store), if any.
+    pub(crate) async fn cache_forget(&self, scope: &str, key: &str) -> Result<(), StoreError> {
+        let mut command = redis::cmd("DEL");
+        command.arg(record_key(&self.prefix, CACHED, scope, key));
+        match &self.connection {
+            Connection::Single(connection) => {
+                command
+                    .query_async::<Value>(&mut connection.clone())
+                    .await?
+            }
+            Connection::Cluster(connection) => {
+                command
+                    .query_async::<Value>(&mut connection.clone())
+                    .await?
+            }
+        };
+        Ok(())
+    }
+}
+
+impl crate::store::admin::AdminStore for RedisStore {
+    async fn list(
+        &self,
+        scope: &str,
+        filter: crate::store::admin::StateFilter,
+        page: crate::store::admin::PageRequest<'_>,
+    ) -> Result<crate::store::admin::Page, StoreError> {
+        let limit = page.clamped_limit();
+        let wanted = usize::try_from(limit).unwrap_or(usize::MAX) + 1;
+        let pattern = format!(
+            "{}:{RECORDS}:{}:{}:*",
+            glob_escape(&self.prefix),
+            scope.len(),
+            glob_escape(scope)
+        );
+        let mut keys: Vec<String> = self
+            .admin_keys(&pattern)
+            .await?
+            .iter()
+            .filter_map(|raw| parse_record_key(&self.prefix, raw))
+            .filter(|(found_scope, key)| {
+                found_scope == scope && page.after.is_none_or(|after| key.as_str() > after)
+            })
+            .map(|(_, key)| key)
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut records = Vec::new();
+        for chunk in keys.chunks(ADMIN_READ_CHUNK) {
+            let read =
+                futures_util::future::try_join_all(chunk.iter().map(|key| self.get(scope, key)))
+                    .await?;
+            records.extend(read.into_iter().flatten().filter(|r| filter.accepts(r)));
+            if records.len() >= wanted {
+                break;
+            }
+        }
+        Ok(crate::store::admin::Page::from_overfetch(records, limit))
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        rule: crate::store::admin::ForgetRule,
+    ) -> Result<crate::store::admin::Forgotten, StoreError> {
+        use crate::RecordState;
+        use crate::store::admin::Forgotten;
+        let flag = |state| if rule.allows(state) { "1" } else { "0" };
+        let mut invocation = ADMIN_FORGET.prepare_invoke();
+        invocation
+            .key(self.record_key(scope, key))
+            .arg(flag(RecordState::Completed))
+            .arg(flag(RecordState::Abandoned))
+            .arg(&*self.channel);
+        let reply: (i64, String) = redis::from_redis_value(self.invoke(&invocation).await?)
+            .map_err(|_| CorruptRecord("the forget script returned an unexpected shape"))?;
+        let state = match reply.1.as_str() {
+            "c" => RecordState::Completed,
+            "a" => RecordState::Abandoned,
+            _ => RecordState::InFlight,
+        };
+        match reply.0 {
+            0 => Ok(Forgotten::Missing),
+            1 => Ok(Forgotten::Deleted(state)),
+            2 => Ok(Forgotten::Refused(state)),
+            _ => Err(CorruptRecord("the forget script returned an unexpected shape").into()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -227,3 +227,39 @@ impl TransactionalStore for TieredStore {
         self.announce(lease).await;
     }
 }
+
+// ---------------------------------------------------------------------------
+// Operators' operations (`AdminStore`): PostgreSQL decides; the cached copy
+// of a forgotten completed record is deleted before and after, so a copy
+// filled by a read that raced the delete does not outlive it.
+// ---------------------------------------------------------------------------
+
+impl crate::store::admin::AdminStore for TieredStore {
+    async fn list(
+        &self,
+        scope: &str,
+        filter: crate::store::admin::StateFilter,
+        page: crate::store::admin::PageRequest<'_>,
+    ) -> Result<crate::store::admin::Page, StoreError> {
+        self.postgres.list(scope, filter, page).await
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        rule: crate::store::admin::ForgetRule,
+    ) -> Result<crate::store::admin::Forgotten, StoreError> {
+        use crate::store::admin::Forgotten;
+        // The cache must not answer for a record PostgreSQL no longer has:
+        // here a Redis failure fails the operation (unlike reads, which
+        // fall back), so the operator can try again.
+        self.cache.cache_forget(scope, key).await?;
+        let forgotten = self.postgres.forget(scope, key, rule).await?;
+        if let Forgotten::Deleted(_) = forgotten {
+            self.cache.cache_forget(scope, key).await?;
+            self.cache.announce(scope, key).await?;
+        }
+        Ok(forgotten)
+    }
+}

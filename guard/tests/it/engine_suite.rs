@@ -42,6 +42,7 @@ macro_rules! engine_suite {
                 extractor_rejections_release_the_key,
                 final_client_errors_are_stored,
                 an_unknown_outcome_abandons_the_key,
+                status_only_routes_never_replay_the_body,
                 nested_mounts_have_their_own_fingerprints,
             );
         }
@@ -493,6 +494,33 @@ pub(crate) async fn an_unknown_outcome_abandons_the_key<S: Store>(db: TestDb<S>)
     assert_eq!(record.state(), RecordState::Abandoned);
     let retry = call(&router, post_json(&key, "application/json", "{}")).await;
     assert_eq!(retry.problem(), "outcome-unknown");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A handler that mints a secret.
+async fn mints_a_secret(State(runs): State<Arc<AtomicUsize>>) -> impl IntoResponse {
+    runs.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::CREATED, r#"{"api_key":"sk_live_secret"}"#)
+}
+
+pub(crate) async fn status_only_routes_never_replay_the_body<S: Store>(db: TestDb<S>) {
+    let layer = IdempotencyLayer::new(db.store.clone())
+        .with_replay_policy(idempotency_guard::replay::ReplayPolicy::status_only());
+    let (router, runs) = router(layer, mints_a_secret);
+    let key = key("secret");
+    let first = call(&router, post_json(&key, "application/json", "{}")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.body, r#"{"api_key":"sk_live_secret"}"#);
+    let replay = call(&router, post_json(&key, "application/json", "{}")).await;
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert!(replay.replayed());
+    assert_eq!(replay.problem(), "response-not-replayable");
+    let record = db.store.get("default", &key).await.unwrap().unwrap();
+    let stored = record.response.unwrap();
+    assert!(
+        !String::from_utf8_lossy(stored.body.as_deref().unwrap_or_default()).contains("sk_live"),
+        "the secret was stored"
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 

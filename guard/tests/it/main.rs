@@ -10,6 +10,9 @@
 mod support;
 
 #[macro_use]
+mod admin_suite;
+
+#[macro_use]
 mod store_suite;
 #[macro_use]
 mod guard_suite;
@@ -17,6 +20,8 @@ mod guard_suite;
 mod engine_suite;
 mod cancellation;
 mod cross_process;
+#[macro_use]
+mod encrypted;
 mod metrics_probe;
 mod migrations;
 mod redis_faults;
@@ -43,3 +48,25 @@ guard_suite!(tiered_guard, idempotency_tests::tiered);
 // sits in its path to cut: the outage tests run on single Redis, which
 // shares every line of the store's error handling with the cluster.
 guard_suite!(redis_cluster_guard, idempotency_tests::redis_cluster, outages: []);
+
+admin_suite!(postgres_admin, idempotency_tests::postgres);
+admin_suite!(sqlite_admin, idempotency_tests::sqlite);
+admin_suite!(redis_admin, idempotency_tests::redis);
+admin_suite!(redis_cluster_admin, idempotency_tests::redis_cluster);
+admin_suite!(tiered_admin, idempotency_tests::tiered);
+
+encrypted_suite!(
+    postgres_encrypted,
+    idempotency_tests::postgres,
+    crate::encrypted::raw_postgres
+);
+encrypted_suite!(
+    sqlite_encrypted,
+    idempotency_tests::sqlite,
+    crate::encrypted::raw_sqlite
+);
+encrypted_suite!(
+    redis_encrypted,
+    idempotency_tests::redis,
+    crate::encrypted::raw_redis
+);

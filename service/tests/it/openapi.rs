@@ -32,6 +32,9 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
             "/metrics",
             "/openapi.json",
             "/readyz",
+            "/v1/admin/keys",
+            "/v1/admin/keys/{scope}/{key}",
+            "/v1/admin/keys/{scope}/{key}/release",
             "/v1/keys/lookup",
             "/v1/keys/{key}"
         ]
@@ -55,7 +58,25 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
         ["200", "400", "401", "413", "503"]
     );
     assert_eq!(statuses("/readyz", "get"), ["200", "503"]);
-    for (path, method) in [("/v1/keys/{key}", "get"), ("/v1/keys/lookup", "post")] {
+    assert_eq!(
+        statuses("/v1/admin/keys", "get"),
+        ["200", "400", "401", "403", "503"]
+    );
+    assert_eq!(
+        statuses("/v1/admin/keys/{scope}/{key}", "delete"),
+        ["200", "400", "401", "403", "404", "409", "503"]
+    );
+    assert_eq!(
+        statuses("/v1/admin/keys/{scope}/{key}/release", "post"),
+        ["200", "400", "401", "403", "404", "409", "503"]
+    );
+    for (path, method) in [
+        ("/v1/keys/{key}", "get"),
+        ("/v1/keys/lookup", "post"),
+        ("/v1/admin/keys", "get"),
+        ("/v1/admin/keys/{scope}/{key}", "delete"),
+        ("/v1/admin/keys/{scope}/{key}/release", "post"),
+    ] {
         let operation = &document()["paths"][path][method];
         assert_eq!(
             operation["security"][0]["bearer"],
@@ -77,6 +98,9 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
         "MissingKey",
         "Problem",
         "Health",
+        "AdminRecord",
+        "AdminPage",
+        "AdminAction",
     ] {
         assert!(schemas.contains_key(name), "schema {name}");
     }

@@ -27,6 +27,21 @@ pub(crate) fn tokens() -> Tokens {
     tokens
 }
 
+pub(crate) const ADMIN_ALL: &str = "admin-token-of-ops-0123456789";
+pub(crate) const ADMIN_A: &str = "admin-token-of-tenant-a-0123456789";
+
+/// Two admin tokens: `ops` for every scope, `alice` for `tenant-a` only.
+pub(crate) fn admin_tokens() -> idempotency_service::admin::AdminTokens {
+    let mut tokens = idempotency_service::admin::AdminTokens::default();
+    tokens
+        .add_triples(&format!(
+            "ops * {ADMIN_ALL}
+alice tenant-a {ADMIN_A}"
+        ))
+        .unwrap();
+    tokens
+}
+
 /// The router over `store`.
 pub(crate) fn router(store: AnyStore) -> Router {
     build_router(AppState {
@@ -34,6 +49,7 @@ pub(crate) fn router(store: AnyStore) -> Router {
         tokens: Arc::new(tokens()),
         metrics: None,
         retry_after: Duration::from_secs(1),
+        admin_tokens: Arc::new(admin_tokens()),
     })
 }
 

@@ -1,0 +1,482 @@
+//! [`EncryptedStore`]: encryption at rest of stored responses, over any
+//! store (composition, as `tower-sessions`' `CachingSessionStore`).
+//!
+//! A completed record's response (its headers and its body) is sealed with
+//! AES-256-GCM before the inner store sees it; the status stays in clear,
+//! because the status API shows it. What the inner store keeps is:
+//!
+//! - the status, in clear;
+//! - one header, `idempotency-sealed: v1 <key id>`, naming the key that
+//!   sealed it (so keys rotate: new records take the current key, older
+//!   ones stay readable while their key is still in the ring);
+//! - as the body: a random 96-bit nonce, then the ciphertext and tag of the
+//!   headers and the body. A response too large to store keeps no body (so
+//!   whether a body is stored stays visible to the status API, which needs
+//!   no key): its sealed headers follow the key id in the marker, base64.
+//!   The scope, the key and the status are the associated data: a sealed
+//!   response moved to another record does not decrypt.
+//!
+//! The fingerprint, method and path stay in clear: the status API shows
+//! them, and the guard compares fingerprints. A path whose query holds a
+//! secret is not protected.
+//!
+//! Reading a record sealed with a key id the ring does not hold, or one
+//! whose ciphertext does not authenticate, fails with
+//! [`StoreError::Corrupt`] (the request answers 503, never a garbled
+//! replay) and counts in `idempotency_decrypt_failures_total{reason}`.
+//! Records written before encryption was turned on (no `idempotency-sealed`
+//! header) are read as they are.
+//!
+//! Keys come from an environment variable or a file
+//! ([`EncryptionKeys::parse`]: `<id>:<base64 of 32 bytes>` entries, the
+//! first one current) and are never logged: `Debug` shows their ids only.
+//! The key-status service needs no key: it shows the status and whether a
+//! body is stored, both in clear.
+//!
+//! Transactional mode writes its completion inside the handler's
+//! transaction, past this wrapper: [`Store::transactions`] answers `None`
+//! here, so transactional mode cannot silently store a response in clear.
+
+use std::time::Duration;
+
+use aes_gcm::aead::{Aead, KeyInit, OsRng, Payload};
+use aes_gcm::{AeadCore, Aes256Gcm};
+use base64::Engine as _;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::record::CorruptRecord;
+use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
+use crate::{Record, RecordEvents, StoredResponse};
+
+/// Sealed records that could not be opened, by `reason` (`unknown-key`,
+/// `invalid`).
+pub const DECRYPT_FAILURES_TOTAL: &str = "idempotency_decrypt_failures_total";
+
+/// The header of a sealed response: `v1 <key id>`.
+pub static SEALED: HeaderName = HeaderName::from_static("idempotency-sealed");
+
+const NONCE_LEN: usize = 12;
+
+/// The encryption keys: the current one seals, every one opens.
+#[derive(Clone)]
+pub struct EncryptionKeys {
+    /// `(id, cipher)`; the first is current.
+    keys: Vec<(String, Aes256Gcm)>,
+}
+
+impl std::fmt::Debug for EncryptionKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<&str> = self.keys.iter().map(|(id, _)| id.as_str()).collect();
+        f.debug_struct("EncryptionKeys")
+            .field("ids", &ids)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Encryption keys could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeysError {
+    /// No key is given.
+    #[error("no encryption key is given")]
+    Empty,
+    /// An entry is not `<id>:<base64 of 32 bytes>`.
+    #[error(
+        "encryption key entry {index}: expected `<id>:<base64 of 32 bytes>` with an id of 1 to 32 letters, digits, `-` or `_`"
+    )]
+    Malformed {
+        /// The entry's position, from 1.
+        index: usize,
+    },
+    /// Two entries share an id.
+    #[error("encryption key entry {index}: the id is already used")]
+    DuplicateId {
+        /// The entry's position, from 1.
+        index: usize,
+    },
+    /// The keys file could not be read.
+    #[error("cannot read the encryption keys file {path}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl EncryptionKeys {
+    /// Parses `<id>:<base64 of 32 bytes>` entries separated by commas or
+    /// newlines (`#` starts a comment); the first is the current key.
+    ///
+    /// # Errors
+    ///
+    /// See [`KeysError`].
+    pub fn parse(text: &str) -> Result<Self, KeysError> {
+        let mut keys: Vec<(String, Aes256Gcm)> = Vec::new();
+        let entries = text
+            .split(['\n', ','])
+            .map(|line| line.split('#').next().unwrap_or("").trim())
+            .filter(|entry| !entry.is_empty());
+        for (index, entry) in entries.enumerate() {
+            let index = index + 1;
+            let malformed = KeysError::Malformed { index };
+            let (id, material) = entry
+                .split_once(':')
+                .ok_or(KeysError::Malformed { index })?;
+            let valid_id = (1..=32).contains(&id.len())
+                && id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            let material = base64::engine::general_purpose::STANDARD
+                .decode(material.trim())
+                .ok()
+                .filter(|bytes| bytes.len() == 32);
+            let (true, Some(material)) = (valid_id, material) else {
+                return Err(malformed);
+            };
+            if keys.iter().any(|(known, _)| known == id) {
+                return Err(KeysError::DuplicateId { index });
+            }
+            let cipher = Aes256Gcm::new_from_slice(&material).map_err(|_| malformed)?;
+            keys.push((id.to_owned(), cipher));
+        }
+        if keys.is_empty() {
+            return Err(KeysError::Empty);
+        }
+        Ok(Self { keys })
+    }
+
+    /// Reads the keys from a file (the format of [`EncryptionKeys::parse`]).
+    ///
+    /// # Errors
+    ///
+    /// See [`KeysError`].
+    pub fn from_file(path: &std::path::Path) -> Result<Self, KeysError> {
+        let text = std::fs::read_to_string(path).map_err(|source| KeysError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text)
+    }
+
+    /// Reads the keys from the environment variable `name` (the format of
+    /// [`EncryptionKeys::parse`]), for example
+    /// `IDEMPOTENCY_ENCRYPTION_KEYS=2026-11:<base64>,2026-05:<base64>`.
+    ///
+    /// # Errors
+    ///
+    /// [`KeysError::Empty`] when the variable is unset or empty, otherwise
+    /// see [`EncryptionKeys::parse`].
+    pub fn from_env(name: &str) -> Result<Self, KeysError> {
+        Self::parse(&std::env::var(name).unwrap_or_default())
+    }
+
+    /// The id of the key that seals new records.
+    pub fn current_id(&self) -> &str {
+        self.keys.first().map_or("", |(id, _)| id.as_str())
+    }
+
+    fn get(&self, id: &str) -> Option<&Aes256Gcm> {
+        self.keys
+            .iter()
+            .find(|(known, _)| known == id)
+            .map(|(_, cipher)| cipher)
+    }
+}
+
+/// A store whose stored responses are sealed with AES-256-GCM.
+#[derive(Debug, Clone)]
+pub struct EncryptedStore<S> {
+    inner: S,
+    keys: EncryptionKeys,
+}
+
+impl<S> EncryptedStore<S> {
+    /// Wraps `inner`: responses are sealed with `keys`' current key.
+    pub fn new(inner: S, keys: EncryptionKeys) -> Self {
+        Self { inner, keys }
+    }
+
+    /// The store underneath (what it holds is sealed).
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+}
+
+/// The associated data: the record's identity and status.
+fn associated_data(scope: &str, key: &str, status: u16) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(12 + scope.len() + key.len());
+    aad.extend_from_slice(b"idem-v1");
+    aad.extend_from_slice(&u32::try_from(scope.len()).unwrap_or(u32::MAX).to_be_bytes());
+    aad.extend_from_slice(scope.as_bytes());
+    aad.extend_from_slice(key.as_bytes());
+    aad.extend_from_slice(&status.to_be_bytes());
+    aad
+}
+
+fn failure(reason: &'static str, message: &'static str) -> StoreError {
+    metrics::counter!(DECRYPT_FAILURES_TOTAL, "reason" => reason).increment(1);
+    StoreError::Corrupt(CorruptRecord(message))
+}
+
+impl<S> EncryptedStore<S> {
+    /// Seals `response` for the record `(scope, key)`.
+    fn seal(
+        &self,
+        scope: &str,
+        key: &str,
+        response: &StoredResponse,
+    ) -> Result<StoredResponse, StoreError> {
+        let (id, cipher) = self
+            .keys
+            .keys
+            .first()
+            .ok_or(StoreError::Unsupported("encryption without a key"))?;
+        let headers = response.encode_headers();
+        let mut plaintext =
+            Vec::with_capacity(5 + headers.len() + response.body.as_ref().map_or(0, Bytes::len));
+        plaintext.push(u8::from(response.body.is_some()));
+        plaintext.extend_from_slice(
+            &u32::try_from(headers.len())
+                .unwrap_or(u32::MAX)
+                .to_be_bytes(),
+        );
+        plaintext.extend_from_slice(&headers);
+        if let Some(body) = &response.body {
+            plaintext.extend_from_slice(body);
+        }
+        let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
+        let aad = associated_data(scope, key, response.status.as_u16());
+        let ciphertext = cipher
+            .encrypt(
+                &nonce,
+                Payload {
+                    msg: &plaintext,
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| StoreError::Unsupported("sealing this response"))?;
+        let mut sealed = Vec::with_capacity(NONCE_LEN + ciphertext.len());
+        sealed.extend_from_slice(&nonce);
+        sealed.extend_from_slice(&ciphertext);
+        // Whether a body is stored stays visible (the status API reports
+        // it without keys): a response too large to store keeps no body,
+        // and its sealed headers ride in the marker.
+        let (marker, body) = match response.body {
+            Some(_) => (format!("v1 {id}"), Some(Bytes::from(sealed))),
+            None => (
+                format!(
+                    "v1 {id} {}",
+                    base64::engine::general_purpose::STANDARD.encode(&sealed)
+                ),
+                None,
+            ),
+        };
+        let mut sealed_headers = HeaderMap::with_capacity(1);
+        let marker =
+            HeaderValue::from_str(&marker).map_err(|_| StoreError::Unsupported("this key id"))?;
+        sealed_headers.insert(SEALED.clone(), marker);
+        Ok(StoredResponse {
+            status: response.status,
+            headers: sealed_headers,
+            body,
+        })
+    }
+
+    /// Opens a record's response, if it is sealed.
+    fn open(&self, mut record: Record) -> Result<Record, StoreError> {
+        let Some(response) = record.response.take() else {
+            return Ok(record);
+        };
+        let Some(marker) = response.headers.get(&SEALED) else {
+            // Written before encryption was on.
+            record.response = Some(response);
+            return Ok(record);
+        };
+        let mut parts = marker
+            .to_str()
+            .ok()
+            .and_then(|m| m.strip_prefix("v1 "))
+            .ok_or_else(|| failure("invalid", "the sealed response's marker is invalid"))?
+            .split(' ');
+        let id = parts.next().unwrap_or_default();
+        let cipher = self.keys.get(id).ok_or_else(|| {
+            failure(
+                "unknown-key",
+                "the response was sealed with an encryption key id this store does not hold",
+            )
+        })?;
+        let in_marker = parts
+            .next()
+            .map(|encoded| base64::engine::general_purpose::STANDARD.decode(encoded))
+            .transpose()
+            .map_err(|_| failure("invalid", "the sealed response's marker is invalid"))?;
+        let sealed = in_marker
+            .as_deref()
+            .or(response.body.as_deref())
+            .unwrap_or_default();
+        if sealed.len() < NONCE_LEN {
+            return Err(failure("invalid", "the sealed response is truncated"));
+        }
+        let (nonce, ciphertext) = sealed.split_at(NONCE_LEN);
+        let nonce: [u8; NONCE_LEN] = nonce
+            .try_into()
+            .map_err(|_| failure("invalid", "the sealed response is truncated"))?;
+        let aad = associated_data(&record.scope, &record.key, response.status.as_u16());
+        let plaintext = cipher
+            .decrypt(
+                &aes_gcm::Nonce::from(nonce),
+                Payload {
+                    msg: ciphertext,
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| failure("invalid", "the sealed response does not authenticate"))?;
+        let invalid = || failure("invalid", "the sealed response's plaintext is invalid");
+        let has_body = *plaintext.first().ok_or_else(invalid)? == 1;
+        let headers_len = plaintext
+            .get(1..5)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_be_bytes)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(invalid)?;
+        let headers = plaintext.get(5..5 + headers_len).ok_or_else(invalid)?;
+        let body = plaintext.get(5 + headers_len..).ok_or_else(invalid)?;
+        record.response = Some(StoredResponse {
+            status: response.status,
+            headers: StoredResponse::decode_headers(headers)?,
+            body: has_body.then(|| Bytes::copy_from_slice(body)),
+        });
+        Ok(record)
+    }
+}
+
+impl<S: Store> Store for EncryptedStore<S> {
+    async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        match self.inner.claim(new).await? {
+            Claim::Existing(record) => Ok(Claim::Existing(Box::new(self.open(*record)?))),
+            acquired => Ok(acquired),
+        }
+    }
+
+    async fn take_over(
+        &self,
+        previous: LeaseToken,
+        new: &NewRecord<'_>,
+    ) -> Result<Option<Lease>, StoreError> {
+        self.inner.take_over(previous, new).await
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        let sealed = self.seal(&lease.scope, &lease.key, response)?;
+        self.inner.complete(lease, &sealed).await
+    }
+
+    async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
+        self.inner.renew(lease, duration).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.inner.release(lease).await
+    }
+
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.inner
+            .get(scope, key)
+            .await?
+            .map(|record| self.open(record))
+            .transpose()
+    }
+
+    async fn get_many(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Record>>, StoreError> {
+        self.inner
+            .get_many(scope, keys)
+            .await?
+            .into_iter()
+            .map(|record| record.map(|r| self.open(r)).transpose())
+            .collect()
+    }
+
+    fn events(&self) -> &RecordEvents {
+        self.inner.events()
+    }
+}
+
+// No `TransactionalStore`: a transactional completion would write the
+// response in clear past the sealing, so transactional mode cannot be turned
+// on over an encrypted store (it does not compile).
+impl<S: crate::store::Purge> crate::store::Purge for EncryptedStore<S> {
+    async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
+        self.inner.purge(limit).await
+    }
+}
+
+impl<S: crate::store::admin::AdminStore> crate::store::admin::AdminStore for EncryptedStore<S> {
+    async fn list(
+        &self,
+        scope: &str,
+        filter: crate::store::admin::StateFilter,
+        page: crate::store::admin::PageRequest<'_>,
+    ) -> Result<crate::store::admin::Page, StoreError> {
+        let page = self.inner.list(scope, filter, page).await?;
+        Ok(crate::store::admin::Page {
+            records: page
+                .records
+                .into_iter()
+                .map(|record| self.open(record))
+                .collect::<Result<_, _>>()?,
+            next: page.next,
+        })
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        rule: crate::store::admin::ForgetRule,
+    ) -> Result<crate::store::admin::Forgotten, StoreError> {
+        self.inner.forget(scope, key, rule).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "a:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+    #[test]
+    fn keys_parse_and_never_show_their_material() {
+        let keys = EncryptionKeys::parse(&format!(
+            "{A}, b:HyAhIiMkJSYnKCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4=  # previous"
+        ))
+        .unwrap();
+        assert_eq!(keys.current_id(), "a");
+        assert!(keys.get("b").is_some());
+        let shown = format!("{keys:?}");
+        assert!(shown.contains("\"a\"") && !shown.contains("AAECAw"));
+        assert!(matches!(EncryptionKeys::parse(""), Err(KeysError::Empty)));
+        assert!(matches!(
+            EncryptionKeys::from_env("IDEMPOTENCY_TEST_UNSET_KEYS_VARIABLE"),
+            Err(KeysError::Empty)
+        ));
+        assert!(matches!(
+            EncryptionKeys::parse("a:c2hvcnQ="),
+            Err(KeysError::Malformed { index: 1 })
+        ));
+        assert!(matches!(
+            EncryptionKeys::parse(&format!("{A},{A}")),
+            Err(KeysError::DuplicateId { index: 2 })
+        ));
+        assert!(matches!(
+            EncryptionKeys::parse("bad id:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="),
+            Err(KeysError::Malformed { .. })
+        ));
+    }
+}

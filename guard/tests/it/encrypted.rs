@@ -1,0 +1,279 @@
+//! Encryption at rest ([`EncryptedStore`]) over every store: what the store
+//! itself holds carries no plaintext of a body or a header value; records
+//! sealed under an old key replay after rotation; a record sealed under a
+//! key the ring no longer holds is a clear, counted error, never garbage.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use idempotency_guard::store::encrypted::{DECRYPT_FAILURES_TOTAL, SEALED};
+use idempotency_guard::store::{Claim, EncryptedStore, EncryptionKeys, LeaseToken, NewRecord};
+use idempotency_guard::{Fingerprint, Store, StoreError, StoredResponse};
+
+/// Instantiates the encryption tests for one store; `$raw` reads the
+/// stored response's bytes straight from the backend.
+macro_rules! encrypted_suite {
+    ($backend:ident, $fixture:path, $raw:path) => {
+        mod $backend {
+            use $crate::encrypted as suite;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_store_holds_no_plaintext_of_bodies_or_headers() {
+                let db = $fixture().await;
+                suite::the_store_holds_no_plaintext(db.store.clone(), |scope, key| {
+                    let store = db.store.clone();
+                    async move { $raw(&store, &scope, &key).await }
+                })
+                .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rotation_keeps_old_records_readable_and_unknown_keys_fail_clearly() {
+                let db = $fixture().await;
+                suite::rotation_and_unknown_keys(db.store.clone()).await;
+            }
+        }
+    };
+}
+
+const BODY_SECRET: &str = "sk_live_body_secret_51HqLyjWDarjtT1zdp7dc";
+const HEADER_SECRET: &str = "header-secret-value-9f8e7d6c5b4a";
+const KEY_A: &str = "a:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+const KEY_B: &str = "b:HyAhIiMkJSYnKCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4=";
+const FP: Fingerprint = Fingerprint::from_bytes([3; 32]);
+
+fn keys(text: &str) -> EncryptionKeys {
+    EncryptionKeys::parse(text).unwrap()
+}
+
+fn minted() -> StoredResponse {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.insert("x-api-key", HeaderValue::from_static(HEADER_SECRET));
+    StoredResponse {
+        status: StatusCode::CREATED,
+        headers,
+        body: Some(Bytes::from(format!(r#"{{"api_key":"{BODY_SECRET}"}}"#))),
+    }
+}
+
+async fn complete<S: Store>(store: &S, scope: &str, key: &str, response: &StoredResponse) {
+    let new = NewRecord {
+        scope,
+        key,
+        fingerprint: &FP,
+        method: "POST",
+        path: "/keys",
+        token: LeaseToken::new(),
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+        transactional: false,
+    };
+    let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
+        panic!("{scope}/{key} was already claimed");
+    };
+    store.complete(&lease, response).await.unwrap();
+}
+
+fn contains(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle.as_bytes())
+}
+
+pub(crate) async fn the_store_holds_no_plaintext<S, F, Fut>(store: S, raw: F)
+where
+    S: Store,
+    F: Fn(String, String) -> Fut,
+    Fut: std::future::Future<Output = Vec<u8>>,
+{
+    let encrypted = EncryptedStore::new(store.clone(), keys(KEY_A));
+    complete(&encrypted, "enc-scope", "minted", &minted()).await;
+    // A response too large to store keeps its headers sealed too.
+    let mut too_large = minted();
+    too_large.body = None;
+    complete(&encrypted, "enc-scope", "too-large", &too_large).await;
+
+    for key in ["minted", "too-large"] {
+        let bytes = raw("enc-scope".to_owned(), key.to_owned()).await;
+        assert!(!bytes.is_empty(), "{key}: the raw read found the record");
+        assert!(!contains(&bytes, BODY_SECRET), "{key}: body in clear");
+        assert!(!contains(&bytes, HEADER_SECRET), "{key}: header in clear");
+        assert!(
+            !contains(&bytes, "application/json"),
+            "{key}: header in clear"
+        );
+        assert!(contains(&bytes, "v1 a"), "{key}: the key id is stored");
+    }
+    let inner = store.get("enc-scope", "too-large").await.unwrap().unwrap();
+    assert!(
+        inner.response.unwrap().body.is_none(),
+        "whether a body is stored stays visible without a key"
+    );
+    // Through the wrapper, the response is whole again.
+    let record = encrypted.get("enc-scope", "minted").await.unwrap().unwrap();
+    assert_eq!(record.response, Some(minted()));
+    let record = encrypted
+        .get("enc-scope", "too-large")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.response, Some(too_large));
+    // The inner store sees the status (the status API needs it) and the seal.
+    let inner = store.get("enc-scope", "minted").await.unwrap().unwrap();
+    let response = inner.response.unwrap();
+    assert_eq!(response.status, StatusCode::CREATED);
+    assert_eq!(response.headers[&SEALED], "v1 a");
+}
+
+pub(crate) async fn rotation_and_unknown_keys<S: Store>(store: S) {
+    crate::metrics_probe::install();
+    let under_a = EncryptedStore::new(store.clone(), keys(KEY_A));
+    complete(&under_a, "rot", "old", &minted()).await;
+
+    // Rotate: B seals new records, A still opens old ones.
+    let under_b = EncryptedStore::new(store.clone(), keys(&format!("{KEY_B},{KEY_A}")));
+    let old = under_b.get("rot", "old").await.unwrap().unwrap();
+    assert_eq!(
+        old.response,
+        Some(minted()),
+        "A's record replays after rotation"
+    );
+    complete(&under_b, "rot", "new", &minted()).await;
+    let new = store.get("rot", "new").await.unwrap().unwrap();
+    assert_eq!(new.response.unwrap().headers[&SEALED], "v1 b");
+    // Claiming a completed key (a replay) opens it too.
+    let claim = NewRecord {
+        scope: "rot",
+        key: "old",
+        fingerprint: &FP,
+        method: "POST",
+        path: "/keys",
+        token: LeaseToken::new(),
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+        transactional: false,
+    };
+    let Claim::Existing(existing) = under_b.claim(&claim).await.unwrap() else {
+        panic!("the key is completed");
+    };
+    assert_eq!(existing.response, Some(minted()));
+
+    // A dropped: its records are a clear error, counted, never garbage.
+    let only_b = EncryptedStore::new(store.clone(), keys(KEY_B));
+    let before =
+        crate::metrics_probe::counter(DECRYPT_FAILURES_TOTAL, &[("reason", "unknown-key")]);
+    let error = only_b.get("rot", "old").await.unwrap_err();
+    assert!(
+        matches!(&error, StoreError::Corrupt(_)) && error.to_string().contains("key id"),
+        "{error}"
+    );
+    assert!(matches!(
+        only_b.claim(&claim).await,
+        Err(StoreError::Corrupt(_))
+    ));
+    let after = crate::metrics_probe::counter(DECRYPT_FAILURES_TOTAL, &[("reason", "unknown-key")]);
+    assert!(
+        after >= before + 2,
+        "each failure is counted ({before} -> {after})"
+    );
+    assert_eq!(
+        only_b.get("rot", "new").await.unwrap().unwrap().response,
+        Some(minted())
+    );
+
+    // A wrong key under a known id does not authenticate: an error, counted.
+    let impostor = EncryptedStore::new(
+        store.clone(),
+        keys("a:HyAhIiMkJSYnKCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4="),
+    );
+    let before = crate::metrics_probe::counter(DECRYPT_FAILURES_TOTAL, &[("reason", "invalid")]);
+    assert!(matches!(
+        impostor.get("rot", "old").await,
+        Err(StoreError::Corrupt(_))
+    ));
+    let after = crate::metrics_probe::counter(DECRYPT_FAILURES_TOTAL, &[("reason", "invalid")]);
+    assert!(after > before);
+}
+
+/// The stored response's columns of one PostgreSQL row.
+pub(crate) async fn raw_postgres(
+    store: &idempotency_guard::store::postgres::PostgresStore,
+    scope: &str,
+    key: &str,
+) -> Vec<u8> {
+    let (headers, body): (Option<Vec<u8>>, Option<Vec<u8>>) = sqlx::query_as(
+        "select response_headers, response_body from idempotency_records where scope = $1 and key = $2",
+    )
+    .bind(scope)
+    .bind(key)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    [headers.unwrap_or_default(), body.unwrap_or_default()].concat()
+}
+
+/// The stored response's columns of one SQLite row.
+pub(crate) async fn raw_sqlite(
+    store: &idempotency_guard::store::sqlite::SqliteStore,
+    scope: &str,
+    key: &str,
+) -> Vec<u8> {
+    let (headers, body): (Option<Vec<u8>>, Option<Vec<u8>>) = sqlx::query_as(
+        "select response_headers, response_body from idempotency_records where scope = ?1 and key = ?2",
+    )
+    .bind(scope)
+    .bind(key)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    [headers.unwrap_or_default(), body.unwrap_or_default()].concat()
+}
+
+/// Every field of the record's Redis hash, read with a plain client.
+pub(crate) async fn raw_redis(
+    _store: &idempotency_guard::store::redis::RedisStore,
+    scope: &str,
+    key: &str,
+) -> Vec<u8> {
+    let client = redis::Client::open(idempotency_tests::fixtures::redis_url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let pattern = format!("*:r:{}:{scope}:{key}", scope.len());
+    let names: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg(&pattern)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let mut bytes = Vec::new();
+    for name in names {
+        let fields: Vec<Vec<u8>> = redis::cmd("HGETALL")
+            .arg(name)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        bytes.extend(fields.concat());
+    }
+    bytes
+}
+
+/// Through the guard: a sealed response replays byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_replays_a_sealed_response_byte_for_byte() {
+    let db = idempotency_tests::sqlite().await;
+    let store = EncryptedStore::new(db.store.clone(), keys(KEY_A));
+    let (router, runs) =
+        crate::support::app(idempotency_guard::IdempotencyLayer::new(store.clone()));
+    let first = crate::support::send(&router, "sealed-1", r#"{"amount":1}"#).await;
+    let replay = crate::support::send(&router, "sealed-1", r#"{"amount":1}"#).await;
+    assert_eq!(runs.get(), 1);
+    assert_eq!(replay.status, first.status);
+    assert_eq!(replay.body, first.body);
+    assert_eq!(replay.header("location"), first.header("location"));
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    let raw = raw_sqlite(&db.store, "default", "sealed-1").await;
+    assert!(
+        !contains(&raw, "/things/1"),
+        "the Location header is sealed"
+    );
+}
