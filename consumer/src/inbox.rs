@@ -132,9 +132,7 @@ impl Ran {
                 Refusal::InFlight { retry_after } | Refusal::StoreUnavailable { retry_after } => {
                     Self::NotNow(*retry_after)
                 }
-                Refusal::OutcomeUnknown | Refusal::TimedOut { rolled_back: false } => {
-                    Self::Unknown
-                }
+                Refusal::OutcomeUnknown | Refusal::TimedOut { rolled_back: false } => Self::Unknown,
                 Refusal::ResponseNotStored => Self::Done,
                 Refusal::TimedOut { rolled_back: true } | Refusal::Failed => Self::Failed,
                 _ => Self::Unknown,
@@ -310,19 +308,65 @@ mod tests {
             // ran, attempt, max => verdict
             (Ran::Done, 1, 3, Verdict::Ack),
             (Ran::Done, 3, 3, Verdict::Ack),
-            (Ran::Failed, 1, 3, Verdict::Redeliver { delay: D, failed: true }),
-            (Ran::Failed, 2, 3, Verdict::Redeliver { delay: D, failed: true }),
+            (
+                Ran::Failed,
+                1,
+                3,
+                Verdict::Redeliver {
+                    delay: D,
+                    failed: true,
+                },
+            ),
+            (
+                Ran::Failed,
+                2,
+                3,
+                Verdict::Redeliver {
+                    delay: D,
+                    failed: true,
+                },
+            ),
             (Ran::Failed, 3, 3, Verdict::DeadLetter(DeadReason::Poison)),
             (Ran::Failed, 9, 3, Verdict::DeadLetter(DeadReason::Poison)),
             (Ran::Failed, 1, 1, Verdict::DeadLetter(DeadReason::Poison)),
-            (Ran::NotNow(W), 1, 3, Verdict::Redeliver { delay: W, failed: false }),
-            (Ran::NotNow(W), 3, 3, Verdict::Redeliver { delay: W, failed: false }),
-            (Ran::Unknown, 1, 3, Verdict::Park(ParkReason::OutcomeUnknown)),
-            (Ran::Unknown, 3, 3, Verdict::Park(ParkReason::OutcomeUnknown)),
+            (
+                Ran::NotNow(W),
+                1,
+                3,
+                Verdict::Redeliver {
+                    delay: W,
+                    failed: false,
+                },
+            ),
+            (
+                Ran::NotNow(W),
+                3,
+                3,
+                Verdict::Redeliver {
+                    delay: W,
+                    failed: false,
+                },
+            ),
+            (
+                Ran::Unknown,
+                1,
+                3,
+                Verdict::Park(ParkReason::OutcomeUnknown),
+            ),
+            (
+                Ran::Unknown,
+                3,
+                3,
+                Verdict::Park(ParkReason::OutcomeUnknown),
+            ),
             (Ran::Reused, 1, 3, Verdict::Park(ParkReason::KeyReused)),
         ];
         for (ran, attempt, max, expected) in rows {
-            assert_eq!(decide(ran, attempt, max, D), expected, "{ran:?} attempt {attempt}/{max}");
+            assert_eq!(
+                decide(ran, attempt, max, D),
+                expected,
+                "{ran:?} attempt {attempt}/{max}"
+            );
         }
     }
 
@@ -330,17 +374,53 @@ mod tests {
     fn answers_reduce_to_what_the_policy_needs() {
         type A = Answer<Result<(), String>>;
         let rows: Vec<(A, Ran)> = vec![
-            (A::Ran { reply: Ok(()), settled: Settled::Stored }, Ran::Done),
-            (A::Ran { reply: Ok(()), settled: Settled::NotStored }, Ran::Done),
-            (A::Ran { reply: Err("x".into()), settled: Settled::Released }, Ran::Failed),
-            (A::Ran { reply: Ok(()), settled: Settled::Abandoned }, Ran::Unknown),
+            (
+                A::Ran {
+                    reply: Ok(()),
+                    settled: Settled::Stored,
+                },
+                Ran::Done,
+            ),
+            (
+                A::Ran {
+                    reply: Ok(()),
+                    settled: Settled::NotStored,
+                },
+                Ran::Done,
+            ),
+            (
+                A::Ran {
+                    reply: Err("x".into()),
+                    settled: Settled::Released,
+                },
+                Ran::Failed,
+            ),
+            (
+                A::Ran {
+                    reply: Ok(()),
+                    settled: Settled::Abandoned,
+                },
+                Ran::Unknown,
+            ),
             (A::Replay(StoredResponse::from_bytes("done")), Ran::Done),
             (A::Refused(Refusal::KeyReused), Ran::Reused),
-            (A::Refused(Refusal::InFlight { retry_after: W }), Ran::NotNow(W)),
-            (A::Refused(Refusal::StoreUnavailable { retry_after: W }), Ran::NotNow(W)),
+            (
+                A::Refused(Refusal::InFlight { retry_after: W }),
+                Ran::NotNow(W),
+            ),
+            (
+                A::Refused(Refusal::StoreUnavailable { retry_after: W }),
+                Ran::NotNow(W),
+            ),
             (A::Refused(Refusal::OutcomeUnknown), Ran::Unknown),
-            (A::Refused(Refusal::TimedOut { rolled_back: false }), Ran::Unknown),
-            (A::Refused(Refusal::TimedOut { rolled_back: true }), Ran::Failed),
+            (
+                A::Refused(Refusal::TimedOut { rolled_back: false }),
+                Ran::Unknown,
+            ),
+            (
+                A::Refused(Refusal::TimedOut { rolled_back: true }),
+                Ran::Failed,
+            ),
             (A::Refused(Refusal::Failed), Ran::Failed),
             (A::Refused(Refusal::ResponseNotStored), Ran::Done),
         ];

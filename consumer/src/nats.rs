@@ -105,7 +105,10 @@ impl<S: Store> JetStreamConsumer<S> {
     /// name and the payload.
     ///
     /// The default value is the stream's name.
-    pub fn with_scope(mut self, scope: impl Fn(&str, &[u8]) -> String + Send + Sync + 'static) -> Self {
+    pub fn with_scope(
+        mut self,
+        scope: impl Fn(&str, &[u8]) -> String + Send + Sync + 'static,
+    ) -> Self {
         self.scope = Some(Arc::new(scope));
         self
     }

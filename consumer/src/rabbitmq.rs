@@ -102,7 +102,10 @@ impl<S: Store> RabbitConsumer<S> {
     /// name and the payload.
     ///
     /// The default value is the queue's name.
-    pub fn with_scope(mut self, scope: impl Fn(&str, &[u8]) -> String + Send + Sync + 'static) -> Self {
+    pub fn with_scope(
+        mut self,
+        scope: impl Fn(&str, &[u8]) -> String + Send + Sync + 'static,
+    ) -> Self {
         self.scope = Some(Arc::new(scope));
         self
     }
@@ -338,9 +341,17 @@ mod tests {
     #[test]
     fn attempts_start_at_one_and_read_the_header() {
         assert_eq!(attempt_of(&BasicProperties::default()), 1);
-        let three = with_header(&BasicProperties::default(), ATTEMPT_HEADER, AMQPValue::LongUInt(3));
+        let three = with_header(
+            &BasicProperties::default(),
+            ATTEMPT_HEADER,
+            AMQPValue::LongUInt(3),
+        );
         assert_eq!(attempt_of(&three), 3);
-        let nonsense = with_header(&BasicProperties::default(), ATTEMPT_HEADER, AMQPValue::LongInt(-4));
+        let nonsense = with_header(
+            &BasicProperties::default(),
+            ATTEMPT_HEADER,
+            AMQPValue::LongInt(-4),
+        );
         assert_eq!(attempt_of(&nonsense), 1);
     }
 }
