@@ -22,7 +22,7 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
 
 use crate::error::ConsumerError;
@@ -258,11 +258,11 @@ impl<S: Store> RabbitConsumer<S> {
                     Verdict::Park(_) => &self.parked_queue,
                     _ => &self.dead_letter_queue,
                 };
-                let reason = ShortString::from(verdict.reason());
+                // A long string: RabbitMQ refuses short strings in tables.
                 let properties = with_header(
                     &delivery.properties,
                     REASON_HEADER,
-                    AMQPValue::ShortString(reason),
+                    AMQPValue::LongString(verdict.reason().into()),
                 );
                 publish_confirmed(publish, queue, &delivery.data, properties).await?;
                 tracing::warn!(queue = %self.queue, to = %queue, reason = verdict.reason(), "message set aside");

@@ -1,0 +1,1 @@
+//! The NATS JetStream consumer against a real server.
