@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod compose;
+mod consumer_storm;
 mod crash;
 mod hostile_input;
 mod lost_response;

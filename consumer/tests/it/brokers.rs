@@ -76,7 +76,11 @@ pub(crate) async fn declare_queue(connection: &Connection, queue: &str) {
 /// Deletes a queue and its dead-letter and parked queues.
 pub(crate) async fn delete_queues(connection: &Connection, queue: &str) {
     let channel = connection.create_channel().await.unwrap();
-    for name in [queue.to_owned(), format!("{queue}.dead"), format!("{queue}.parked")] {
+    for name in [
+        queue.to_owned(),
+        format!("{queue}.dead"),
+        format!("{queue}.parked"),
+    ] {
         let _ = channel
             .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
             .await;
@@ -120,7 +124,11 @@ impl Effects {
     /// Keys whose effect was applied more than once.
     pub(crate) fn duplicated(&self) -> Vec<(String, u32)> {
         let effects = self.0.lock().unwrap();
-        effects.iter().filter(|(_, n)| **n > 1).map(|(k, n)| (k.clone(), *n)).collect()
+        effects
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(k, n)| (k.clone(), *n))
+            .collect()
     }
 }
 
@@ -132,7 +140,10 @@ where
 {
     let deadline = tokio::time::Instant::now() + bound;
     while !condition().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

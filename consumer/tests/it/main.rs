@@ -32,12 +32,39 @@ macro_rules! per_store {
     };
 }
 
-per_store!(rabbit_race, crate::rabbitmq::two_consumers_racing_on_duplicates_apply_one_effect);
-per_store!(rabbit_ack_loss, crate::rabbitmq::a_lost_ack_is_answered_from_the_stored_outcome);
-per_store!(rabbit_poison, crate::rabbitmq::a_poison_message_is_dead_lettered_and_the_queue_flows);
-per_store!(rabbit_parked, crate::rabbitmq::an_abandoned_key_is_parked_not_run);
-per_store!(nats_race, crate::nats::two_consumers_racing_on_duplicates_apply_one_effect);
-per_store!(nats_ack_loss, crate::nats::a_lost_ack_is_answered_from_the_stored_outcome);
-per_store!(nats_poison, crate::nats::a_poison_message_is_dead_lettered_and_the_stream_flows);
-per_store!(webhook_once, crate::webhook::a_valid_delivery_runs_once_and_replays);
-per_store!(webhook_refused, crate::webhook::refused_deliveries_store_nothing);
+per_store!(
+    rabbit_race,
+    crate::rabbitmq::two_consumers_racing_on_duplicates_apply_one_effect
+);
+per_store!(
+    rabbit_ack_loss,
+    crate::rabbitmq::a_lost_ack_is_answered_from_the_stored_outcome
+);
+per_store!(
+    rabbit_poison,
+    crate::rabbitmq::a_poison_message_is_dead_lettered_and_the_queue_flows
+);
+per_store!(
+    rabbit_parked,
+    crate::rabbitmq::an_abandoned_key_is_parked_not_run
+);
+per_store!(
+    nats_race,
+    crate::nats::two_consumers_racing_on_duplicates_apply_one_effect
+);
+per_store!(
+    nats_ack_loss,
+    crate::nats::a_lost_ack_is_answered_from_the_stored_outcome
+);
+per_store!(
+    nats_poison,
+    crate::nats::a_poison_message_is_dead_lettered_and_the_stream_flows
+);
+per_store!(
+    webhook_once,
+    crate::webhook::a_valid_delivery_runs_once_and_replays
+);
+per_store!(
+    webhook_refused,
+    crate::webhook::refused_deliveries_store_nothing
+);

@@ -29,7 +29,11 @@ impl TestStream {
         context
             .create_stream(stream::Config {
                 name: name.clone(),
-                subjects: vec![format!("{name}.in"), format!("{name}.dead"), format!("{name}.parked")],
+                subjects: vec![
+                    format!("{name}.in"),
+                    format!("{name}.dead"),
+                    format!("{name}.parked"),
+                ],
                 max_age: Duration::from_secs(600),
                 ..Default::default()
             })
@@ -57,7 +61,11 @@ impl TestStream {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Order-Id", order);
         self.context
-            .publish_with_headers(format!("{}.in", self.name), headers, payload.to_vec().into())
+            .publish_with_headers(
+                format!("{}.in", self.name),
+                headers,
+                payload.to_vec().into(),
+            )
             .await
             .unwrap()
             .await
@@ -122,21 +130,62 @@ pub(crate) async fn two_consumers_racing_on_duplicates_apply_one_effect<S: Store
     let effects = Effects::default();
     let calls = Arc::new(AtomicU32::new(0));
     let pause = Duration::from_millis(100);
-    let a = start(inbox(store.clone()), &stream, effects.clone(), Arc::clone(&calls), pause).await;
-    let b = start(inbox(store.clone()), &stream, effects.clone(), Arc::clone(&calls), pause).await;
+    let a = start(
+        inbox(store.clone()),
+        &stream,
+        effects.clone(),
+        Arc::clone(&calls),
+        pause,
+    )
+    .await;
+    let b = start(
+        inbox(store.clone()),
+        &stream,
+        effects.clone(),
+        Arc::clone(&calls),
+        pause,
+    )
+    .await;
     for _ in 0..10 {
         stream.publish("order-1", br#"{"order":1}"#).await;
     }
     for n in 0..20 {
         for _ in 0..2 {
-            stream.publish(&format!("order-x{n}"), format!("{{\"order\":\"x{n}\"}}").as_bytes()).await;
+            stream
+                .publish(
+                    &format!("order-x{n}"),
+                    format!("{{\"order\":\"x{n}\"}}").as_bytes(),
+                )
+                .await;
         }
     }
-    eventually(Duration::from_secs(30), "every key's effect", || async { effects.keys() == 21 }).await;
-    eventually(Duration::from_secs(30), "every copy acked", || async { stream.outstanding().await == 0 }).await;
-    assert_eq!(effects.of("order-1"), 1, "ten copies of one key, one effect");
-    assert!(effects.duplicated().is_empty(), "no key applied twice: {:?}", effects.duplicated());
-    assert_eq!(store.get(&stream.name, "order-1").await.unwrap().unwrap().state(), RecordState::Completed);
+    eventually(Duration::from_secs(30), "every key's effect", || async {
+        effects.keys() == 21
+    })
+    .await;
+    eventually(Duration::from_secs(30), "every copy acked", || async {
+        stream.outstanding().await == 0
+    })
+    .await;
+    assert_eq!(
+        effects.of("order-1"),
+        1,
+        "ten copies of one key, one effect"
+    );
+    assert!(
+        effects.duplicated().is_empty(),
+        "no key applied twice: {:?}",
+        effects.duplicated()
+    );
+    assert_eq!(
+        store
+            .get(&stream.name, "order-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .state(),
+        RecordState::Completed
+    );
     drop((a.0, b.0));
     let _ = tokio::join!(a.1, b.1);
     stream.delete().await;
@@ -147,9 +196,19 @@ pub(crate) async fn a_lost_ack_is_answered_from_the_stored_outcome<S: Store>(sto
     let stream = TestStream::create(Duration::from_secs(2)).await;
     let effects = Effects::default();
     let first_calls = Arc::new(AtomicU32::new(0));
-    let a = start(inbox(store.clone()), &stream, effects.clone(), Arc::clone(&first_calls), Duration::from_millis(300)).await;
+    let a = start(
+        inbox(store.clone()),
+        &stream,
+        effects.clone(),
+        Arc::clone(&first_calls),
+        Duration::from_millis(300),
+    )
+    .await;
     stream.publish("order-7", br#"{"order":7}"#).await;
-    eventually(Duration::from_secs(10), "the first effect", || async { effects.of("order-7") == 1 }).await;
+    eventually(Duration::from_secs(10), "the first effect", || async {
+        effects.of("order-7") == 1
+    })
+    .await;
     // Consumer A dies after the effect: its ack is never sent.
     a.1.abort();
     eventually(Duration::from_secs(10), "the stored outcome", || {
@@ -161,10 +220,24 @@ pub(crate) async fn a_lost_ack_is_answered_from_the_stored_outcome<S: Store>(sto
     })
     .await;
     let second_calls = Arc::new(AtomicU32::new(0));
-    let b = start(inbox(store.clone()), &stream, effects.clone(), Arc::clone(&second_calls), Duration::ZERO).await;
-    eventually(Duration::from_secs(15), "the redelivery acked", || async { stream.outstanding().await == 0 }).await;
+    let b = start(
+        inbox(store.clone()),
+        &stream,
+        effects.clone(),
+        Arc::clone(&second_calls),
+        Duration::ZERO,
+    )
+    .await;
+    eventually(Duration::from_secs(15), "the redelivery acked", || async {
+        stream.outstanding().await == 0
+    })
+    .await;
     assert_eq!(effects.of("order-7"), 1, "one effect");
-    assert_eq!(second_calls.load(Ordering::SeqCst), 0, "the redelivery did not run the handler");
+    assert_eq!(
+        second_calls.load(Ordering::SeqCst),
+        0,
+        "the redelivery did not run the handler"
+    );
     drop((a.0, b.0));
     let _ = b.1.await;
     stream.delete().await;
@@ -174,22 +247,47 @@ pub(crate) async fn a_poison_message_is_dead_lettered_and_the_stream_flows<S: St
     let stream = TestStream::create(Duration::from_secs(30)).await;
     let effects = Effects::default();
     let calls = Arc::new(AtomicU32::new(0));
-    let consumer = start(inbox(store.clone()).with_max_attempts(3), &stream, effects.clone(), Arc::clone(&calls), Duration::ZERO).await;
+    let consumer = start(
+        inbox(store.clone()).with_max_attempts(3),
+        &stream,
+        effects.clone(),
+        Arc::clone(&calls),
+        Duration::ZERO,
+    )
+    .await;
     stream.publish("bad-1", b"poison").await;
     for n in 0..10 {
-        stream.publish(&format!("good-{n}"), format!("{{\"n\":{n}}}").as_bytes()).await;
+        stream
+            .publish(&format!("good-{n}"), format!("{{\"n\":{n}}}").as_bytes())
+            .await;
     }
-    eventually(Duration::from_secs(10), "the good messages", || async { effects.keys() == 10 }).await;
-    eventually(Duration::from_secs(20), "every message settled", || async { stream.outstanding().await == 0 }).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 3 + 10, "three attempts, then no more");
+    eventually(Duration::from_secs(10), "the good messages", || async {
+        effects.keys() == 10
+    })
+    .await;
+    eventually(Duration::from_secs(20), "every message settled", || async {
+        stream.outstanding().await == 0
+    })
+    .await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3 + 10,
+        "three attempts, then no more"
+    );
     let js_stream = stream.context.get_stream(&stream.name).await.unwrap();
     let letter = js_stream
         .get_last_raw_message_by_subject(&format!("{}.dead", stream.name))
         .await
         .unwrap();
     assert_eq!(letter.payload.as_ref(), b"poison");
-    assert_eq!(letter.headers.get(REASON_HEADER).map(|v| v.as_str()), Some("poison"));
-    assert!(store.get(&stream.name, "bad-1").await.unwrap().is_none(), "the poison key was released");
+    assert_eq!(
+        letter.headers.get(REASON_HEADER).map(|v| v.as_str()),
+        Some("poison")
+    );
+    assert!(
+        store.get(&stream.name, "bad-1").await.unwrap().is_none(),
+        "the poison key was released"
+    );
     drop(consumer.0);
     let _ = consumer.1.await;
     stream.delete().await;

@@ -80,18 +80,41 @@ pub(crate) async fn two_consumers_racing_on_duplicates_apply_one_effect<S: Store
     // Two consumers on two connections, on one queue.
     let second = Arc::new(rabbit().await);
     let pause = Duration::from_millis(100);
-    let a = start(inbox(store.clone()), &queue, Arc::clone(&connection), effects.clone(), Arc::clone(&calls), pause);
-    let b = start(inbox(store.clone()), &queue, Arc::clone(&second), effects.clone(), Arc::clone(&calls), pause);
+    let a = start(
+        inbox(store.clone()),
+        &queue,
+        Arc::clone(&connection),
+        effects.clone(),
+        Arc::clone(&calls),
+        pause,
+    );
+    let b = start(
+        inbox(store.clone()),
+        &queue,
+        Arc::clone(&second),
+        effects.clone(),
+        Arc::clone(&calls),
+        pause,
+    );
     // One key published ten times at once, and twenty keys twice each.
     for _ in 0..10 {
         publish(&connection, &queue, "order-1", br#"{"order":1}"#).await;
     }
     for n in 0..20 {
         for _ in 0..2 {
-            publish(&connection, &queue, &format!("order-x{n}"), format!("{{\"order\":\"x{n}\"}}").as_bytes()).await;
+            publish(
+                &connection,
+                &queue,
+                &format!("order-x{n}"),
+                format!("{{\"order\":\"x{n}\"}}").as_bytes(),
+            )
+            .await;
         }
     }
-    eventually(Duration::from_secs(30), "every key's effect", || async { effects.keys() == 21 }).await;
+    eventually(Duration::from_secs(30), "every key's effect", || async {
+        effects.keys() == 21
+    })
+    .await;
     // Let every duplicate come back (requeued after the in-flight hint) and be acked.
     let mut quiet = 0;
     eventually(Duration::from_secs(30), "an empty queue", || {
@@ -102,10 +125,25 @@ pub(crate) async fn two_consumers_racing_on_duplicates_apply_one_effect<S: Store
     })
     .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(ready(&connection, &queue).await, 0, "every duplicate was acked");
-    assert_eq!(effects.of("order-1"), 1, "ten copies of one key, one effect");
-    assert!(effects.duplicated().is_empty(), "no key applied twice: {:?}", effects.duplicated());
-    assert_eq!(store.get(&queue, "order-1").await.unwrap().unwrap().state(), RecordState::Completed);
+    assert_eq!(
+        ready(&connection, &queue).await,
+        0,
+        "every duplicate was acked"
+    );
+    assert_eq!(
+        effects.of("order-1"),
+        1,
+        "ten copies of one key, one effect"
+    );
+    assert!(
+        effects.duplicated().is_empty(),
+        "no key applied twice: {:?}",
+        effects.duplicated()
+    );
+    assert_eq!(
+        store.get(&queue, "order-1").await.unwrap().unwrap().state(),
+        RecordState::Completed
+    );
     drop((a.0, b.0));
     let _ = tokio::join!(a.1, b.1);
     delete_queues(&connection, &queue).await;
@@ -129,8 +167,14 @@ pub(crate) async fn a_lost_ack_is_answered_from_the_stored_outcome<S: Store>(sto
         Duration::from_millis(300),
     );
     publish(&admin, &queue, "order-7", br#"{"order":7}"#).await;
-    eventually(Duration::from_secs(10), "the first effect", || async { effects.of("order-7") == 1 }).await;
-    first.close(320, "cut after the effect".into()).await.unwrap();
+    eventually(Duration::from_secs(10), "the first effect", || async {
+        effects.of("order-7") == 1
+    })
+    .await;
+    first
+        .close(320, "cut after the effect".into())
+        .await
+        .unwrap();
     // The engine still stores the outcome of the run it owns.
     eventually(Duration::from_secs(10), "the stored outcome", || {
         let store = store.clone();
@@ -144,16 +188,33 @@ pub(crate) async fn a_lost_ack_is_answered_from_the_stored_outcome<S: Store>(sto
     // The broker redelivers to consumer B: acked from the stored outcome.
     let second = Arc::new(rabbit().await);
     let second_calls = Arc::new(AtomicU32::new(0));
-    let b = start(inbox(store.clone()), &queue, Arc::clone(&second), effects.clone(), Arc::clone(&second_calls), Duration::ZERO);
+    let b = start(
+        inbox(store.clone()),
+        &queue,
+        Arc::clone(&second),
+        effects.clone(),
+        Arc::clone(&second_calls),
+        Duration::ZERO,
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(ready(&admin, &queue).await, 0, "the redelivery was acked");
     assert_eq!(effects.of("order-7"), 1, "one effect");
-    assert_eq!(second_calls.load(Ordering::SeqCst), 0, "the redelivery did not run the handler");
+    assert_eq!(
+        second_calls.load(Ordering::SeqCst),
+        0,
+        "the redelivery did not run the handler"
+    );
     drop(b.0);
     let _ = b.1.await;
     // Nothing unacked left behind either: a fresh get finds the queue empty.
     let channel = admin.create_channel().await.unwrap();
-    assert!(channel.basic_get(queue.as_str().into(), BasicGetOptions::default()).await.unwrap().is_none());
+    assert!(
+        channel
+            .basic_get(queue.as_str().into(), BasicGetOptions::default())
+            .await
+            .unwrap()
+            .is_none()
+    );
     delete_queues(&admin, &queue).await;
 }
 
@@ -164,10 +225,23 @@ pub(crate) async fn a_poison_message_is_dead_lettered_and_the_queue_flows<S: Sto
     let effects = Effects::default();
     let calls = Arc::new(AtomicU32::new(0));
     let inbox = inbox(store.clone()).with_max_attempts(3);
-    let consumer = start(inbox, &queue, Arc::clone(&connection), effects.clone(), Arc::clone(&calls), Duration::ZERO);
+    let consumer = start(
+        inbox,
+        &queue,
+        Arc::clone(&connection),
+        effects.clone(),
+        Arc::clone(&calls),
+        Duration::ZERO,
+    );
     publish(&connection, &queue, "bad-1", b"poison").await;
     for n in 0..10 {
-        publish(&connection, &queue, &format!("good-{n}"), format!("{{\"n\":{n}}}").as_bytes()).await;
+        publish(
+            &connection,
+            &queue,
+            &format!("good-{n}"),
+            format!("{{\"n\":{n}}}").as_bytes(),
+        )
+        .await;
     }
     let dead = format!("{queue}.dead");
     eventually(Duration::from_secs(20), "the dead letter", || {
@@ -176,7 +250,10 @@ pub(crate) async fn a_poison_message_is_dead_lettered_and_the_queue_flows<S: Sto
         async move { ready(&connection, &dead).await == 1 }
     })
     .await;
-    eventually(Duration::from_secs(10), "the good messages", || async { effects.keys() == 10 }).await;
+    eventually(Duration::from_secs(10), "the good messages", || async {
+        effects.keys() == 10
+    })
+    .await;
     // Three attempts, then dead-lettered with its reason, its key released.
     assert_eq!(calls.load(Ordering::SeqCst), 3 + 10);
     let channel = connection.create_channel().await.unwrap();
@@ -187,11 +264,24 @@ pub(crate) async fn a_poison_message_is_dead_lettered_and_the_queue_flows<S: Sto
         .expect("the dead letter");
     assert_eq!(letter.data, b"poison");
     let headers = letter.properties.headers().clone().unwrap();
-    assert_eq!(headers.inner().get(REASON_HEADER), Some(&AMQPValue::LongString("poison".into())));
-    assert_eq!(headers.inner().get(ATTEMPT_HEADER), Some(&AMQPValue::LongUInt(3)));
-    assert!(store.get(&queue, "bad-1").await.unwrap().is_none(), "the poison key was released");
+    assert_eq!(
+        headers.inner().get(REASON_HEADER),
+        Some(&AMQPValue::LongString("poison".into()))
+    );
+    assert_eq!(
+        headers.inner().get(ATTEMPT_HEADER),
+        Some(&AMQPValue::LongUInt(3))
+    );
+    assert!(
+        store.get(&queue, "bad-1").await.unwrap().is_none(),
+        "the poison key was released"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(ready(&connection, &queue).await, 0, "no loop: the queue is empty");
+    assert_eq!(
+        ready(&connection, &queue).await,
+        0,
+        "no loop: the queue is empty"
+    );
     drop(consumer.0);
     let _ = consumer.1.await;
     delete_queues(&connection, &queue).await;
@@ -205,10 +295,19 @@ pub(crate) async fn an_abandoned_key_is_parked_not_run<S: Store>(store: S) {
     // An earlier run of order-9 lost track of its outcome.
     let engine = Engine::new(store.clone());
     let job = Job::new(queue.clone(), "order-9", Fingerprint::of_bytes(payload));
-    engine.run(job, |_run| async { Settle::Abandon { reply: () } }).await;
+    engine
+        .run(job, |_run| async { Settle::Abandon { reply: () } })
+        .await;
     let effects = Effects::default();
     let calls = Arc::new(AtomicU32::new(0));
-    let consumer = start(inbox(store.clone()), &queue, Arc::clone(&connection), effects.clone(), Arc::clone(&calls), Duration::ZERO);
+    let consumer = start(
+        inbox(store.clone()),
+        &queue,
+        Arc::clone(&connection),
+        effects.clone(),
+        Arc::clone(&calls),
+        Duration::ZERO,
+    );
     publish(&connection, &queue, "order-9", payload).await;
     let parked = format!("{queue}.parked");
     eventually(Duration::from_secs(10), "the parked message", || {
@@ -217,9 +316,16 @@ pub(crate) async fn an_abandoned_key_is_parked_not_run<S: Store>(store: S) {
         async move { ready(&connection, &parked).await == 1 }
     })
     .await;
-    assert_eq!(calls.load(Ordering::SeqCst), 0, "an unknown outcome is never run again blindly");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "an unknown outcome is never run again blindly"
+    );
     assert_eq!(ready(&connection, &queue).await, 0);
-    assert_eq!(store.get(&queue, "order-9").await.unwrap().unwrap().state(), RecordState::Abandoned);
+    assert_eq!(
+        store.get(&queue, "order-9").await.unwrap().unwrap().state(),
+        RecordState::Abandoned
+    );
     drop(consumer.0);
     let _ = consumer.1.await;
     delete_queues(&connection, &queue).await;

@@ -32,10 +32,21 @@ fn app<S: Store>(store: S, runs: Arc<AtomicU32>) -> Router {
 }
 
 fn now() -> i64 {
-    i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()).unwrap()
+    i64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap()
 }
 
-fn delivery(id: Option<&str>, timestamp: i64, signature: Option<&str>, body: &'static str) -> Request<Body> {
+fn delivery(
+    id: Option<&str>,
+    timestamp: i64,
+    signature: Option<&str>,
+    body: &'static str,
+) -> Request<Body> {
     let mut request = Request::post("/webhooks/orders").header("content-type", "application/json");
     if let Some(id) = id {
         request = request.header("webhook-id", id);
@@ -76,21 +87,49 @@ pub(crate) async fn refused_deliveries_store_nothing<S: Store>(store: S) {
     let ts = now();
     let id = format!("msg_{}", uuid::Uuid::new_v4().simple());
     let good = sign_standard_webhook(SECRET, &id, ts, body.as_bytes()).unwrap();
-    let forged = sign_standard_webhook("whsec_c2VjcmV0LW9mLXNvbWVvbmUtZWxzZQ==", &id, ts, body.as_bytes()).unwrap();
+    let forged = sign_standard_webhook(
+        "whsec_c2VjcmV0LW9mLXNvbWVvbmUtZWxzZQ==",
+        &id,
+        ts,
+        body.as_bytes(),
+    )
+    .unwrap();
     let old = ts - 3600;
     let signed_old = sign_standard_webhook(SECRET, &id, old, body.as_bytes()).unwrap();
     let cases = [
-        (delivery(Some(&id), ts, Some(&forged), body), StatusCode::UNAUTHORIZED, "webhook-signature-invalid"),
-        (delivery(Some(&id), ts, None, body), StatusCode::UNAUTHORIZED, "webhook-signature-invalid"),
-        (delivery(Some(&id), old, Some(&signed_old), body), StatusCode::BAD_REQUEST, "webhook-timestamp-expired"),
-        (delivery(None, ts, Some(&good), body), StatusCode::BAD_REQUEST, "webhook-id-missing"),
+        (
+            delivery(Some(&id), ts, Some(&forged), body),
+            StatusCode::UNAUTHORIZED,
+            "webhook-signature-invalid",
+        ),
+        (
+            delivery(Some(&id), ts, None, body),
+            StatusCode::UNAUTHORIZED,
+            "webhook-signature-invalid",
+        ),
+        (
+            delivery(Some(&id), old, Some(&signed_old), body),
+            StatusCode::BAD_REQUEST,
+            "webhook-timestamp-expired",
+        ),
+        (
+            delivery(None, ts, Some(&good), body),
+            StatusCode::BAD_REQUEST,
+            "webhook-id-missing",
+        ),
     ];
     for (request, status, problem) in cases {
         let answer = call(&app, request).await;
         assert_eq!(answer.status, status, "{problem}");
         assert_eq!(answer.problem(), problem);
-        assert_eq!(answer.header("content-type"), Some("application/problem+json"));
+        assert_eq!(
+            answer.header("content-type"),
+            Some("application/problem+json")
+        );
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
-    assert!(store.get(SCOPE, &id).await.unwrap().is_none(), "nothing was stored");
+    assert!(
+        store.get(SCOPE, &id).await.unwrap().is_none(),
+        "nothing was stored"
+    );
 }
