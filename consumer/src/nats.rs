@@ -24,6 +24,9 @@ use crate::error::ConsumerError;
 use crate::inbox::{Inbox, Incoming, Verdict};
 use crate::key::{KeySource, ScopeFn, scope_of};
 
+/// The NATS client this adapter is built on, for connecting and publishing.
+pub use async_nats;
+
 /// The header a copy carries the original `Nats-Msg-Id` in.
 pub const ORIGINAL_ID_HEADER: &str = "Idempotency-Msg-Id";
 /// The header that says why a message was parked or dead-lettered.

@@ -29,6 +29,9 @@ use crate::error::ConsumerError;
 use crate::inbox::{Inbox, Incoming, Verdict};
 use crate::key::{KeySource, ScopeFn, scope_of};
 
+/// The AMQP client this adapter is built on, for connecting and publishing.
+pub use lapin;
+
 /// The header that counts a failing message's attempts.
 pub const ATTEMPT_HEADER: &str = "x-idempotency-attempt";
 /// The header that says why a message was parked or dead-lettered.
