@@ -78,7 +78,7 @@ pub enum DeliveryId {
     Header(HeaderName),
     /// A function of the body (Stripe's event id: the `id` member, see
     /// [`DeliveryId::json_field`]).
-    Body(Arc<dyn Fn(&[u8]) -> Option<String> + Send + Sync>),
+    Body(crate::PayloadKey),
 }
 
 impl DeliveryId {
@@ -383,7 +383,7 @@ fn mac(key: &[u8], parts: &[&[u8]]) -> Option<Hmac<Sha256>> {
 }
 
 fn hex_decode(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len())

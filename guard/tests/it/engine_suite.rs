@@ -19,8 +19,8 @@ use http::{Request, StatusCode};
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle};
 use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord, StoreError};
 use idempotency_guard::{
-    AbandonedPolicy, FinalResponse, Fingerprint, IdempotencyLayer, Record, RecordEvents,
-    RecordState, Store, StoredResponse,
+    AbandonedPolicy, FinalResponse, Fingerprint, IdempotencyLayer, OutcomeUnknown, Record,
+    RecordEvents, RecordState, Store, StoredResponse,
 };
 
 use crate::support::{TestDb, call};
