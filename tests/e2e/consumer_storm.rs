@@ -58,6 +58,11 @@ struct Outcome {
     dead: u32,
     /// How many times the consumer was killed.
     kills: usize,
+    /// The queue (the records' scope).
+    queue: String,
+    /// The database of the effects (and of the records on PostgreSQL), kept
+    /// until the outcome is dropped.
+    database: Option<idempotency_tests::TestDatabase>,
 }
 
 /// Runs one storm: publishes `messages`, kills the consumer `kills` times
@@ -166,6 +171,7 @@ async fn storm(mode: &str, store_url: &str, redis_prefix: &str) -> Outcome {
     let _ = last.kill().await;
     outcome = read(&pool, &connection, &queue, true).await;
     outcome.kills = kills;
+    outcome.queue = queue.clone();
     for name in [
         queue.clone(),
         format!("{queue}.dead"),
@@ -176,6 +182,7 @@ async fn storm(mode: &str, store_url: &str, redis_prefix: &str) -> Outcome {
             .await;
     }
     pool.close().await;
+    outcome.database = Some(database);
     outcome
 }
 
@@ -242,6 +249,8 @@ async fn read(pool: &sqlx::PgPool, connection: &Connection, queue: &str, drain: 
         parked,
         dead: ready(connection, &format!("{queue}.dead")).await,
         kills: 0,
+        queue: String::new(),
+        database: None,
     }
 }
 
@@ -273,7 +282,7 @@ async fn consumer_storm_transactional_inbox_applies_every_message_exactly_once()
     assert_eq!(outcome.dead, 0);
 }
 
-async fn default_mode(store_url: &str, prefix: &str) {
+async fn default_mode(store_url: &str, prefix: &str) -> Outcome {
     let outcome = storm("default", store_url, prefix).await;
     let messages = setting("STORM_MESSAGES", 1000);
     println!(
@@ -302,11 +311,53 @@ async fn default_mode(store_url: &str, prefix: &str) {
         "every message ran once or was parked for a person"
     );
     assert_eq!(outcome.dead, 0);
+    drop(parked);
+    outcome
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn consumer_storm_default_mode_on_postgres_never_applies_twice() {
-    default_mode("", "").await;
+    let outcome = default_mode("", "").await;
+    // An operator asks the status service about a parked message's key
+    // (scope: the queue), and about one that ran.
+    let database = outcome.database.as_ref().unwrap();
+    let token = "token-for-the-storm-queue-0001";
+    let tokens = format!("{} {token}", outcome.queue);
+    let env = [
+        ("DATABASE_URL", database.url.as_str()),
+        ("TOKENS", tokens.as_str()),
+        ("MIGRATE_ON_START", "false"),
+    ];
+    let service =
+        idempotency_tests::Process::start(env!("CARGO_BIN_EXE_status-service"), &env, "/readyz")
+            .await;
+    let http = reqwest::Client::new();
+    let ask = |key: String| {
+        let request = http
+            .get(format!("http://{}/v1/keys/{key}", service.address))
+            .bearer_auth(token);
+        async move {
+            request
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let parked = outcome.parked.first().expect("a parked message").clone();
+    let status = ask(parked).await;
+    assert_eq!(status["state"], "abandoned", "{status}");
+    assert_eq!(status["advice"], "reconcile", "{status}");
+    assert_eq!(status["method"], "MESSAGE", "{status}");
+    let ran = (0..)
+        .map(|n| format!("order-{n}"))
+        .find(|key| outcome.effects.contains_key(key) && !outcome.parked.contains(key))
+        .unwrap();
+    let status = ask(ran).await;
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(status["advice"], "replay", "{status}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -318,7 +369,7 @@ async fn consumer_storm_default_mode_on_redis_never_applies_twice() {
         .unwrap_or_else(|error| {
             panic!("Redis is not answering at {url} ({error}); start redis-server on 6379")
         });
-    default_mode(&url, &prefix).await;
+    let _ = default_mode(&url, &prefix).await;
     // Leave nothing behind.
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
