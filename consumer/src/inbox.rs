@@ -184,9 +184,10 @@ impl Default for InboxConfig {
 /// handler at most once per key, and gets a [`Verdict`].
 ///
 /// With an engine in transactional mode (PostgreSQL,
-/// [`Engine::with_transactional_mode`]) this is a transactional inbox: the
-/// handler writes through [`RunContext::tx`], and its writes, the stored
-/// outcome and the dedup record commit together.
+/// [`Engine::with_transactional_mode`] and
+/// [`Engine::with_transactional_claims`]) this is a transactional inbox:
+/// the handler writes through [`RunContext::tx`], and its writes, the
+/// stored outcome and the dedup record commit together.
 #[derive(Debug, Clone)]
 pub struct Inbox<S> {
     engine: Engine<S>,

@@ -33,12 +33,24 @@
 //!
 //! # The transactional inbox (PostgreSQL)
 //!
-//! Over an engine in transactional mode
-//! ([`idempotency_guard::Engine::with_transactional_mode`]), the handler
-//! writes through [`idempotency_guard::engine::RunContext::tx`]: its writes,
-//! the stored outcome and the dedup record commit in one transaction, so a
-//! crash anywhere leaves either all of them or none, and the redelivery
-//! runs exactly once.
+//! Over an engine in transactional mode whose records are transactional
+//! from their claim, the handler writes through
+//! [`idempotency_guard::engine::RunContext::tx`]: its writes, the stored
+//! outcome and the dedup record commit in one transaction, so a crash
+//! anywhere leaves either all of them or none, and the redelivery runs
+//! exactly once (it takes the dead run's key over once its lease lapses).
+//!
+//! ```no_run
+//! # use idempotency_guard::{Engine, store::postgres::PostgresStore};
+//! # async fn f(store: PostgresStore) {
+//! let engine = Engine::new(store)
+//!     .with_transactional_mode(true)
+//!     // Every effect goes through the run's transaction: a run that died
+//!     // before committing is taken over, never parked.
+//!     .with_transactional_claims(true);
+//! let inbox = idempotency_consumer::Inbox::new(engine);
+//! # }
+//! ```
 //!
 //! # Webhooks
 //!
