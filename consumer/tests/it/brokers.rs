@@ -50,9 +50,36 @@ pub(crate) fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
 }
 
-/// Declares a queue of the test's own, which the broker deletes by itself
-/// ten minutes after its last use should the test not get to it.
-pub(crate) async fn declare_queue(connection: &Connection, queue: &str) {
+/// Deletes a test's queues when dropped, even when the test panicked.
+pub(crate) struct QueueCleanup(String);
+
+impl Drop for QueueCleanup {
+    fn drop(&mut self) {
+        let queue = self.0.clone();
+        // Drop runs inside the test's runtime: clean up from a thread of its own.
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                if let Ok(connection) =
+                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await
+                {
+                    delete_queues(&connection, &queue).await;
+                    let _ = connection.close(200, "cleaned up".into()).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Declares a queue of the test's own and its dead-letter and parked
+/// queues; all three are deleted when the returned guard is dropped.
+pub(crate) async fn declare_queue(connection: &Connection, queue: &str) -> QueueCleanup {
     let channel = connection.create_channel().await.unwrap();
     let mut arguments = FieldTable::default();
     arguments.insert("x-expires".into(), AMQPValue::LongUInt(600_000));
@@ -71,6 +98,7 @@ pub(crate) async fn declare_queue(connection: &Connection, queue: &str) {
             .await
             .unwrap();
     }
+    QueueCleanup(queue.to_owned())
 }
 
 /// Deletes a queue and its dead-letter and parked queues.

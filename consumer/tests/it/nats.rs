@@ -84,6 +84,28 @@ impl TestStream {
     }
 }
 
+impl Drop for TestStream {
+    /// Deletes the stream even when the test panicked (a second delete
+    /// after [`TestStream::delete`] finds nothing).
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                if let Ok(client) = async_nats::connect(crate::brokers::nats_url()).await {
+                    let _ = jetstream::new(client).delete_stream(&name).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
 fn inbox<S: Store>(store: S) -> Inbox<S> {
     Inbox::new(Engine::new(store).with_retry_after(Duration::from_millis(100)))
         .with_retry_delay(Duration::from_millis(50))

@@ -74,7 +74,7 @@ fn start<S: Store>(
 pub(crate) async fn two_consumers_racing_on_duplicates_apply_one_effect<S: Store>(store: S) {
     let connection = Arc::new(rabbit().await);
     let queue = unique("race");
-    declare_queue(&connection, &queue).await;
+    let _cleanup = declare_queue(&connection, &queue).await;
     let effects = Effects::default();
     let calls = Arc::new(AtomicU32::new(0));
     // Two consumers on two connections, on one queue.
@@ -153,7 +153,7 @@ pub(crate) async fn two_consumers_racing_on_duplicates_apply_one_effect<S: Store
 pub(crate) async fn a_lost_ack_is_answered_from_the_stored_outcome<S: Store>(store: S) {
     let admin = rabbit().await;
     let queue = unique("ackloss");
-    declare_queue(&admin, &queue).await;
+    let _cleanup = declare_queue(&admin, &queue).await;
     let effects = Effects::default();
     // Consumer A applies the effect, and its connection is cut before its ack.
     let first = Arc::new(rabbit().await);
@@ -221,7 +221,7 @@ pub(crate) async fn a_lost_ack_is_answered_from_the_stored_outcome<S: Store>(sto
 pub(crate) async fn a_poison_message_is_dead_lettered_and_the_queue_flows<S: Store>(store: S) {
     let connection = Arc::new(rabbit().await);
     let queue = unique("poison");
-    declare_queue(&connection, &queue).await;
+    let _cleanup = declare_queue(&connection, &queue).await;
     let effects = Effects::default();
     let calls = Arc::new(AtomicU32::new(0));
     let inbox = inbox(store.clone()).with_max_attempts(3);
@@ -290,7 +290,7 @@ pub(crate) async fn a_poison_message_is_dead_lettered_and_the_queue_flows<S: Sto
 pub(crate) async fn an_abandoned_key_is_parked_not_run<S: Store>(store: S) {
     let connection = Arc::new(rabbit().await);
     let queue = unique("parked");
-    declare_queue(&connection, &queue).await;
+    let _cleanup = declare_queue(&connection, &queue).await;
     let payload = br#"{"order":9}"#;
     // An earlier run of order-9 lost track of its outcome.
     let engine = Engine::new(store.clone());
