@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod compose;
+mod consumer_storm;
 mod crash;
 mod deploy_files;
 mod hostile_input;

@@ -44,9 +44,18 @@ impl<S: Store> Engine<S> {
             lease: self.config.lease,
             retention: self.config.retention,
             // Marked when the work begins its transaction, not before: a
-            // run that never does is an ordinary one (see `Tx`).
-            transactional: false,
+            // run that never does is an ordinary one (see `Tx`); unless the
+            // engine was told every write goes through it.
+            transactional: self.claims_transactional(),
         }
+    }
+
+    /// Whether a claim is marked transactional from the start.
+    fn claims_transactional(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        return self.config.transactional_claims && self.config.transactions.is_some();
+        #[cfg(not(feature = "postgres"))]
+        false
     }
 
     /// Claims `job`'s key, taking over or waiting as the policy says.

@@ -326,6 +326,10 @@ pub(crate) struct EngineConfig {
     /// Off: it needs PostgreSQL and work that writes through a [`crate::Tx`].
     #[cfg(feature = "postgres")]
     pub(crate) transactions: Option<Transactions>,
+    /// Off: only work whose every write goes through its transaction may
+    /// be taken over before it began one.
+    #[cfg(feature = "postgres")]
+    pub(crate) transactional_claims: bool,
 }
 
 /// Transactional mode: the PostgreSQL store whose transactions carry the
@@ -367,6 +371,8 @@ impl Default for EngineConfig {
             store_timeout: Duration::from_secs(5),
             #[cfg(feature = "postgres")]
             transactions: None,
+            #[cfg(feature = "postgres")]
+            transactional_claims: false,
         }
     }
 }
@@ -748,6 +754,25 @@ impl<S: crate::store::TransactionalStore> Engine<S> {
             }
         });
         self.config_mut().transactions = transactions;
+        self
+    }
+
+    /// Marks every record transactional from its claim on (in
+    /// transactional mode), not only once the work begins its transaction:
+    /// a run that dies between its claim and its commit is then taken over
+    /// by the next caller, never left with an unknown outcome. For a
+    /// transactional inbox, whose handler writes only through its
+    /// transaction.
+    ///
+    /// The default value is `false`.
+    ///
+    /// # Warning
+    ///
+    /// A write of the work that does not go through [`RunContext::tx`] (a
+    /// call to another service, say) is repeated when a dead run is taken
+    /// over.
+    pub fn with_transactional_claims(mut self, on: bool) -> Self {
+        self.config_mut().transactional_claims = on;
         self
     }
 }

@@ -1,0 +1,432 @@
+//! The broker-independent core: one message in, the engine runs its handler
+//! at most once per key, and one [`Verdict`] out that the broker adapter
+//! turns into an ack, a delayed redelivery, a parked or a dead-lettered
+//! message.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idempotency_guard::engine::{Answer, Engine, Job, Refusal, RunContext, Settle, Settled};
+use idempotency_guard::{Fingerprint, IdempotencyKey, Store, StoredResponse};
+
+/// The metric counting every message by its verdict (`source`, `verdict`).
+pub const MESSAGES_TOTAL: &str = "idempotency_consumer_messages_total";
+
+/// One message as the handler sees it.
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    /// The queue or stream it came from.
+    pub source: String,
+    /// The scope its key lives in.
+    pub scope: String,
+    /// Its idempotency key.
+    pub key: String,
+    /// Its payload.
+    pub payload: Bytes,
+    /// Which delivery this is for a failing message (1 on the first try).
+    pub attempt: u32,
+}
+
+/// What the adapter does with a message after the engine answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// Done (it ran now, or ran before and its outcome is stored): ack.
+    Ack,
+    /// Not done yet: have it delivered again after `delay`, without acking.
+    /// `failed` tells whether this delivery counts as a failed attempt (the
+    /// handler failed) or not (the key is in flight elsewhere, the store is
+    /// down).
+    Redeliver {
+        /// How long to hold it back.
+        delay: Duration,
+        /// Whether the handler failed on it.
+        failed: bool,
+    },
+    /// Its outcome is unknown (an earlier run was abandoned) or its key was
+    /// reused for another payload: set it aside for a person and ack it.
+    /// Never run again blindly.
+    Park(ParkReason),
+    /// It failed on every one of its attempts, or carries no usable key:
+    /// move it to the dead-letter queue and ack it. Its key was released.
+    DeadLetter(DeadReason),
+}
+
+/// Why a message was parked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ParkReason {
+    /// An earlier run of the key was abandoned: its effects are unknown.
+    OutcomeUnknown,
+    /// The key was used before for another payload.
+    KeyReused,
+}
+
+/// Why a message was dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadReason {
+    /// The handler failed on every attempt.
+    Poison,
+    /// The message carries no key (or one that is not 1 to 255 visible ASCII).
+    NoKey,
+}
+
+impl Verdict {
+    /// The `verdict` label of [`MESSAGES_TOTAL`].
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Ack => "ack",
+            Self::Redeliver { failed: false, .. } => "redeliver",
+            Self::Redeliver { failed: true, .. } => "retry",
+            Self::Park(ParkReason::OutcomeUnknown) => "parked-outcome-unknown",
+            Self::Park(ParkReason::KeyReused) => "parked-key-reused",
+            Self::DeadLetter(DeadReason::Poison) => "dead-letter",
+            Self::DeadLetter(DeadReason::NoKey) => "dead-letter-no-key",
+        }
+    }
+
+    /// The reason written on a parked or dead-lettered message.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Park(ParkReason::OutcomeUnknown) => "outcome-unknown",
+            Self::Park(ParkReason::KeyReused) => "key-reused",
+            Self::DeadLetter(DeadReason::Poison) => "poison",
+            Self::DeadLetter(DeadReason::NoKey) => "no-key",
+            Self::Ack | Self::Redeliver { .. } => "",
+        }
+    }
+}
+
+/// What the engine made of one message, reduced to what the verdict needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ran {
+    /// The handler succeeded now, or had before (replayed), or its run is
+    /// beyond doing again (a stored outcome too large): done.
+    Done,
+    /// The handler failed (an error, a panic, a cut-off whose writes rolled
+    /// back); the key was released.
+    Failed,
+    /// The key is held by a run elsewhere, or the store is down: not now.
+    NotNow(Duration),
+    /// The outcome of an earlier run (or of this one) is unknown.
+    Unknown,
+    /// The key was used for another payload.
+    Reused,
+}
+
+impl Ran {
+    fn of<T>(answer: &Answer<Result<(), T>>) -> Self {
+        match answer {
+            Answer::Ran { settled, reply } => match (settled, reply) {
+                (Settled::Abandoned, _) => Self::Unknown,
+                (_, Err(_)) => Self::Failed,
+                (_, Ok(())) => Self::Done,
+            },
+            Answer::Replay(_) => Self::Done,
+            Answer::Refused(refusal) => match refusal {
+                Refusal::KeyReused => Self::Reused,
+                Refusal::InFlight { retry_after } | Refusal::StoreUnavailable { retry_after } => {
+                    Self::NotNow(*retry_after)
+                }
+                Refusal::OutcomeUnknown | Refusal::TimedOut { rolled_back: false } => Self::Unknown,
+                Refusal::ResponseNotStored => Self::Done,
+                Refusal::TimedOut { rolled_back: true } | Refusal::Failed => Self::Failed,
+                _ => Self::Unknown,
+            },
+        }
+    }
+}
+
+/// The policy, in one pure function: what to do with a message given what
+/// the engine made of it, which attempt this was and how many are allowed.
+pub(crate) fn decide(ran: Ran, attempt: u32, max_attempts: u32, retry_delay: Duration) -> Verdict {
+    match ran {
+        Ran::Done => Verdict::Ack,
+        Ran::Failed if attempt >= max_attempts => Verdict::DeadLetter(DeadReason::Poison),
+        Ran::Failed => Verdict::Redeliver {
+            delay: retry_delay,
+            failed: true,
+        },
+        Ran::NotNow(delay) => Verdict::Redeliver {
+            delay,
+            failed: false,
+        },
+        Ran::Unknown => Verdict::Park(ParkReason::OutcomeUnknown),
+        Ran::Reused => Verdict::Park(ParkReason::KeyReused),
+    }
+}
+
+/// The inbox's settings. Each default says why it is the default.
+#[derive(Debug, Clone)]
+struct InboxConfig {
+    /// 5: enough for a transient failure to pass, few enough that a poison
+    /// message leaves the queue within seconds.
+    max_attempts: u32,
+    /// 1 s: a failing handler is not hammered, a transient failure is
+    /// retried soon.
+    retry_delay: Duration,
+}
+
+impl Default for InboxConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            retry_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The run-once engine plus the message policy: each message runs its
+/// handler at most once per key, and gets a [`Verdict`].
+///
+/// With an engine in transactional mode (PostgreSQL,
+/// [`Engine::with_transactional_mode`] and
+/// [`Engine::with_transactional_claims`]) this is a transactional inbox:
+/// the handler writes through [`RunContext::tx`], and its writes, the
+/// stored outcome and the dedup record commit together.
+#[derive(Debug, Clone)]
+pub struct Inbox<S> {
+    engine: Engine<S>,
+    config: Arc<InboxConfig>,
+}
+
+impl<S: Store> Inbox<S> {
+    /// An inbox over an engine, with every setting at its default.
+    pub fn new(engine: Engine<S>) -> Self {
+        Self {
+            engine,
+            config: Arc::new(InboxConfig::default()),
+        }
+    }
+
+    /// The engine the inbox runs handlers through (for its [`idempotency_guard::Drain`]).
+    pub fn engine(&self) -> &Engine<S> {
+        &self.engine
+    }
+
+    /// Sets how many deliveries a failing message gets before it is
+    /// dead-lettered.
+    ///
+    /// The default value is 5.
+    ///
+    /// # Panics
+    ///
+    /// When `attempts` is 0.
+    pub fn with_max_attempts(mut self, attempts: u32) -> Self {
+        assert!(attempts > 0, "a message needs at least one attempt");
+        Arc::make_mut(&mut self.config).max_attempts = attempts;
+        self
+    }
+
+    /// Sets how long a failed message is held back before its next attempt.
+    ///
+    /// The default value is 1 second.
+    pub fn with_retry_delay(mut self, delay: Duration) -> Self {
+        Arc::make_mut(&mut self.config).retry_delay = delay;
+        self
+    }
+
+    /// The verdict for a message without a usable key (counted).
+    pub(crate) fn no_key(&self, source: &str) -> Verdict {
+        let verdict = Verdict::DeadLetter(DeadReason::NoKey);
+        count(source, verdict);
+        verdict
+    }
+
+    /// Runs `handler` on `incoming` at most once for its key, and answers
+    /// what to do with the message (counted in [`MESSAGES_TOTAL`]).
+    pub async fn process<H, Fut, E>(&self, incoming: Incoming, handler: &Arc<H>) -> Verdict
+    where
+        H: Fn(Incoming, RunContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Display + Send + 'static,
+    {
+        let source = incoming.source.clone();
+        if incoming.key.parse::<IdempotencyKey>().is_err() {
+            return self.no_key(&source);
+        }
+        let attempt = incoming.attempt;
+        let job = Job::new(
+            incoming.scope.clone(),
+            incoming.key.clone(),
+            Fingerprint::of_bytes(&incoming.payload),
+        )
+        .with_request("MESSAGE", incoming.source.clone())
+        .with_route(incoming.source.clone());
+        let handler = Arc::clone(handler);
+        let answer = self
+            .engine
+            .run(job, move |run| async move {
+                match handler(incoming, run).await {
+                    Ok(()) => Settle::Complete {
+                        response: StoredResponse::from_bytes("done"),
+                        reply: Ok(()),
+                    },
+                    Err(error) => Settle::Release {
+                        reply: Err(error.to_string()),
+                        keep_writes: false,
+                    },
+                }
+            })
+            .await;
+        if let Answer::Ran {
+            reply: Err(error), ..
+        } = &answer
+        {
+            tracing::warn!(source, attempt, error = %error, "the message handler failed; its key is released");
+        }
+        let verdict = decide(
+            Ran::of(&answer),
+            attempt,
+            self.config.max_attempts,
+            self.config.retry_delay,
+        );
+        count(&source, verdict);
+        verdict
+    }
+}
+
+/// Counts one message's verdict: the one place messages are counted.
+fn count(source: &str, verdict: Verdict) {
+    metrics::counter!(MESSAGES_TOTAL, "source" => source.to_owned(), "verdict" => verdict.as_str())
+        .increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: Duration = Duration::from_secs(1);
+    const W: Duration = Duration::from_millis(300);
+
+    #[test]
+    fn the_policy_as_a_truth_table() {
+        let rows = [
+            // ran, attempt, max => verdict
+            (Ran::Done, 1, 3, Verdict::Ack),
+            (Ran::Done, 3, 3, Verdict::Ack),
+            (
+                Ran::Failed,
+                1,
+                3,
+                Verdict::Redeliver {
+                    delay: D,
+                    failed: true,
+                },
+            ),
+            (
+                Ran::Failed,
+                2,
+                3,
+                Verdict::Redeliver {
+                    delay: D,
+                    failed: true,
+                },
+            ),
+            (Ran::Failed, 3, 3, Verdict::DeadLetter(DeadReason::Poison)),
+            (Ran::Failed, 9, 3, Verdict::DeadLetter(DeadReason::Poison)),
+            (Ran::Failed, 1, 1, Verdict::DeadLetter(DeadReason::Poison)),
+            (
+                Ran::NotNow(W),
+                1,
+                3,
+                Verdict::Redeliver {
+                    delay: W,
+                    failed: false,
+                },
+            ),
+            (
+                Ran::NotNow(W),
+                3,
+                3,
+                Verdict::Redeliver {
+                    delay: W,
+                    failed: false,
+                },
+            ),
+            (
+                Ran::Unknown,
+                1,
+                3,
+                Verdict::Park(ParkReason::OutcomeUnknown),
+            ),
+            (
+                Ran::Unknown,
+                3,
+                3,
+                Verdict::Park(ParkReason::OutcomeUnknown),
+            ),
+            (Ran::Reused, 1, 3, Verdict::Park(ParkReason::KeyReused)),
+        ];
+        for (ran, attempt, max, expected) in rows {
+            assert_eq!(
+                decide(ran, attempt, max, D),
+                expected,
+                "{ran:?} attempt {attempt}/{max}"
+            );
+        }
+    }
+
+    #[test]
+    fn answers_reduce_to_what_the_policy_needs() {
+        type A = Answer<Result<(), String>>;
+        let rows: Vec<(A, Ran)> = vec![
+            (
+                A::Ran {
+                    reply: Ok(()),
+                    settled: Settled::Stored,
+                },
+                Ran::Done,
+            ),
+            (
+                A::Ran {
+                    reply: Ok(()),
+                    settled: Settled::NotStored,
+                },
+                Ran::Done,
+            ),
+            (
+                A::Ran {
+                    reply: Err("x".into()),
+                    settled: Settled::Released,
+                },
+                Ran::Failed,
+            ),
+            (
+                A::Ran {
+                    reply: Ok(()),
+                    settled: Settled::Abandoned,
+                },
+                Ran::Unknown,
+            ),
+            (A::Replay(StoredResponse::from_bytes("done")), Ran::Done),
+            (A::Refused(Refusal::KeyReused), Ran::Reused),
+            (
+                A::Refused(Refusal::InFlight { retry_after: W }),
+                Ran::NotNow(W),
+            ),
+            (
+                A::Refused(Refusal::StoreUnavailable { retry_after: W }),
+                Ran::NotNow(W),
+            ),
+            (A::Refused(Refusal::OutcomeUnknown), Ran::Unknown),
+            (
+                A::Refused(Refusal::TimedOut { rolled_back: false }),
+                Ran::Unknown,
+            ),
+            (
+                A::Refused(Refusal::TimedOut { rolled_back: true }),
+                Ran::Failed,
+            ),
+            (A::Refused(Refusal::Failed), Ran::Failed),
+            (A::Refused(Refusal::ResponseNotStored), Ran::Done),
+        ];
+        for (answer, expected) in rows {
+            assert_eq!(Ran::of(&answer), expected, "{answer:?}");
+        }
+    }
+}

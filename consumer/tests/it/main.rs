@@ -1,0 +1,70 @@
+//! The consumer adapters' integration tests, in one binary, against real
+//! brokers (RabbitMQ at `TEST_AMQP_URL`, default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`; NATS at `TEST_NATS_URL`,
+//! default `127.0.0.1:4222`, with JetStream) and real stores (PostgreSQL
+//! and Redis, as the guard's tests). Every test uses queues or streams of
+//! its own, named after a fresh uuid, and deletes them at its end.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+mod brokers;
+mod nats;
+mod rabbitmq;
+mod webhook;
+
+/// Instantiates a generic test body once per store.
+macro_rules! per_store {
+    ($name:ident, $body:path) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                let db = idempotency_tests::postgres().await;
+                $body(db.store.clone()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn redis() {
+                let db = idempotency_tests::redis().await;
+                $body(db.store.clone()).await;
+            }
+        }
+    };
+}
+
+per_store!(
+    rabbit_race,
+    crate::rabbitmq::two_consumers_racing_on_duplicates_apply_one_effect
+);
+per_store!(
+    rabbit_ack_loss,
+    crate::rabbitmq::a_lost_ack_is_answered_from_the_stored_outcome
+);
+per_store!(
+    rabbit_poison,
+    crate::rabbitmq::a_poison_message_is_dead_lettered_and_the_queue_flows
+);
+per_store!(
+    rabbit_parked,
+    crate::rabbitmq::an_abandoned_key_is_parked_not_run
+);
+per_store!(
+    nats_race,
+    crate::nats::two_consumers_racing_on_duplicates_apply_one_effect
+);
+per_store!(
+    nats_ack_loss,
+    crate::nats::a_lost_ack_is_answered_from_the_stored_outcome
+);
+per_store!(
+    nats_poison,
+    crate::nats::a_poison_message_is_dead_lettered_and_the_stream_flows
+);
+per_store!(
+    webhook_once,
+    crate::webhook::a_valid_delivery_runs_once_and_replays
+);
+per_store!(
+    webhook_refused,
+    crate::webhook::refused_deliveries_store_nothing
+);

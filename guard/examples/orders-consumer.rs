@@ -1,0 +1,85 @@
+//! Orders from a RabbitMQ queue, each handled once per message id however
+//! often the broker delivers it (`idempotency-consumer` over this crate's
+//! engine, records in SQLite by default).
+//!
+//! ```text
+//! PUBLISH=3 cargo run -p idempotency-guard --example orders-consumer
+//! ```
+//!
+//! Environment: `AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),
+//! `QUEUE` (default `orders`), `DATABASE_URL` (default
+//! `sqlite://orders-consumer.db?mode=rwc`; `postgres://...` works too),
+//! `PUBLISH` (publish that many demo orders, each twice, before consuming).
+//! Ctrl-C stops it after the orders in hand are done.
+
+use idempotency_consumer::rabbitmq::RabbitConsumer;
+use idempotency_consumer::rabbitmq::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use idempotency_consumer::rabbitmq::lapin::types::FieldTable;
+use idempotency_consumer::rabbitmq::lapin::{BasicProperties, Connection, ConnectionProperties};
+use idempotency_consumer::{Inbox, Incoming, KeySource};
+use idempotency_guard::Engine;
+use idempotency_guard::engine::RunContext;
+use idempotency_guard::store::AnyStore;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let amqp = std::env::var("AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let queue = std::env::var("QUEUE").unwrap_or_else(|_| "orders".to_owned());
+    let database = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "sqlite://orders-consumer.db?mode=rwc".to_owned());
+    let store = AnyStore::connect(&database).await?;
+    store.migrate().await?;
+    let connection = Connection::connect(&amqp, ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.as_str().into(), durable, FieldTable::default())
+        .await?;
+    let publish: u32 = std::env::var("PUBLISH")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    for n in 1..=publish {
+        // Each order twice: the second is the broker's redelivery, or the
+        // producer's retry.
+        for _ in 0..2 {
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    format!(r#"{{"order_id":"order-{n}","amount":{}}}"#, n * 100).as_bytes(),
+                    BasicProperties::default().with_message_id(format!("order-{n}").into()),
+                )
+                .await?
+                .await?;
+        }
+    }
+    println!("consuming {queue} (records in {database}); Ctrl-C to stop");
+    let inbox = Inbox::new(Engine::new(store));
+    let drain = inbox.engine().drain();
+    RabbitConsumer::new(inbox, queue.as_str())
+        .with_key(KeySource::MessageId)
+        .run(
+            &connection,
+            |order: Incoming, _run: RunContext| async move {
+                // The side effect: runs once per order id.
+                println!(
+                    "order {} handled: {}",
+                    order.key,
+                    String::from_utf8_lossy(&order.payload)
+                );
+                Ok::<(), std::convert::Infallible>(())
+            },
+            async {
+                let _ = tokio::signal::ctrl_c().await;
+            },
+        )
+        .await?;
+    drain.wait().await;
+    Ok(())
+}

@@ -1,0 +1,194 @@
+//! A consumer process for the redelivery storm (`tests/e2e/consumer_storm.rs`):
+//! it consumes a RabbitMQ queue, applies one effect per message (a row in
+//! `storm_effects` of a PostgreSQL database), and kills itself with SIGKILL
+//! right after its `CRASH_AT`-th effect, before that message's ack.
+//!
+//! Environment: `AMQP_URL`, `QUEUE`, `EFFECTS_URL` (PostgreSQL with the
+//! `storm_effects` table), `MODE` (`transactional`: the inbox on
+//! PostgreSQL, effect in the run's transaction; `default`: the guard,
+//! effect committed at once; `off`: no guard), `STORE_URL` (`postgres://`
+//! or `redis://`), `REDIS_PREFIX`, `CRASH_AT` (0: never).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures_util::StreamExt;
+use idempotency_consumer::rabbitmq::RabbitConsumer;
+use idempotency_consumer::{Inbox, Incoming};
+use idempotency_guard::engine::RunContext;
+use idempotency_guard::store::postgres::PostgresStore;
+use idempotency_guard::store::redis::RedisStore;
+use idempotency_guard::{Engine, Store};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+use sqlx::PgPool;
+
+/// The settings, from the environment.
+struct Settings {
+    amqp_url: String,
+    queue: String,
+    mode: String,
+    store_url: String,
+    redis_prefix: String,
+    crash_at: u64,
+}
+
+fn env(name: &str) -> anyhow::Result<String> {
+    std::env::var(name).with_context(|| format!("{name} is not set"))
+}
+
+/// Counts effects and kills the process right after the `crash_at`-th.
+#[derive(Clone)]
+struct Crash {
+    effects: Arc<AtomicU64>,
+    at: u64,
+}
+
+impl Crash {
+    fn after_effect(&self) {
+        let n = self.effects.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.at {
+            // SIGKILL, not a clean exit: no ack, no settle, no drain.
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &std::process::id().to_string()])
+                .status();
+            std::thread::sleep(Duration::from_secs(60));
+        }
+    }
+}
+
+async fn insert(connection: &mut sqlx::PgConnection, key: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("insert into storm_effects (key) values ($1)")
+        .bind(key)
+        .execute(connection)
+        .await
+        .map(|_| ())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let settings = Settings {
+        amqp_url: env("AMQP_URL")?,
+        queue: env("QUEUE")?,
+        mode: env("MODE")?,
+        store_url: std::env::var("STORE_URL").unwrap_or_default(),
+        redis_prefix: std::env::var("REDIS_PREFIX").unwrap_or_default(),
+        crash_at: env("CRASH_AT")?.parse()?,
+    };
+    let effects = PgPool::connect(&env("EFFECTS_URL")?).await?;
+    let crash = Crash {
+        effects: Arc::new(AtomicU64::new(0)),
+        at: settings.crash_at,
+    };
+    let connection =
+        Connection::connect(&settings.amqp_url, ConnectionProperties::default()).await?;
+    match settings.mode.as_str() {
+        "off" => unguarded(&connection, &settings.queue, effects, crash).await,
+        "transactional" => {
+            let store = PostgresStore::connect(&settings.store_url, 16).await?;
+            store.migrate().await?;
+            let engine = engine(store)
+                .with_transactional_mode(true)
+                .with_transactional_claims(true);
+            let handler = move |message: Incoming, run: RunContext| {
+                let crash = crash.clone();
+                async move {
+                    let mut tx = run.tx().await.map_err(|error| error.to_string())?;
+                    insert(&mut tx, &message.key)
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    crash.after_effect();
+                    Ok::<(), String>(())
+                }
+            };
+            consume(engine, &connection, &settings.queue, handler).await
+        }
+        "default" => {
+            let handler = move |message: Incoming, _run: RunContext| {
+                let effects = effects.clone();
+                let crash = crash.clone();
+                async move {
+                    let mut connection =
+                        effects.acquire().await.map_err(|error| error.to_string())?;
+                    insert(&mut connection, &message.key)
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    crash.after_effect();
+                    Ok::<(), String>(())
+                }
+            };
+            if settings.store_url.starts_with("redis") {
+                let store =
+                    RedisStore::connect(&settings.store_url, &settings.redis_prefix).await?;
+                consume(engine(store), &connection, &settings.queue, handler).await
+            } else {
+                let store = PostgresStore::connect(&settings.store_url, 16).await?;
+                store.migrate().await?;
+                consume(engine(store), &connection, &settings.queue, handler).await
+            }
+        }
+        other => anyhow::bail!("MODE must be transactional, default or off, not {other}"),
+    }
+}
+
+/// A short lease, so a killed consumer's keys lapse within a second.
+fn engine<S: Store>(store: S) -> Engine<S> {
+    Engine::new(store)
+        .with_lease(Duration::from_secs(1))
+        .with_retry_after(Duration::from_millis(200))
+}
+
+async fn consume<S, H, Fut>(
+    engine: Engine<S>,
+    connection: &Connection,
+    queue: &str,
+    handler: H,
+) -> anyhow::Result<()>
+where
+    S: Store,
+    H: Fn(Incoming, RunContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), String>> + Send + 'static,
+{
+    let inbox = Inbox::new(engine).with_retry_delay(Duration::from_millis(100));
+    RabbitConsumer::new(inbox, queue)
+        .with_concurrency(16)
+        .run(connection, handler, std::future::pending())
+        .await?;
+    Ok(())
+}
+
+/// The same work without the guard: effect, then ack.
+async fn unguarded(
+    connection: &Connection,
+    queue: &str,
+    effects: PgPool,
+    crash: Crash,
+) -> anyhow::Result<()> {
+    let channel = connection.create_channel().await?;
+    channel.basic_qos(16, BasicQosOptions::default()).await?;
+    let mut deliveries = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    while let Some(delivery) = deliveries.next().await {
+        let delivery = delivery?;
+        let key = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str().to_owned())
+            .unwrap_or_default();
+        let mut connection = effects.acquire().await?;
+        insert(&mut connection, &key).await?;
+        crash.after_effect();
+        delivery.acker.ack(BasicAckOptions::default()).await?;
+    }
+    Ok(())
+}
