@@ -1,1 +1,10 @@
-fn main() {}
+//! The gateway's integration tests: real processes on 127.0.0.1 (the
+//! gateway binary, a Python standard-library backend counting executions
+//! in SQLite, the fault-injecting proxy of `idempotency-tests`).
+
+mod hostile_input;
+mod outcomes;
+mod pass_through;
+mod scope;
+mod storm;
+mod support;
