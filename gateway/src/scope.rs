@@ -109,7 +109,7 @@ pub enum ScopeSource {
     /// a client that can name another scope can read its replays.
     Header(HeaderName),
     /// The `sub` of the `Authorization: Bearer` JWT.
-    Jwt(JwtVerifier),
+    Jwt(Box<JwtVerifier>),
 }
 
 fn valid_scope(scope: &str) -> bool {
@@ -148,7 +148,7 @@ impl ScopeSource {
                 if let Some(audience) = &config.jwt_audience {
                     verifier = verifier.with_audience(audience);
                 }
-                Ok(Self::Jwt(verifier))
+                Ok(Self::Jwt(Box::new(verifier)))
             }
             other => Err(ConfigError::Invalid(format!(
                 "scope.from {other:?}: fixed, header or jwt"

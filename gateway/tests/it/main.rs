@@ -2,6 +2,7 @@
 //! gateway binary, a Python standard-library backend counting executions
 //! in SQLite, the fault-injecting proxy of `idempotency-tests`).
 
+mod files;
 mod hostile_input;
 mod outcomes;
 mod pass_through;
