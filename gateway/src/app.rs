@@ -74,6 +74,7 @@ impl Gateway {
         let mut options = StoreOptions::sql(&config.store);
         options.kind = kind;
         options.redis_url = config.redis.as_deref();
+        options.redis_prefix = &config.redis_prefix;
         let store = AnyStore::open(&options)
             .await
             .map_err(GatewayError::Store)?;

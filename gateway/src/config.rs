@@ -67,6 +67,9 @@ pub struct Config {
     /// URLs. Env override: `REDIS_URL`.
     #[serde(default)]
     pub redis: Option<String>,
+    /// The prefix of every Redis key (several gateways can share a Redis).
+    #[serde(default = "default_redis_prefix")]
+    pub redis_prefix: String,
     /// Whether to apply the store's migrations on start.
     #[serde(default = "yes")]
     pub migrate: bool,
@@ -98,6 +101,11 @@ fn default_store() -> String {
 
 fn default_store_kind() -> String {
     "sql".to_owned()
+}
+
+fn default_redis_prefix() -> String {
+    // The layer's and the service's default: they read the same records.
+    "idem".to_owned()
 }
 
 fn yes() -> bool {

@@ -7,5 +7,6 @@ mod hostile_input;
 mod outcomes;
 mod pass_through;
 mod scope;
+mod stores;
 mod storm;
 mod support;
