@@ -268,7 +268,6 @@ impl Upstream {
 
     /// The request as the upstream gets it: its URI, headers without
     /// hop-by-hop ones, the forwarding headers, `Host` per configuration.
-    #[allow(clippy::result_large_err)]
     fn outgoing(&self, request: Request<Body>) -> Result<Request<Body>, Response<Body>> {
         let (mut parts, body) = request.into_parts();
         let client = parts

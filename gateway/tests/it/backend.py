@@ -8,7 +8,7 @@ every execution of a write in the SQLite file $BACKEND_DB (table
   GET  /healthz             200 {"status":"ok"}
   POST /payments            JSON {"amount": int, ...} -> 201 {"id", "amount", "tenant"}
                             invalid JSON 400, not a payment 422 (duplicate keys too)
-  POST /slow                records an execution, then sleeps 60 s (kill me meanwhile)
+  POST /slow?seconds=S      records an execution, then sleeps S seconds (default 60), then 201
   POST /fail                500, records an execution
   GET  /echo                200 JSON of the request line and headers as received
   GET  /download?bytes=N    N bytes of a fixed pattern, streamed in 64 KiB writes
@@ -111,7 +111,7 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.body()
         if url.path == "/slow":
             record(url.path, None, key, tenant)
-            time.sleep(60)
+            time.sleep(float(parse_qs(url.query).get("seconds", ["60"])[0]))
             return self.answer(201, {"slow": True})
         if url.path == "/fail":
             record(url.path, None, key, tenant)

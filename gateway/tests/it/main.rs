@@ -4,6 +4,7 @@
 
 mod files;
 mod hostile_input;
+mod lifecycle;
 mod outcomes;
 mod pass_through;
 mod scope;
