@@ -67,6 +67,7 @@ pub struct Upstream {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Exchange {
     Answered,
+    BadTarget,
     Unavailable,
     Failed,
     Timeout,
@@ -76,6 +77,7 @@ impl Exchange {
     fn label(self) -> &'static str {
         match self {
             Self::Answered => "answered",
+            Self::BadTarget => "bad_target",
             Self::Unavailable => "unavailable",
             Self::Failed => "failed",
             Self::Timeout => "timeout",
@@ -170,9 +172,15 @@ impl Upstream {
         guarded: bool,
         keep: usize,
     ) -> (Exchange, Response<Body>) {
-        let outgoing = match self.outgoing(request) {
-            Ok(outgoing) => outgoing,
-            Err(response) => return (Exchange::Failed, response),
+        let Some(outgoing) = self.outgoing(request) else {
+            // Not sent: nothing ran upstream.
+            let response = problem(
+                StatusCode::BAD_REQUEST,
+                "bad-request",
+                "Bad request",
+                "The request target cannot be forwarded.",
+            );
+            return (Exchange::BadTarget, response);
         };
         let answer = match tokio::time::timeout(self.timeout, self.client.request(outgoing)).await {
             Ok(Ok(answer)) => answer,
@@ -267,8 +275,9 @@ impl Upstream {
     }
 
     /// The request as the upstream gets it: its URI, headers without
-    /// hop-by-hop ones, the forwarding headers, `Host` per configuration.
-    fn outgoing(&self, request: Request<Body>) -> Result<Request<Body>, Response<Body>> {
+    /// hop-by-hop ones, the forwarding headers, `Host` per configuration;
+    /// `None` when the target cannot be forwarded.
+    fn outgoing(&self, request: Request<Body>) -> Option<Request<Body>> {
         let (mut parts, body) = request.into_parts();
         let client = parts
             .extensions
@@ -287,15 +296,7 @@ impl Upstream {
             .authority(self.authority.clone())
             .path_and_query(target)
             .build();
-        let Ok(uri) = uri else {
-            return Err(problem(
-                StatusCode::BAD_REQUEST,
-                "bad-request",
-                "Bad request",
-                "The request target cannot be forwarded.",
-            ));
-        };
-        parts.uri = uri;
+        parts.uri = uri.ok()?;
         parts.version = if self.http2 {
             Version::HTTP_2
         } else {
@@ -319,7 +320,7 @@ impl Upstream {
             // HTTP/2 carries the authority in the URI.
             parts.headers.remove(header::HOST);
         }
-        Ok(Request::from_parts(parts, body))
+        Some(Request::from_parts(parts, body))
     }
 }
 

@@ -94,7 +94,7 @@ pub use serve::{serve, shutdown_signal};
 pub fn describe_metrics() {
     metrics::describe_counter!(
         forward::UPSTREAM_REQUESTS_TOTAL,
-        "Requests forwarded to the upstream, by route and result (answered, unavailable, failed, timeout)."
+        "Requests forwarded to the upstream, by route and result (answered, unavailable, failed, timeout, bad_target)."
     );
     metrics::describe_histogram!(
         forward::UPSTREAM_DURATION_SECONDS,
