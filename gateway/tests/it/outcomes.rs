@@ -173,4 +173,24 @@ async fn upstream_500_releases_the_key_and_a_retry_runs() {
         "released: the retry ran"
     );
     assert_eq!(stack.advice("fail-1").await, (404, "retry".to_owned()));
+
+    // Both kinds of metrics on /metrics: the guard's and the proxy's.
+    let metrics = http
+        .get(stack.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("a body");
+    assert!(
+        metrics.contains(r#"idempotency_requests_total{route="/fail",outcome="released""#),
+        "the guard's counters: {metrics}"
+    );
+    assert!(
+        metrics.contains(
+            r#"idempotency_gateway_upstream_requests_total{route="/fail",result="answered"} 2"#
+        ),
+        "the proxy's counters: {metrics}"
+    );
 }
