@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{Request, State};
 use axum::middleware::from_fn_with_state;
 use axum::routing::{any, get};
 use http::{Method, Response, StatusCode, header};
@@ -21,7 +21,7 @@ use idempotency_guard::{
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::config::{Config, ConfigError, seconds};
-use crate::forward::Upstream;
+use crate::forward::{RouteMetrics, Upstream};
 use crate::scope::{Scope, ScopeGate, ScopeSource, establish_scope};
 
 /// Why the gateway cannot start.
@@ -47,6 +47,8 @@ pub struct Gateway {
     upstream: Upstream,
     scope: Arc<ScopeSource>,
     metrics: Option<PrometheusHandle>,
+    /// The proxy metrics of requests no route names.
+    unguarded: RouteMetrics,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -123,6 +125,7 @@ impl Gateway {
             config: Arc::new(config),
             engine,
             metrics,
+            unguarded: RouteMetrics::new("unguarded"),
         })
     }
 
@@ -171,6 +174,7 @@ impl Gateway {
                 .with_stored_response_limit(limits.stored_response_bytes)
                 .with_mismatch_status(mismatch);
             let proxy = GuardedProxy {
+                metrics: RouteMetrics::new(&route.path),
                 upstream: self.upstream.clone(),
                 methods: Arc::clone(&methods),
                 keep: limits.stored_response_bytes,
@@ -202,6 +206,7 @@ pub const OWN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 /// The forwarder of one guarded route.
 #[derive(Clone)]
 struct GuardedProxy {
+    metrics: RouteMetrics,
     upstream: Upstream,
     methods: Arc<[Method]>,
     keep: usize,
@@ -211,16 +216,11 @@ struct GuardedProxy {
 /// Forwards a request of a guarded route (the guard already claimed its
 /// key, or passed it through: another method, or no key where optional).
 async fn guarded_proxy(State(proxy): State<GuardedProxy>, request: Request) -> Response<Body> {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", MatchedPath::as_str)
-        .to_owned();
     let guarded = proxy.methods.contains(request.method())
         && request.headers().contains_key(&IDEMPOTENCY_KEY);
     let mut response = proxy
         .upstream
-        .forward(request, &route, guarded, proxy.keep)
+        .forward(request, &proxy.metrics, guarded, proxy.keep)
         .await;
     if guarded && proxy.final_client_errors {
         // The upstream's 4xx is its decision, not an extractor's: stored.
@@ -234,7 +234,7 @@ async fn guarded_proxy(State(proxy): State<GuardedProxy>, request: Request) -> R
 async fn pass_through(State(gateway): State<Gateway>, request: Request) -> Response<Body> {
     gateway
         .upstream
-        .forward(request, "unguarded", false, 0)
+        .forward(request, &gateway.unguarded, false, 0)
         .await
 }
 

@@ -66,11 +66,47 @@ pub struct Upstream {
 /// What happened to one forwarded request, counted once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Exchange {
-    Answered,
-    BadTarget,
-    Unavailable,
-    Failed,
-    Timeout,
+    Answered = 0,
+    BadTarget = 1,
+    Unavailable = 2,
+    Failed = 3,
+    Timeout = 4,
+}
+
+const EXCHANGES: [Exchange; 5] = [
+    Exchange::Answered,
+    Exchange::BadTarget,
+    Exchange::Unavailable,
+    Exchange::Failed,
+    Exchange::Timeout,
+];
+
+/// The proxy metrics of one route, registered once (a lookup per request
+/// would cost a hash of its labels).
+#[derive(Clone)]
+pub struct RouteMetrics {
+    /// Indexed by [`Exchange`].
+    counters: [metrics::Counter; 5],
+    duration: metrics::Histogram,
+}
+
+impl std::fmt::Debug for RouteMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteMetrics").finish_non_exhaustive()
+    }
+}
+
+impl RouteMetrics {
+    /// Registers the metrics of `route` with the installed recorder (none
+    /// installed: they count nothing).
+    pub fn new(route: &str) -> Self {
+        Self {
+            counters: EXCHANGES.map(|exchange| {
+                metrics::counter!(UPSTREAM_REQUESTS_TOTAL, "route" => route.to_owned(), "result" => exchange.label())
+            }),
+            duration: metrics::histogram!(UPSTREAM_DURATION_SECONDS, "route" => route.to_owned()),
+        }
+    }
 }
 
 impl Exchange {
@@ -146,7 +182,7 @@ impl Upstream {
     pub async fn forward(
         &self,
         request: Request<Body>,
-        route: &str,
+        metrics: &RouteMetrics,
         guarded: bool,
         keep: usize,
     ) -> Response<Body> {
@@ -155,9 +191,8 @@ impl Upstream {
         let path = request.uri().path().to_owned();
         let (result, response) = self.exchange(request, guarded, keep).await;
         let elapsed = started.elapsed();
-        metrics::counter!(UPSTREAM_REQUESTS_TOTAL, "route" => route.to_owned(), "result" => result.label())
-            .increment(1);
-        metrics::histogram!(UPSTREAM_DURATION_SECONDS, "route" => route.to_owned()).record(elapsed);
+        metrics.counters[result as usize].increment(1);
+        metrics.duration.record(elapsed);
         if result == Exchange::Answered {
             tracing::debug!(%method, path, status = response.status().as_u16(), elapsed_ms = elapsed.as_millis() as u64, "forwarded");
         } else {
