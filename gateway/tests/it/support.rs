@@ -4,17 +4,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Body;
-use http::Request;
+use idempotency_guard::Store;
 use idempotency_guard::store::AnyStore;
-use idempotency_service::AppState;
-use idempotency_service::auth::Tokens;
-use idempotency_tests::{Process, call};
+use idempotency_tests::Process;
 use tempfile::TempDir;
-
-/// The bearer token of the status service the tests start.
-pub(crate) const STATUS_TOKEN: &str = "token-of-the-gateway-tests-01";
 
 /// The Python backend's script.
 pub(crate) fn backend_script() -> PathBuf {
@@ -131,34 +124,24 @@ impl Stack {
         rows
     }
 
-    /// The key-status service on the gateway's store, in process.
-    pub(crate) async fn status_service(&self) -> Router {
+    /// What the key-status service answers about `key` in the default
+    /// scope, from its own status logic on the gateway's store: `(200,
+    /// advice)`, or `(404, "retry")` for a key with no record.
+    pub(crate) async fn advice(&self, key: &str) -> (u16, String) {
         let store = AnyStore::connect(&self.store_url)
             .await
             .expect("open the gateway's store");
-        let mut tokens = Tokens::default();
-        tokens
-            .add_pairs(&format!("default {STATUS_TOKEN}"))
-            .expect("a token");
-        idempotency_service::build_router(AppState {
-            store,
-            tokens: std::sync::Arc::new(tokens),
-            metrics: None,
-            retry_after: Duration::from_secs(1),
-        })
-    }
-
-    /// The status service's answer about `key` in the default scope:
-    /// `(status, advice)`.
-    pub(crate) async fn advice(&self, key: &str) -> (u16, String) {
-        let service = self.status_service().await;
-        let request = Request::get(format!("/v1/keys/{key}"))
-            .header("authorization", format!("Bearer {STATUS_TOKEN}"))
-            .body(Body::empty())
-            .expect("a request");
-        let answer = call(&service, request).await;
-        let advice = answer.json()["advice"].as_str().unwrap_or("").to_owned();
-        (answer.status.as_u16(), advice)
+        let record = store.get("default", key).await.expect("read the record");
+        let status = record.as_ref().and_then(|record| {
+            idempotency_service::status::key_status(record, None, Duration::from_secs(1))
+        });
+        match status {
+            Some(status) => {
+                let advice = serde_json::to_value(status.advice).expect("advice as JSON");
+                (200, advice.as_str().unwrap_or("").to_owned())
+            }
+            None => (404, "retry".to_owned()),
+        }
     }
 }
 
