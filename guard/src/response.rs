@@ -7,7 +7,6 @@ use http::{HeaderMap, HeaderName, StatusCode, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, BodyStream};
 
-
 /// The response header that marks a replay: `Idempotent-Replayed: true`.
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 

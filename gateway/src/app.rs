@@ -1,0 +1,294 @@
+//! The gateway's router: one guarded proxy route per configured route
+//! (scope middleware, then [`IdempotencyLayer`], then the forwarder), the
+//! gateway's own `/healthz`, `/readyz` and `/metrics`, and a fallback that
+//! passes every other request through, streaming.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::from_fn_with_state;
+use axum::routing::{any, get};
+use http::{Method, Response, StatusCode, header};
+use idempotency_guard::problem::Problem;
+use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
+use idempotency_guard::{
+    AbandonedPolicy, Drain, Engine, FinalResponse, IDEMPOTENCY_KEY, IdempotencyLayer,
+    InFlightPolicy, Store,
+};
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::config::{Config, ConfigError, seconds};
+use crate::forward::{RouteMetrics, Upstream};
+use crate::scope::{Scope, ScopeGate, ScopeSource, establish_scope};
+
+/// Why the gateway cannot start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The store cannot be opened.
+    #[error("cannot open the store")]
+    Store(#[source] idempotency_guard::StoreError),
+    /// The store's migrations failed.
+    #[error("cannot migrate the store")]
+    Migrate(#[source] idempotency_guard::MigrationError),
+}
+
+/// A configured gateway: store, engine, upstream client, scope source.
+#[derive(Clone)]
+pub struct Gateway {
+    config: Arc<Config>,
+    engine: Engine<AnyStore>,
+    upstream: Upstream,
+    scope: Arc<ScopeSource>,
+    metrics: Option<PrometheusHandle>,
+    /// The proxy metrics of requests no route names.
+    unguarded: RouteMetrics,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("upstream", &self.config.upstream)
+            .field("routes", &self.config.routes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// Opens the configured store (applying its migrations unless
+    /// `migrate = false`) and builds the gateway.
+    ///
+    /// # Errors
+    ///
+    /// See [`GatewayError`].
+    pub async fn open(
+        config: Config,
+        metrics: Option<PrometheusHandle>,
+    ) -> Result<Self, GatewayError> {
+        config.validate()?;
+        let kind: StoreKind = config.store_kind.parse().map_err(ConfigError::Invalid)?;
+        let mut options = StoreOptions::sql(&config.store);
+        options.kind = kind;
+        options.redis_url = config.redis.as_deref();
+        options.redis_prefix = &config.redis_prefix;
+        let store = AnyStore::open(&options)
+            .await
+            .map_err(GatewayError::Store)?;
+        if config.migrate {
+            store.migrate().await.map_err(GatewayError::Migrate)?;
+        }
+        Self::with_store(config, store, metrics)
+    }
+
+    /// Builds the gateway over a store opened beforehand.
+    ///
+    /// # Errors
+    ///
+    /// [`GatewayError::Config`] when the configuration is unusable.
+    pub fn with_store(
+        config: Config,
+        store: AnyStore,
+        metrics: Option<PrometheusHandle>,
+    ) -> Result<Self, GatewayError> {
+        config.validate()?;
+        let p = &config.policy;
+        let in_flight = match p.in_flight.as_str() {
+            "wait" => InFlightPolicy::Wait(seconds("", p.in_flight_wait_seconds)?),
+            _ => InFlightPolicy::Reject,
+        };
+        let abandoned = match p.abandoned.as_str() {
+            "run-again" => AbandonedPolicy::RunAgain,
+            _ => AbandonedPolicy::Reject,
+        };
+        let engine = Engine::new(store)
+            .with_lease(seconds("policy.lease_seconds", p.lease_seconds)?)
+            .with_retention(seconds("policy.retention_seconds", p.retention_seconds)?)
+            .with_max_handler_time(seconds(
+                "policy.max_handler_seconds",
+                p.max_handler_seconds,
+            )?)
+            .with_in_flight(in_flight)
+            .with_abandoned(abandoned)
+            .with_retry_after(seconds(
+                "policy.retry_after_seconds",
+                p.retry_after_seconds,
+            )?);
+        Ok(Self {
+            upstream: Upstream::new(&config)?,
+            scope: Arc::new(ScopeSource::from_config(&config.scope)?),
+            config: Arc::new(config),
+            engine,
+            metrics,
+            unguarded: RouteMetrics::new("unguarded"),
+        })
+    }
+
+    /// The store the records are in.
+    pub fn store(&self) -> &AnyStore {
+        self.engine.store()
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// A handle that waits, on shutdown, for every guarded upstream request
+    /// still running (their clients may have gone).
+    pub fn drain(&self) -> Drain {
+        self.engine.drain()
+    }
+
+    /// The gateway's router. Tests call it with `oneshot`; `serve` binds it
+    /// (with `ConnectInfo`, for `X-Forwarded-For`).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] for a route whose methods do not parse.
+    pub fn router(&self) -> Result<Router, ConfigError> {
+        let mut app = Router::new();
+        let limits = &self.config.limits;
+        let mismatch = StatusCode::from_u16(self.config.policy.mismatch_status)
+            .map_err(|_| ConfigError::Invalid("policy.mismatch_status".to_owned()))?;
+        for route in &self.config.routes {
+            let methods: Arc<[Method]> = route.parsed_methods()?.into();
+            let layer = IdempotencyLayer::with_engine(self.engine.clone())
+                .with_methods(methods.iter().cloned())
+                .with_key_required(route.key_required)
+                .with_scope(|parts| {
+                    // Set by `establish_scope`, which runs first; without
+                    // it the empty scope is refused by the layer.
+                    parts
+                        .extensions
+                        .get::<Scope>()
+                        .map(|scope| scope.0.clone())
+                        .unwrap_or_default()
+                })
+                .with_body_limit(limits.body_bytes)
+                .with_stored_response_limit(limits.stored_response_bytes)
+                .with_mismatch_status(mismatch);
+            let proxy = GuardedProxy {
+                metrics: RouteMetrics::new(&route.path),
+                upstream: self.upstream.clone(),
+                methods: Arc::clone(&methods),
+                keep: limits.stored_response_bytes,
+                final_client_errors: self.config.policy.store_client_errors,
+            };
+            let gate = ScopeGate {
+                source: Arc::clone(&self.scope),
+                methods,
+            };
+            let guarded = Router::new()
+                .route(&route.path, any(guarded_proxy).with_state(proxy))
+                .route_layer(layer)
+                .route_layer(from_fn_with_state(gate, establish_scope));
+            app = app.merge(guarded);
+        }
+        let ops = Router::new()
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(render_metrics))
+            .fallback(pass_through)
+            .with_state(self.clone());
+        Ok(app.merge(ops))
+    }
+}
+
+/// The paths the gateway answers itself; they are not forwarded.
+pub const OWN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+/// The forwarder of one guarded route.
+#[derive(Clone)]
+struct GuardedProxy {
+    metrics: RouteMetrics,
+    upstream: Upstream,
+    methods: Arc<[Method]>,
+    keep: usize,
+    final_client_errors: bool,
+}
+
+/// Forwards a request of a guarded route (the guard already claimed its
+/// key, or passed it through: another method, or no key where optional).
+async fn guarded_proxy(State(proxy): State<GuardedProxy>, request: Request) -> Response<Body> {
+    let guarded = proxy.methods.contains(request.method())
+        && request.headers().contains_key(&IDEMPOTENCY_KEY);
+    let mut response = proxy
+        .upstream
+        .forward(request, &proxy.metrics, guarded, proxy.keep)
+        .await;
+    if guarded && proxy.final_client_errors {
+        // The upstream's 4xx is its decision, not an extractor's: stored.
+        response.extensions_mut().insert(FinalResponse);
+    }
+    response
+}
+
+/// Forwards any request no route names: streamed both ways, untouched
+/// (but for hop-by-hop and forwarding headers).
+async fn pass_through(State(gateway): State<Gateway>, request: Request) -> Response<Body> {
+    gateway
+        .upstream
+        .forward(request, &gateway.unguarded, false, 0)
+        .await
+}
+
+async fn healthz() -> Response<Body> {
+    json_ok()
+}
+
+fn json_ok() -> Response<Body> {
+    let mut response = Response::new(Body::from(r#"{"status":"ok"}"#));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// 200 when the store answers and the upstream accepts connections; 503
+/// naming which does not.
+async fn readyz(State(gateway): State<Gateway>) -> Response<Body> {
+    let store = tokio::time::timeout(
+        Duration::from_secs(2),
+        gateway.store().get("readyz", "readyz"),
+    );
+    let (store, upstream) = tokio::join!(store, gateway.upstream.reachable());
+    let store = matches!(store, Ok(Ok(_)));
+    if store && upstream {
+        return json_ok();
+    }
+    let detail = match (store, upstream) {
+        (false, false) => "Neither the store nor the upstream answers.",
+        (false, true) => "The store does not answer.",
+        _ => "The upstream does not accept connections.",
+    };
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not-ready",
+        "Not ready",
+        detail,
+    )
+    .with("store", store)
+    .with("upstream", upstream)
+    .into_response()
+}
+
+async fn render_metrics(State(gateway): State<Gateway>) -> Response<Body> {
+    let text = gateway
+        .metrics
+        .as_ref()
+        .map(PrometheusHandle::render)
+        .unwrap_or_default();
+    let mut response = Response::new(Body::from(text));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    response
+}

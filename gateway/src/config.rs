@@ -1,0 +1,518 @@
+//! The gateway's configuration: one TOML file, a few environment overrides.
+//!
+//! Every field but `upstream` and one route has a default; each default
+//! says why it is the default. The smallest useful file:
+//!
+//! ```
+//! let config = idempotency_gateway::config::Config::from_toml(r#"
+//!     listen = "0.0.0.0:8080"
+//!     upstream = "http://127.0.0.1:8000"
+//!     store = "sqlite://gateway.db?mode=rwc"
+//!     [[routes]]
+//!     path = "/payments"
+//! "#).unwrap();
+//! assert_eq!(config.routes[0].methods, ["POST", "PATCH"]);
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::{Method, StatusCode, Uri};
+use serde::Deserialize;
+
+/// Why a configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML does not parse, or names an unknown field.
+    #[error("the configuration does not parse")]
+    Parse(#[source] toml::de::Error),
+    /// A value is out of range or inconsistent with another.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    /// The JWT key cannot be loaded.
+    #[error("the JWT key cannot be loaded")]
+    JwtKey(#[source] jsonwebtoken::errors::Error),
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where the gateway listens. Env override: `LISTEN`.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// The backend, `http://host:port` (plain HTTP; an optional path is
+    /// prefixed to every forwarded path). Env override: `UPSTREAM_URL`.
+    pub upstream: String,
+    /// The store's database URL: `sqlite://...` or `postgres://...` (also
+    /// the PostgreSQL of the tiered store). Env override: `DATABASE_URL`.
+    #[serde(default = "default_store")]
+    pub store: String,
+    /// Which store: `sql` (the database URL), `redis` or `tiered`. Env
+    /// override: `STORE_KIND`.
+    #[serde(default = "default_store_kind")]
+    pub store_kind: String,
+    /// Redis, or Redis Cluster when it lists several comma-separated node
+    /// URLs. Env override: `REDIS_URL`.
+    #[serde(default)]
+    pub redis: Option<String>,
+    /// The prefix of every Redis key (several gateways can share a Redis).
+    #[serde(default = "default_redis_prefix")]
+    pub redis_prefix: String,
+    /// Whether to apply the store's migrations on start.
+    #[serde(default = "yes")]
+    pub migrate: bool,
+    /// The guarded routes; every other request passes through untouched.
+    pub routes: Vec<RouteConfig>,
+    /// Where a guarded request's scope comes from.
+    #[serde(default)]
+    pub scope: ScopeConfig,
+    /// How requests are forwarded.
+    #[serde(default)]
+    pub proxy: ProxyConfig,
+    /// Body limits of guarded requests.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Leases, retention and what to do with in-flight and abandoned keys.
+    #[serde(default)]
+    pub policy: PolicyConfig,
+}
+
+fn default_listen() -> SocketAddr {
+    // Loopback: a gateway exposed to the world is a decision, not a default.
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+
+fn default_store() -> String {
+    // An SQLite file beside the process: a first run needs no server.
+    "sqlite://idempotency-gateway.db?mode=rwc".to_owned()
+}
+
+fn default_store_kind() -> String {
+    "sql".to_owned()
+}
+
+fn default_redis_prefix() -> String {
+    // The layer's and the service's default: they read the same records.
+    "idem".to_owned()
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One guarded route.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// The path pattern, in axum's syntax: `/payments`, `/orders/{id}/refunds`.
+    pub path: String,
+    /// The guarded methods; others on this path pass through.
+    #[serde(default = "default_methods")]
+    pub methods: Vec<String>,
+    /// Whether a guarded request must carry `Idempotency-Key` (400
+    /// `key-missing` otherwise); when not, one without a key passes through.
+    #[serde(default = "yes")]
+    pub key_required: bool,
+}
+
+fn default_methods() -> Vec<String> {
+    // The methods that are not idempotent by definition.
+    vec!["POST".to_owned(), "PATCH".to_owned()]
+}
+
+impl RouteConfig {
+    /// The guarded methods, parsed.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] for a name that is not a method.
+    pub fn parsed_methods(&self) -> Result<Vec<Method>, ConfigError> {
+        self.methods
+            .iter()
+            .map(|name| {
+                Method::from_bytes(name.to_ascii_uppercase().as_bytes()).map_err(|_| {
+                    ConfigError::Invalid(format!("route {}: bad method {name:?}", self.path))
+                })
+            })
+            .collect()
+    }
+}
+
+/// Where the scope comes from.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeConfig {
+    /// `fixed`, `header` or `jwt`.
+    #[serde(default = "default_scope_from")]
+    pub from: String,
+    /// The fixed scope (`from = "fixed"`).
+    #[serde(default = "default_scope_value")]
+    pub value: String,
+    /// The header that names the scope (`from = "header"`).
+    #[serde(default)]
+    pub header: Option<String>,
+    /// The JWT algorithm: `HS256`, `HS384`, `HS512`, `RS256`, `RS384`,
+    /// `RS512`, `PS256`, `ES256`, `ES384` or `EdDSA`.
+    #[serde(default = "default_jwt_algorithm")]
+    pub jwt_algorithm: String,
+    /// The environment variable holding the HMAC secret (HS*).
+    #[serde(default)]
+    pub jwt_secret_env: Option<String>,
+    /// A PEM file with the public key (RS*, PS*, ES*, EdDSA).
+    #[serde(default)]
+    pub jwt_public_key_file: Option<PathBuf>,
+    /// The required `iss`, if any.
+    #[serde(default)]
+    pub jwt_issuer: Option<String>,
+    /// The required `aud`, if any.
+    #[serde(default)]
+    pub jwt_audience: Option<String>,
+}
+
+fn default_scope_from() -> String {
+    // One fixed scope: a backend without tenants needs nothing more.
+    "fixed".to_owned()
+}
+
+fn default_scope_value() -> String {
+    "default".to_owned()
+}
+
+fn default_jwt_algorithm() -> String {
+    "HS256".to_owned()
+}
+
+impl Default for ScopeConfig {
+    fn default() -> Self {
+        Self {
+            from: default_scope_from(),
+            value: default_scope_value(),
+            header: None,
+            jwt_algorithm: default_jwt_algorithm(),
+            jwt_secret_env: None,
+            jwt_public_key_file: None,
+            jwt_issuer: None,
+            jwt_audience: None,
+        }
+    }
+}
+
+/// How the `Host` header reaches the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HostHeader {
+    /// Rewritten to the upstream's authority (as nginx's default
+    /// `proxy_set_header Host $proxy_host`); the client's is in
+    /// `X-Forwarded-Host`.
+    Upstream,
+    /// The client's `Host`, kept.
+    Keep,
+}
+
+/// How requests are forwarded.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Speak HTTP/2 to the upstream (prior knowledge, `h2c`).
+    #[serde(default)]
+    pub http2: bool,
+    /// See [`HostHeader`].
+    #[serde(default = "default_host")]
+    pub host: HostHeader,
+    /// How long a connection to the upstream may take to open.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_seconds: f64,
+    /// How long the upstream may take to answer with its status and
+    /// headers, once the request was sent. Past it a guarded key becomes
+    /// abandoned (the request may have run).
+    #[serde(default = "default_upstream_timeout")]
+    pub timeout_seconds: f64,
+    /// Idle keep-alive connections kept per upstream host.
+    #[serde(default = "default_pool_idle")]
+    pub pool_max_idle: usize,
+    /// How long an idle pooled connection is kept.
+    #[serde(default = "default_pool_idle_seconds")]
+    pub pool_idle_seconds: f64,
+}
+
+fn default_host() -> HostHeader {
+    HostHeader::Upstream
+}
+
+fn default_connect_timeout() -> f64 {
+    // A connection that takes longer is a backend that is not there.
+    5.0
+}
+
+fn default_upstream_timeout() -> f64 {
+    // As nginx's proxy_read_timeout.
+    60.0
+}
+
+fn default_pool_idle() -> usize {
+    // Enough for a busy gateway; idle ones close after pool_idle_seconds.
+    256
+}
+
+fn default_pool_idle_seconds() -> f64 {
+    // Below the usual backend keep-alive (Node 5 s, gunicorn 2 s is lower:
+    // a connection closed by the backend is retried by the pool).
+    30.0
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            http2: false,
+            host: default_host(),
+            connect_timeout_seconds: default_connect_timeout(),
+            timeout_seconds: default_upstream_timeout(),
+            pool_max_idle: default_pool_idle(),
+            pool_idle_seconds: default_pool_idle_seconds(),
+        }
+    }
+}
+
+/// Body limits of guarded requests (unguarded ones stream, unbounded).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// The largest guarded request body (413 `body-too-large` beyond).
+    #[serde(default = "mebibyte")]
+    pub body_bytes: usize,
+    /// The largest response stored for replay (larger ones reach the first
+    /// caller; replays answer 409 `response-not-stored`).
+    #[serde(default = "mebibyte")]
+    pub stored_response_bytes: usize,
+}
+
+fn mebibyte() -> usize {
+    // Guarded bodies are buffered to fingerprint and store them.
+    1024 * 1024
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            body_bytes: mebibyte(),
+            stored_response_bytes: mebibyte(),
+        }
+    }
+}
+
+/// Leases, retention and policies, as in the layer.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// The lease a run holds on its key (renewed while it runs).
+    #[serde(default = "default_lease")]
+    pub lease_seconds: f64,
+    /// How long records live.
+    #[serde(default = "default_retention")]
+    pub retention_seconds: f64,
+    /// The longest an upstream request may run, its body included.
+    #[serde(default = "default_max_handler")]
+    pub max_handler_seconds: f64,
+    /// `reject` (409 `request-in-flight`) or `wait` (for the replay, up to
+    /// `in_flight_wait_seconds`).
+    #[serde(default = "default_in_flight")]
+    pub in_flight: String,
+    /// The bound of `in_flight = "wait"`.
+    #[serde(default = "default_in_flight_wait")]
+    pub in_flight_wait_seconds: f64,
+    /// `reject` (409 `outcome-unknown`) or `run-again`.
+    #[serde(default = "default_abandoned")]
+    pub abandoned: String,
+    /// The status of `key-reused` answers (409; the IETF draft says 422).
+    #[serde(default = "default_mismatch")]
+    pub mismatch_status: u16,
+    /// The `Retry-After` hint of 409 `request-in-flight` and 503 answers.
+    #[serde(default = "default_retry_after")]
+    pub retry_after_seconds: f64,
+    /// Whether the upstream's 400, 413, 415 and 422 are stored like any
+    /// answer. The gateway cannot tell a backend's validation error (nothing
+    /// done) from a decision it took after working, so it stores them;
+    /// `false` releases them (Stripe's rule), for backends that answer
+    /// those only before doing anything.
+    #[serde(default = "yes")]
+    pub store_client_errors: bool,
+}
+
+fn default_lease() -> f64 {
+    60.0
+}
+fn default_retention() -> f64 {
+    24.0 * 3600.0
+}
+fn default_max_handler() -> f64 {
+    600.0
+}
+fn default_in_flight() -> String {
+    "reject".to_owned()
+}
+fn default_in_flight_wait() -> f64 {
+    10.0
+}
+fn default_abandoned() -> String {
+    "reject".to_owned()
+}
+fn default_mismatch() -> u16 {
+    409
+}
+fn default_retry_after() -> f64 {
+    1.0
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            lease_seconds: default_lease(),
+            retention_seconds: default_retention(),
+            max_handler_seconds: default_max_handler(),
+            in_flight: default_in_flight(),
+            in_flight_wait_seconds: default_in_flight_wait(),
+            abandoned: default_abandoned(),
+            mismatch_status: default_mismatch(),
+            retry_after_seconds: default_retry_after(),
+            store_client_errors: true,
+        }
+    }
+}
+
+/// A number of seconds from the configuration as a duration.
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] for a negative, infinite or NaN value.
+pub fn seconds(name: &str, value: f64) -> Result<Duration, ConfigError> {
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| ConfigError::Invalid(format!("{name} = {value} is not a duration")))
+}
+
+impl Config {
+    /// Parses a configuration from TOML text.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Parse`] for bad TOML or an unknown field.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(ConfigError::Parse)
+    }
+
+    /// Reads a configuration file.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Read`] or [`ConfigError::Parse`].
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text)
+    }
+
+    /// The upstream URL, parsed: `http://host[:port][/prefix]`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] for another scheme or a URL without host.
+    pub fn upstream_uri(&self) -> Result<Uri, ConfigError> {
+        let uri: Uri = self.upstream.parse().map_err(|_| {
+            ConfigError::Invalid(format!("upstream {:?} is not a URL", self.upstream))
+        })?;
+        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "upstream {:?}: expected http://host[:port] (TLS to the upstream is not supported)",
+                self.upstream
+            )));
+        }
+        Ok(uri)
+    }
+
+    /// Checks what parsing cannot: at least one route, no path twice, no
+    /// route on the gateway's own paths, methods and statuses that exist,
+    /// durations that are durations.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] naming the first problem.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.upstream_uri()?;
+        let mut seen = std::collections::HashSet::new();
+        for route in &self.routes {
+            if !route.path.starts_with('/') {
+                return Err(ConfigError::Invalid(format!(
+                    "route {:?}: a path starts with /",
+                    route.path
+                )));
+            }
+            if crate::OWN_PATHS.contains(&route.path.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "route {}: the gateway answers that path itself",
+                    route.path
+                )));
+            }
+            if !seen.insert(route.path.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "route {}: named twice",
+                    route.path
+                )));
+            }
+            if route.parsed_methods()?.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "route {}: no methods",
+                    route.path
+                )));
+            }
+        }
+        StatusCode::from_u16(self.policy.mismatch_status)
+            .map_err(|_| ConfigError::Invalid("policy.mismatch_status".to_owned()))?;
+        let p = &self.policy;
+        if seconds("policy.lease_seconds", p.lease_seconds)? < Duration::from_secs(1) {
+            return Err(ConfigError::Invalid(
+                "policy.lease_seconds must be at least 1".to_owned(),
+            ));
+        }
+        for (name, value) in [
+            ("policy.retention_seconds", p.retention_seconds),
+            ("policy.max_handler_seconds", p.max_handler_seconds),
+            ("policy.in_flight_wait_seconds", p.in_flight_wait_seconds),
+            ("policy.retry_after_seconds", p.retry_after_seconds),
+            (
+                "proxy.connect_timeout_seconds",
+                self.proxy.connect_timeout_seconds,
+            ),
+            ("proxy.timeout_seconds", self.proxy.timeout_seconds),
+            ("proxy.pool_idle_seconds", self.proxy.pool_idle_seconds),
+        ] {
+            seconds(name, value)?;
+        }
+        if !matches!(p.in_flight.as_str(), "reject" | "wait") {
+            return Err(ConfigError::Invalid(
+                "policy.in_flight: reject or wait".to_owned(),
+            ));
+        }
+        if !matches!(p.abandoned.as_str(), "reject" | "run-again") {
+            return Err(ConfigError::Invalid(
+                "policy.abandoned: reject or run-again".to_owned(),
+            ));
+        }
+        self.store_kind
+            .parse::<idempotency_guard::store::StoreKind>()
+            .map_err(ConfigError::Invalid)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,480 @@
+//! Forwarding one request to the upstream, and turning what happened into
+//! a response the guard can classify.
+//!
+//! | what happened upstream | the gateway answers | guarded key |
+//! |---|---|---|
+//! | an answer (any status) | the answer | as the layer: stored, or released for 5xx, 408, 425, 429 |
+//! | the connection could not be opened (refused, no route, connect timeout): nothing was sent | 503 `upstream-unavailable`, `Retry-After` | released: a retry runs |
+//! | the connection failed after the request was sent (reset, closed before the answer) | 502 `upstream-failed` | abandoned: 409 `outcome-unknown`, status advice `reconcile` |
+//! | no answer head within `proxy.timeout_seconds` | 504 `upstream-timeout` | abandoned |
+//! | the answer's body broke off (guarded requests read it whole first) | 502 `upstream-failed` | abandoned |
+//!
+//! Abandoning is the safe side: the backend may have done the work, so the
+//! gateway never runs it again blindly.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idempotency_guard::OutcomeUnknown;
+use idempotency_guard::problem::Problem;
+
+use crate::config::{Config, ConfigError, HostHeader, seconds};
+
+/// The proxy metrics' names.
+pub const UPSTREAM_REQUESTS_TOTAL: &str = "idempotency_gateway_upstream_requests_total";
+/// Time to the upstream's answer head, in seconds.
+pub const UPSTREAM_DURATION_SECONDS: &str = "idempotency_gateway_upstream_duration_seconds";
+
+/// The headers that belong to one connection, never forwarded (RFC 9110
+/// section 7.6.1), beside those the `Connection` header names.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// The upstream and the pooled client that reaches it.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    client: Client<HttpConnector, Body>,
+    scheme: Scheme,
+    authority: Authority,
+    /// A path prefix (without the trailing slash), or empty.
+    prefix: String,
+    host: HostHeader,
+    http2: bool,
+    timeout: Duration,
+    connect_timeout: Duration,
+}
+
+/// What happened to one forwarded request, counted once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exchange {
+    Answered = 0,
+    BadTarget = 1,
+    Unavailable = 2,
+    Failed = 3,
+    Timeout = 4,
+}
+
+const EXCHANGES: [Exchange; 5] = [
+    Exchange::Answered,
+    Exchange::BadTarget,
+    Exchange::Unavailable,
+    Exchange::Failed,
+    Exchange::Timeout,
+];
+
+/// The proxy metrics of one route, registered once (a lookup per request
+/// would cost a hash of its labels).
+#[derive(Clone)]
+pub struct RouteMetrics {
+    /// Indexed by [`Exchange`].
+    counters: [metrics::Counter; 5],
+    duration: metrics::Histogram,
+}
+
+impl std::fmt::Debug for RouteMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteMetrics").finish_non_exhaustive()
+    }
+}
+
+impl RouteMetrics {
+    /// Registers the metrics of `route` with the installed recorder (none
+    /// installed: they count nothing).
+    pub fn new(route: &str) -> Self {
+        Self {
+            counters: EXCHANGES.map(|exchange| {
+                metrics::counter!(UPSTREAM_REQUESTS_TOTAL, "route" => route.to_owned(), "result" => exchange.label())
+            }),
+            duration: metrics::histogram!(UPSTREAM_DURATION_SECONDS, "route" => route.to_owned()),
+        }
+    }
+}
+
+impl Exchange {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Answered => "answered",
+            Self::BadTarget => "bad_target",
+            Self::Unavailable => "unavailable",
+            Self::Failed => "failed",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
+impl Upstream {
+    /// A pooled client for the configured upstream (HTTP/1.1 keep-alive,
+    /// or HTTP/2 with prior knowledge when `proxy.http2`).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] for a bad upstream URL or duration.
+    pub fn new(config: &Config) -> Result<Self, ConfigError> {
+        let uri = config.upstream_uri()?;
+        let proxy = &config.proxy;
+        let connect_timeout = seconds(
+            "proxy.connect_timeout_seconds",
+            proxy.connect_timeout_seconds,
+        )?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(proxy.pool_max_idle)
+            .pool_idle_timeout(seconds("proxy.pool_idle_seconds", proxy.pool_idle_seconds)?)
+            .http2_only(proxy.http2)
+            .build(connector);
+        let (scheme, authority) = match (uri.scheme(), uri.authority()) {
+            (Some(s), Some(a)) => (s.clone(), a.clone()),
+            _ => return Err(ConfigError::Invalid("upstream".to_owned())),
+        };
+        Ok(Self {
+            client,
+            scheme,
+            authority,
+            prefix: uri.path().trim_end_matches('/').to_owned(),
+            host: proxy.host,
+            http2: proxy.http2,
+            timeout: seconds("proxy.timeout_seconds", proxy.timeout_seconds)?,
+            connect_timeout,
+        })
+    }
+
+    /// Whether a TCP connection to the upstream opens (for `/readyz`).
+    pub async fn reachable(&self) -> bool {
+        let port = self.authority.port_u16().unwrap_or(80);
+        let address = format!("{}:{port}", self.authority.host());
+        matches!(
+            tokio::time::timeout(
+                self.connect_timeout,
+                tokio::net::TcpStream::connect(address)
+            )
+            .await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Forwards `request` and answers with the upstream's answer, or with a
+    /// problem saying what failed. When `guarded`, the answer's body is read
+    /// whole (up to `keep` bytes, then streamed) before answering, so that a
+    /// body that breaks off is an unknown outcome rather than a stored
+    /// half-answer; failures after the request was sent carry
+    /// [`OutcomeUnknown`].
+    pub async fn forward(
+        &self,
+        request: Request<Body>,
+        metrics: &RouteMetrics,
+        guarded: bool,
+        keep: usize,
+    ) -> Response<Body> {
+        let started = Instant::now();
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        let (result, response) = self.exchange(request, guarded, keep).await;
+        let elapsed = started.elapsed();
+        metrics.counters[result as usize].increment(1);
+        metrics.duration.record(elapsed);
+        if result == Exchange::Answered {
+            tracing::debug!(%method, path, status = response.status().as_u16(), elapsed_ms = elapsed.as_millis() as u64, "forwarded");
+        } else {
+            tracing::warn!(%method, path, result = result.label(), status = response.status().as_u16(), elapsed_ms = elapsed.as_millis() as u64, "upstream failed");
+        }
+        response
+    }
+
+    async fn exchange(
+        &self,
+        request: Request<Body>,
+        guarded: bool,
+        keep: usize,
+    ) -> (Exchange, Response<Body>) {
+        let Some(outgoing) = self.outgoing(request) else {
+            // Not sent: nothing ran upstream.
+            let response = problem(
+                StatusCode::BAD_REQUEST,
+                "bad-request",
+                "Bad request",
+                "The request target cannot be forwarded.",
+            );
+            return (Exchange::BadTarget, response);
+        };
+        let answer = match tokio::time::timeout(self.timeout, self.client.request(outgoing)).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(error)) if error.is_connect() => {
+                tracing::warn!(error = %error, "upstream: cannot connect");
+                let mut response = problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "upstream-unavailable",
+                    "Upstream unavailable",
+                    "The upstream could not be reached; the request was not sent.",
+                );
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return (Exchange::Unavailable, response);
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(error = %error, source = ?std::error::Error::source(&error), "upstream: failed after sending");
+                return (
+                    Exchange::Failed,
+                    unknown(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream-failed",
+                        "The upstream connection failed after the request was sent; it may have run.",
+                    ),
+                );
+            }
+            Err(_) => {
+                return (
+                    Exchange::Timeout,
+                    unknown(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "upstream-timeout",
+                        "The upstream did not answer in time; the request may have run.",
+                    ),
+                );
+            }
+        };
+        let (mut parts, body) = answer.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        if !guarded {
+            return (
+                Exchange::Answered,
+                Response::from_parts(parts, Body::new(body)),
+            );
+        }
+        // A guarded answer is read before it is handed to the guard, so a
+        // body that breaks off is known now (an unknown outcome).
+        let mut body = body;
+        let mut prefix: Vec<Bytes> = Vec::new();
+        let mut size = 0usize;
+        loop {
+            if size > keep {
+                let rest = body.into_data_stream();
+                let stream = futures_util::stream::iter(prefix.into_iter().map(Ok)).chain(rest);
+                return (
+                    Exchange::Answered,
+                    Response::from_parts(parts, Body::from_stream(stream)),
+                );
+            }
+            match body.frame().await {
+                None => break,
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        size += data.len();
+                        prefix.push(data);
+                    }
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(error = %error, "upstream: the answer's body broke off");
+                    return (
+                        Exchange::Failed,
+                        unknown(
+                            StatusCode::BAD_GATEWAY,
+                            "upstream-failed",
+                            "The upstream's answer broke off; the request may have run.",
+                        ),
+                    );
+                }
+            }
+        }
+        let whole: Bytes = match prefix.len() {
+            0 => Bytes::new(),
+            1 => prefix.pop().unwrap_or_default(),
+            _ => prefix.concat().into(),
+        };
+        parts.headers.remove(header::CONTENT_LENGTH);
+        (
+            Exchange::Answered,
+            Response::from_parts(parts, Body::from(whole)),
+        )
+    }
+
+    /// The request as the upstream gets it: its URI, headers without
+    /// hop-by-hop ones, the forwarding headers, `Host` per configuration;
+    /// `None` when the target cannot be forwarded.
+    fn outgoing(&self, request: Request<Body>) -> Option<Request<Body>> {
+        let (mut parts, body) = request.into_parts();
+        let client = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|info| info.0.ip());
+        let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        let path = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        let target = format!("{}{}", self.prefix, path);
+        let uri = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(target)
+            .build();
+        parts.uri = uri.ok()?;
+        parts.version = if self.http2 {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        strip_hop_by_hop(&mut parts.headers);
+        add_forwarding(&mut parts.headers, client, original_host.as_ref());
+        match self.host {
+            HostHeader::Upstream => {
+                if let Ok(value) = HeaderValue::from_str(self.authority.as_str()) {
+                    parts.headers.insert(header::HOST, value);
+                }
+            }
+            HostHeader::Keep => {
+                if let Some(value) = original_host {
+                    parts.headers.insert(header::HOST, value);
+                }
+            }
+        }
+        if self.http2 {
+            // HTTP/2 carries the authority in the URI.
+            parts.headers.remove(header::HOST);
+        }
+        Some(Request::from_parts(parts, body))
+    }
+}
+
+/// Removes the hop-by-hop headers, and those the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    // `Upgrade` is hop-by-hop too; upgrades (WebSocket) are not proxied.
+    headers.remove(header::UPGRADE);
+}
+
+/// Adds `X-Forwarded-For` (appended), `X-Forwarded-Host`,
+/// `X-Forwarded-Proto` and `Forwarded` (appended, RFC 7239).
+fn add_forwarding(
+    headers: &mut HeaderMap,
+    client: Option<std::net::IpAddr>,
+    host: Option<&HeaderValue>,
+) {
+    let xff = HeaderName::from_static("x-forwarded-for");
+    if let Some(ip) = client {
+        let value = match headers.get(&xff).and_then(|v| v.to_str().ok()) {
+            Some(earlier) => format!("{earlier}, {ip}"),
+            None => ip.to_string(),
+        };
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(xff, value);
+        }
+    }
+    if let Some(host) = host {
+        headers.insert(HeaderName::from_static("x-forwarded-host"), host.clone());
+    }
+    headers.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static("http"),
+    );
+    let mut element = Vec::new();
+    if let Some(ip) = client {
+        element.push(match ip {
+            std::net::IpAddr::V4(v4) => format!("for={v4}"),
+            std::net::IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
+        });
+    }
+    if let Some(host) = host.and_then(|h| h.to_str().ok()) {
+        element.push(format!("host=\"{}\"", host.replace(['"', '\\'], "")));
+    }
+    element.push("proto=http".to_owned());
+    let element = element.join(";");
+    let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        Some(earlier) => format!("{earlier}, {element}"),
+        None => element,
+    };
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        headers.insert(header::FORWARDED, value);
+    }
+}
+
+fn problem(status: StatusCode, name: &str, title: &str, detail: &str) -> Response<Body> {
+    Problem::new(status, name, title, detail).into_response()
+}
+
+/// A failure after the request was sent: marked so the guard abandons the key.
+fn unknown(status: StatusCode, name: &str, detail: &str) -> Response<Body> {
+    let title = if status == StatusCode::GATEWAY_TIMEOUT {
+        "Upstream timeout"
+    } else {
+        "Upstream failed"
+    };
+    let mut response = problem(status, name, title, detail);
+    response.extensions_mut().insert(OutcomeUnknown);
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_dropped() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("connection", "keep-alive, x-private"),
+            ("keep-alive", "timeout=5"),
+            ("x-private", "secret"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("upgrade", "websocket"),
+            ("content-type", "application/json"),
+        ] {
+            headers.insert(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["content-type"]);
+    }
+
+    #[test]
+    fn forwarding_headers_append_to_earlier_proxies() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        headers.insert(header::FORWARDED, HeaderValue::from_static("for=10.0.0.1"));
+        let host = HeaderValue::from_static("api.example");
+        add_forwarding(&mut headers, Some([127, 0, 0, 2].into()), Some(&host));
+        assert_eq!(headers["x-forwarded-for"], "10.0.0.1, 127.0.0.2");
+        assert_eq!(headers["x-forwarded-host"], "api.example");
+        assert_eq!(headers["x-forwarded-proto"], "http");
+        assert_eq!(
+            headers[header::FORWARDED],
+            "for=10.0.0.1, for=127.0.0.2;host=\"api.example\";proto=http"
+        );
+    }
+}

@@ -1,0 +1,85 @@
+//! `idempotency-gateway`: reads its configuration, opens the store, serves.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use idempotency_gateway::config::Config;
+use idempotency_gateway::{Gateway, serve, shutdown_signal};
+
+/// The idempotency guard as a reverse proxy: the routes the configuration
+/// names run at most once per `Idempotency-Key`; everything else passes
+/// through. Flags override the file; each has an environment fallback.
+#[derive(Debug, Parser)]
+#[command(name = "idempotency-gateway", version)]
+struct Cli {
+    /// The TOML configuration file.
+    #[arg(long, short, env = "GATEWAY_CONFIG", default_value = "gateway.toml")]
+    config: PathBuf,
+    /// Overrides `listen`.
+    #[arg(long, env = "LISTEN")]
+    listen: Option<std::net::SocketAddr>,
+    /// Overrides `upstream`.
+    #[arg(long, env = "UPSTREAM_URL")]
+    upstream: Option<String>,
+    /// Overrides `store` (the database URL).
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: Option<String>,
+    /// Overrides `redis`.
+    #[arg(long, env = "REDIS_URL")]
+    redis_url: Option<String>,
+    /// Overrides `store_kind` (`sql`, `redis` or `tiered`).
+    #[arg(long, env = "STORE_KIND")]
+    store_kind: Option<String>,
+    /// Checks the configuration and exits.
+    #[arg(long)]
+    check: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .json()
+        .with_current_span(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let mut config = Config::from_file(&cli.config)
+        .with_context(|| format!("configuration {}", cli.config.display()))?;
+    if let Some(listen) = cli.listen {
+        config.listen = listen;
+    }
+    if let Some(upstream) = cli.upstream {
+        config.upstream = upstream;
+    }
+    if let Some(url) = cli.database_url {
+        config.store = url;
+    }
+    if let Some(url) = cli.redis_url {
+        config.redis = Some(url);
+    }
+    if let Some(kind) = cli.store_kind {
+        config.store_kind = kind;
+    }
+    config.validate().context("configuration")?;
+    if cli.check {
+        println!("configuration ok: {} guarded routes", config.routes.len());
+        return Ok(());
+    }
+    let metrics = idempotency_guard::telemetry::install_prometheus()
+        .context("installing the metrics recorder")?;
+    idempotency_gateway::describe_metrics();
+    let listen = config.listen;
+    let gateway = Gateway::open(config, Some(metrics))
+        .await
+        .context("starting")?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let drained = serve(gateway, listener, shutdown_signal()).await?;
+    tracing::info!(drained, "gateway stopped");
+    Ok(())
+}

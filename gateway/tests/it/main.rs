@@ -1,0 +1,13 @@
+//! The gateway's integration tests: real processes on 127.0.0.1 (the
+//! gateway binary, a Python standard-library backend counting executions
+//! in SQLite, the fault-injecting proxy of `idempotency-tests`).
+
+mod files;
+mod hostile_input;
+mod lifecycle;
+mod outcomes;
+mod pass_through;
+mod scope;
+mod stores;
+mod storm;
+mod support;

@@ -1,0 +1,114 @@
+//! Unguarded requests pass through byte for byte, streamed both ways, with
+//! hop-by-hop headers dropped and forwarding headers added.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use idempotency_tests::raw_http;
+use sha2::{Digest, Sha256};
+
+use crate::support::stack;
+
+const ROUTES: &str = "[[routes]]\npath = \"/payments\"\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100_mb_download_streams_through_byte_for_byte_in_bounded_memory() {
+    let stack = stack(ROUTES, &[]).await;
+    let size: u64 = 100 * 1024 * 1024;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("an HTTP client");
+    let answer = http
+        .get(stack.url(&format!("/download?bytes={size}")))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.content_length(),
+        Some(size),
+        "the length passes through"
+    );
+    let mut stream = answer.bytes_stream();
+    let mut offset: u64 = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.expect("the body streams");
+        for (i, byte) in chunk.iter().enumerate() {
+            let at = offset + i as u64;
+            assert_eq!(u64::from(*byte), at % 256, "byte {at}");
+        }
+        offset += chunk.len() as u64;
+    }
+    assert_eq!(offset, size, "every byte came");
+    let peak = stack.gateway.peak_rss_kib().expect("the gateway's VmHWM");
+    println!("gateway peak RSS after a 100 MiB download: {} KiB", peak);
+    assert!(peak < 64 * 1024, "the gateway's peak memory is {peak} KiB");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_streams_through_byte_for_byte() {
+    let stack = stack(ROUTES, &[]).await;
+    let body: Vec<u8> = (0..20 * 1024 * 1024u32)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    let expected = format!("{:x}", Sha256::digest(&body));
+    let http = reqwest::Client::new();
+    let answer = http
+        .post(stack.url("/upload"))
+        .body(body)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status(), 200);
+    let json: serde_json::Value = answer.json().await.expect("JSON");
+    assert_eq!(json["length"], 20 * 1024 * 1024);
+    assert_eq!(json["sha256"], expected.as_str());
+    assert!(
+        stack.records().await.is_empty(),
+        "an unguarded route stores nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers_are_added_and_hop_by_hop_ones_dropped() {
+    let stack = stack(ROUTES, &[]).await;
+    let head = b"GET /echo?x=1 HTTP/1.1\r\nhost: api.example\r\nx-custom: kept\r\nx-private: per-connection\r\nconnection: x-private\r\nkeep-alive: timeout=5\r\nte: trailers\r\nx-forwarded-for: 10.0.0.1";
+    let answer = raw_http::send(stack.gateway.address, head, b"", false).await;
+    assert_eq!(answer.status, 200);
+    let json: serde_json::Value = serde_json::from_slice(&answer.body).expect("JSON");
+    assert_eq!(json["path"], "/echo?x=1", "the path and query pass through");
+    let headers: Vec<(String, String)> = json["headers"]
+        .as_array()
+        .expect("headers")
+        .iter()
+        .map(|pair| {
+            (
+                pair[0].as_str().unwrap_or("").to_owned(),
+                pair[1].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    let get = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(get("x-custom"), Some("kept"));
+    for gone in ["x-private", "keep-alive", "te"] {
+        assert_eq!(get(gone), None, "{gone} is hop-by-hop");
+    }
+    assert_eq!(
+        get("host"),
+        Some(stack.backend_address.to_string().as_str()),
+        "rewritten to the upstream's"
+    );
+    assert_eq!(get("x-forwarded-host"), Some("api.example"));
+    assert_eq!(get("x-forwarded-proto"), Some("http"));
+    assert_eq!(get("x-forwarded-for"), Some("10.0.0.1, 127.0.0.1"));
+    assert_eq!(
+        get("forwarded"),
+        Some("for=127.0.0.1;host=\"api.example\";proto=http")
+    );
+}

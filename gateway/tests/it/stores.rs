@@ -1,0 +1,85 @@
+//! The gateway on every store `AnyStore::open` offers (SQLite is the
+//! default of the other tests): a payment runs once, its retry is a
+//! replay, the same key with another body is refused.
+
+use std::time::Duration;
+
+use crate::support::{pay, stack};
+
+const ROUTES: &str = "[[routes]]\npath = \"/payments\"\n";
+
+async fn once_then_replay(env: &[(&str, &str)]) {
+    let stack = stack(ROUTES, env).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("an HTTP client");
+    let ready = http.get(stack.url("/readyz")).send().await.expect("readyz");
+    assert_eq!(ready.status(), 200, "store and upstream answer");
+    let key = uuid::Uuid::new_v4().to_string();
+    let url = stack.url("/payments");
+    let first = pay(&http, &url, &key, r#"{"amount":5}"#)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(first.status(), 201);
+    assert!(!first.headers().contains_key("idempotent-replayed"));
+    let first_body = first.bytes().await.expect("a body");
+    let again = pay(&http, &url, &key, r#"{ "amount": 5 }"#)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        again.bytes().await.expect("a body"),
+        first_body,
+        "byte for byte"
+    );
+    let other = pay(&http, &url, &key, r#"{"amount":6}"#)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(other.status(), 409);
+    assert!(
+        other
+            .text()
+            .await
+            .unwrap_or_default()
+            .contains("key-reused")
+    );
+    assert_eq!(stack.executions("/payments").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres() {
+    let database = idempotency_tests::postgres_database().await;
+    once_then_replay(&[("DATABASE_URL", database.url.as_str())]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis() {
+    drop(idempotency_tests::redis().await); // fails with what to start when Redis is down
+    let url = idempotency_tests::fixtures::redis_url();
+    once_then_replay(&[("STORE_KIND", "redis"), ("REDIS_URL", url.as_str())]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_cluster() {
+    drop(idempotency_tests::redis_cluster().await);
+    let urls = idempotency_tests::fixtures::redis_cluster_urls().join(",");
+    once_then_replay(&[("STORE_KIND", "redis"), ("REDIS_URL", urls.as_str())]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_tiered_store() {
+    drop(idempotency_tests::redis().await);
+    let database = idempotency_tests::postgres_database().await;
+    let url = idempotency_tests::fixtures::redis_url();
+    once_then_replay(&[
+        ("STORE_KIND", "tiered"),
+        ("DATABASE_URL", database.url.as_str()),
+        ("REDIS_URL", url.as_str()),
+    ])
+    .await;
+}
