@@ -370,21 +370,22 @@ async fn consumer_storm_default_mode_on_redis_never_applies_twice() {
             panic!("Redis is not answering at {url} ({error}); start redis-server on 6379")
         });
     let _ = default_mode(&url, &prefix).await;
-    // Leave nothing behind.
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    if !keys.is_empty() {
-        let _: () = redis::cmd("DEL")
-            .arg(keys)
-            .query_async(&mut connection)
-            .await
+    // Leave nothing behind: a blocking connection with no response timeout
+    // (`KEYS` over a busy shared Redis can take longer than the async
+    // client's default).
+    tokio::task::spawn_blocking(move || {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut connection = client.get_connection().unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query(&mut connection)
             .unwrap();
-    }
+        if !keys.is_empty() {
+            let _: () = redis::cmd("DEL").arg(keys).query(&mut connection).unwrap();
+        }
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
