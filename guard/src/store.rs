@@ -26,6 +26,9 @@ pub use any::{AnyStore, StoreKind, StoreOptions};
 pub mod admin;
 pub use admin::AdminStore;
 
+pub mod batch;
+pub use batch::{BatchCounts, BatchLimits, BatchStats};
+
 pub mod encrypted;
 pub use encrypted::{EncryptedStore, EncryptionKeys};
 

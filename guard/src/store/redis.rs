@@ -13,6 +13,13 @@
 //! `<prefix>:events`; every store subscribes, so a request waiting for an
 //! in-flight key in one process is woken by its completion in another.
 //!
+//! Claims and completions of concurrent requests are batched on one Redis
+//! ([`crate::store::batch`]): the claims that queue while one script call
+//! is on its way go together in the next (`claim_batch.lua`, one answer per
+//! key), completions likewise (`complete_batch.lua`, fenced per key). On a
+//! cluster, a script may only touch one hash slot, so each claim there is a
+//! script of its own. [`RedisStore::with_batching`] tunes or turns it off.
+//!
 //! Durability is Redis's: with `appendonly yes` and `appendfsync always` a
 //! crash loses nothing; with the defaults, a Redis crash can forget records,
 //! and a retry of a forgotten key runs again.
@@ -27,6 +34,7 @@ use redis::{Script, Value};
 use time::OffsetDateTime;
 
 use crate::record::CorruptRecord;
+use crate::store::batch::{BatchLimits, BatchStats, BatchedStore, Batches, ClaimItem};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
 use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
 
@@ -53,6 +61,18 @@ static RENEW: LazyLock<Script> = script!("fence.lua", "now.lua", "renew.lua");
 static RELEASE: LazyLock<Script> = script!("fence.lua", "release.lua");
 static GET: LazyLock<Script> = script!("now.lua", "get.lua");
 static CACHE_PUT: LazyLock<Script> = script!("cache_put.lua");
+static CLAIM_BATCH: LazyLock<Script> = script!("now.lua", "write_new.lua", "claim_batch.lua");
+static COMPLETE_BATCH: LazyLock<Script> = script!("now.lua", "complete_batch.lua");
+
+/// The default batching on one Redis: up to 64 claims (or completions)
+/// per script call, two calls of each on their way at once.
+pub const DEFAULT_BATCHING: BatchLimits = BatchLimits {
+    max_batch: 64,
+    max_in_flight: 2,
+};
+
+/// A completion waiting in a batch: the lease and the packed response.
+type CompleteItem = (Lease, Vec<u8>);
 
 /// Packs the immutable part of a record: fingerprint (32 bytes), the
 /// transactional flag (1), the method's length (1), the method, the path.
@@ -156,6 +176,7 @@ pub struct RedisStore {
     channel: Arc<str>,
     events: RecordEvents,
     _subscriber: Arc<Subscriber>,
+    batches: Option<Arc<Batches<CompleteItem>>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -243,7 +264,30 @@ impl RedisStore {
             channel,
             events,
             _subscriber: Arc::new(Subscriber(task.abort_handle())),
+            batches: None,
         }
+        .with_batching(DEFAULT_BATCHING)
+    }
+
+    /// Sets how concurrent claims and completions are batched on one
+    /// Redis; [`BatchLimits::OFF`] sends each as a script call of its own.
+    /// A cluster never batches (a script touches one hash slot).
+    pub fn with_batching(mut self, limits: BatchLimits) -> Self {
+        self.batches = None;
+        if limits.enabled() && matches!(self.connection, Connection::Single(_)) {
+            let batches = Batches::new(self.clone(), limits);
+            self.batches = Some(Arc::new(batches));
+        }
+        self
+    }
+
+    /// How many batches (and claims and completions in them) this store
+    /// has sent.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.batches
+            .as_ref()
+            .map(|batches| batches.stats())
+            .unwrap_or_default()
     }
 
     /// The Redis key of a record.
@@ -462,8 +506,89 @@ fn record_from_fields(
     }))
 }
 
+impl BatchedStore for RedisStore {
+    type Completion = CompleteItem;
+
+    async fn claim_batch(
+        &self,
+        items: Vec<ClaimItem>,
+    ) -> Result<Vec<Result<Claim, StoreError>>, StoreError> {
+        let mut invocation = CLAIM_BATCH.prepare_invoke();
+        for item in &items {
+            invocation
+                .key(self.record_key(&item.scope, &item.key))
+                .arg(item.token.as_uuid().as_bytes().as_slice())
+                .arg(millis(item.lease))
+                .arg(millis(item.retention))
+                .arg(encode_request(
+                    &item.fingerprint,
+                    item.transactional,
+                    &item.method,
+                    &item.path,
+                ));
+        }
+        let shape = || CorruptRecord("the batch claim script returned an unexpected shape");
+        let Value::Array(reply) = self.invoke(&invocation).await? else {
+            return Err(shape().into());
+        };
+        let [now, Value::Array(answers)] = reply.as_slice() else {
+            return Err(shape().into());
+        };
+        let now = int(now)?;
+        if answers.len() != items.len() {
+            return Err(shape().into());
+        }
+        Ok(items
+            .iter()
+            .zip(answers)
+            .map(|(item, answer)| match answer {
+                Value::Array(answer) => match answer.as_slice() {
+                    [acquired] if int(acquired)? == 1 => Ok(Claim::Acquired(item.as_new().lease())),
+                    [_, fields] => {
+                        let record = record_from_fields(&item.scope, &item.key, fields, now)?
+                            .ok_or(CorruptRecord("the existing record vanished"))?;
+                        Ok(Claim::Existing(Box::new(record)))
+                    }
+                    _ => Err(shape().into()),
+                },
+                _ => Err(shape().into()),
+            })
+            .collect())
+    }
+
+    async fn complete_batch(
+        &self,
+        items: Vec<CompleteItem>,
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        let mut invocation = COMPLETE_BATCH.prepare_invoke();
+        invocation.arg(&*self.channel);
+        for (lease, response) in &items {
+            invocation
+                .key(self.record_key(&lease.scope, &lease.key))
+                .arg(lease.token.as_uuid().as_bytes().as_slice())
+                .arg(response.as_slice());
+        }
+        let Value::Array(answers) = self.invoke(&invocation).await? else {
+            return Err(CorruptRecord("the batch complete script returned no array").into());
+        };
+        if answers.len() != items.len() {
+            return Err(CorruptRecord("the batch complete script answered too few keys").into());
+        }
+        Ok(answers
+            .iter()
+            .map(|answer| match answer {
+                Value::Int(1) => Ok(()),
+                _ => Err(StoreError::LeaseLost),
+            })
+            .collect())
+    }
+}
+
 impl Store for RedisStore {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        if let Some(batches) = &self.batches {
+            return batches.claims.call(ClaimItem::new(new)).await;
+        }
         let mut invocation = CLAIM.prepare_invoke();
         invocation
             .key(self.record_key(new.scope, new.key))
@@ -513,6 +638,12 @@ impl Store for RedisStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        if let Some(batches) = &self.batches {
+            return batches
+                .completions
+                .call((lease.clone(), encode_response(response)))
+                .await;
+        }
         let mut invocation = COMPLETE.prepare_invoke();
         invocation
             .key(self.record_key(&lease.scope, &lease.key))

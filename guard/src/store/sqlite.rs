@@ -4,6 +4,13 @@
 //! (and several processes on one machine) share it safely. Times are Unix
 //! milliseconds from the local clock, which every process on the machine
 //! shares.
+//!
+//! Claims and completions of concurrent requests are batched (group
+//! commit, [`crate::store::batch`]): the claims that queue while one batch
+//! is being written go together in one `BEGIN IMMEDIATE` transaction (one
+//! commit, one fsync), after one read of each (a replay takes no write
+//! lock); completions likewise. [`SqliteStore::with_batching`] tunes or
+//! turns it off.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -14,6 +21,7 @@ use sqlx::sqlite::{
 use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
 
+use crate::store::batch::{BatchLimits, BatchStats, BatchedStore, Batches, ClaimItem};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
 use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
 
@@ -56,20 +64,55 @@ const PURGE: &str = "delete from idempotency_records where rowid in (
 /// before it could be read (released in between).
 const CLAIM_ATTEMPTS: usize = 16;
 
+/// The default batching: up to 128 claims (or completions) per
+/// transaction, one transaction of each on its way at a time (SQLite has
+/// one writer).
+pub const DEFAULT_BATCHING: BatchLimits = BatchLimits {
+    max_batch: 128,
+    max_in_flight: 1,
+};
+
+/// A completion waiting in a batch.
+type CompleteItem = (Lease, StoredResponse);
+
 /// Records in an SQLite database, in the table `idempotency_records`.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
     events: RecordEvents,
+    batches: Option<std::sync::Arc<Batches<CompleteItem>>>,
 }
 
 impl SqliteStore {
     /// Wraps a pool. Run [`SqliteStore::migrate`] once before use.
+    /// Claims and completions are batched ([`DEFAULT_BATCHING`]).
     pub fn new(pool: SqlitePool) -> Self {
         Self {
             pool,
             events: RecordEvents::new(),
+            batches: None,
         }
+        .with_batching(DEFAULT_BATCHING)
+    }
+
+    /// Sets how concurrent claims and completions are batched;
+    /// [`BatchLimits::OFF`] writes each in a transaction of its own.
+    pub fn with_batching(mut self, limits: BatchLimits) -> Self {
+        self.batches = None;
+        if limits.enabled() {
+            let batches = Batches::new(self.clone(), limits);
+            self.batches = Some(std::sync::Arc::new(batches));
+        }
+        self
+    }
+
+    /// How many batches (and claims and completions in them) this store
+    /// has sent.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.batches
+            .as_ref()
+            .map(|batches| batches.stats())
+            .unwrap_or_default()
     }
 
     /// Opens (creating it if missing) the database at `url`
@@ -211,8 +254,109 @@ fn record_from_row(
     })
 }
 
+impl BatchedStore for SqliteStore {
+    type Completion = CompleteItem;
+
+    async fn claim_batch(
+        &self,
+        items: Vec<ClaimItem>,
+    ) -> Result<Vec<Result<Claim, StoreError>>, StoreError> {
+        // Reads first, on one connection: replays take no write lock.
+        let mut results: Vec<Option<Claim>> = Vec::with_capacity(items.len());
+        {
+            let mut connection = self.pool.acquire().await?;
+            for item in &items {
+                let observed_at = OffsetDateTime::now_utc();
+                let row = sqlx::query(GET)
+                    .bind(&item.scope)
+                    .bind(&item.key)
+                    .fetch_optional(&mut *connection)
+                    .await?;
+                results.push(
+                    row.map(|row| record_from_row(&row, &item.scope, &item.key, observed_at))
+                        .transpose()?
+                        .map(|record| Claim::Existing(Box::new(record))),
+                );
+            }
+        }
+        if results.iter().any(Option::is_none) {
+            // The misses, in one write transaction: each insert arbitrates
+            // (`on conflict do nothing`); a lost one reads the winner,
+            // which the write lock keeps in place until the commit.
+            let mut transaction = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let now = now_millis();
+            for (item, result) in items.iter().zip(&mut results) {
+                if result.is_some() {
+                    continue;
+                }
+                let inserted = sqlx::query(INSERT)
+                    .bind(&item.scope)
+                    .bind(&item.key)
+                    .bind(item.fingerprint.as_bytes().as_slice())
+                    .bind(&item.method)
+                    .bind(&item.path)
+                    .bind(token_bytes(item.token))
+                    .bind(now)
+                    .bind(millis(item.lease))
+                    .bind(i64::from(item.transactional))
+                    .bind(millis(item.retention))
+                    .execute(&mut *transaction)
+                    .await?;
+                if inserted.rows_affected() == 1 {
+                    *result = Some(Claim::Acquired(item.as_new().lease()));
+                    continue;
+                }
+                let observed_at = OffsetDateTime::now_utc();
+                let row = sqlx::query(GET)
+                    .bind(&item.scope)
+                    .bind(&item.key)
+                    .fetch_one(&mut *transaction)
+                    .await?;
+                let record = record_from_row(&row, &item.scope, &item.key, observed_at)?;
+                *result = Some(Claim::Existing(Box::new(record)));
+            }
+            transaction.commit().await?;
+        }
+        Ok(results
+            .into_iter()
+            .map(|claim| {
+                claim.ok_or_else(|| {
+                    StoreError::Unavailable("a claim of the batch went unanswered".into())
+                })
+            })
+            .collect())
+    }
+
+    async fn complete_batch(
+        &self,
+        items: Vec<CompleteItem>,
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        let mut transaction = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let now = now_millis();
+        let mut results = Vec::with_capacity(items.len());
+        for (lease, response) in &items {
+            let result = sqlx::query(COMPLETE)
+                .bind(lease.scope.as_str())
+                .bind(lease.key.as_str())
+                .bind(token_bytes(lease.token))
+                .bind(i64::from(response.status.as_u16()))
+                .bind(response.encode_headers())
+                .bind(response.body.as_ref().map(|b| b.to_vec()))
+                .bind(now)
+                .execute(&mut *transaction)
+                .await?;
+            results.push(fenced(result.rows_affected()));
+        }
+        transaction.commit().await?;
+        Ok(results)
+    }
+}
+
 impl Store for SqliteStore {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        if let Some(batches) = &self.batches {
+            return batches.claims.call(ClaimItem::new(new)).await;
+        }
         // A read first: a replay then costs no write lock (SQLite has one
         // writer at a time). The insert that follows a miss is what
         // arbitrates: `on conflict do nothing` lets one claimer win.
@@ -270,6 +414,12 @@ impl Store for SqliteStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        if let Some(batches) = &self.batches {
+            return batches
+                .completions
+                .call((lease.clone(), response.clone()))
+                .await;
+        }
         let result = sqlx::query(COMPLETE)
             .bind(lease.scope.as_str())
             .bind(lease.key.as_str())

@@ -10,6 +10,9 @@
 mod support;
 
 #[macro_use]
+mod batching;
+
+#[macro_use]
 mod admin_suite;
 
 #[macro_use]
@@ -33,6 +36,10 @@ store_suite!(sqlite_store, idempotency_tests::sqlite);
 store_suite!(redis_store, idempotency_tests::redis);
 store_suite!(redis_cluster_store, idempotency_tests::redis_cluster);
 store_suite!(tiered_store, idempotency_tests::tiered);
+
+batching_suite!(postgres_batching, idempotency_tests::postgres);
+batching_suite!(sqlite_batching, idempotency_tests::sqlite);
+batching_suite!(redis_batching, idempotency_tests::redis);
 
 engine_suite!(postgres_engine, idempotency_tests::postgres);
 engine_suite!(sqlite_engine, idempotency_tests::sqlite);

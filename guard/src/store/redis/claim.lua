@@ -2,5 +2,5 @@
 -- request), or return the existing one's fields, with the clock.
 local fields = redis.call('HMGET', KEYS[1], 't', 's', 'l', 'e', 'n', 'm', 'p', 'c')
 if fields[1] then return {0, now, fields} end
-write_new(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+write_new(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 return {1, now}

@@ -1,0 +1,468 @@
+//! Group commit: claims (and completions) of concurrent requests that queue
+//! while one statement or script is on its way go together in the next one.
+//!
+//! A store owns one [`Batcher`] per batched operation. A caller hands its
+//! item to the batcher and waits for its own result. The batcher's worker
+//! task takes everything queued (up to [`BatchLimits::max_batch`]) and sends
+//! it as one batch as soon as fewer than [`BatchLimits::max_in_flight`]
+//! batches are on their way: nothing waits for a batch to fill, so a lone
+//! request goes out at once and one connection's latency does not grow; under
+//! load, batches grow by themselves and each request costs a fraction of a
+//! statement, a commit and a round trip.
+//!
+//! Every item gets its own result: the store answers per row (per key),
+//! fencing included. When the whole batch fails (the store is unreachable,
+//! the statement failed), every item gets that error, and nothing was written
+//! for any of them (one statement or one transaction).
+//!
+//! Nothing is stranded: the worker, not the caller, owns a batch once it is
+//! sent. When a caller went away before its result arrived (its request was
+//! dropped, its store timeout fired), the worker hands the result to the
+//! store's `undelivered` hook: a claim that was acquired for nobody is
+//! released there.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::store::{Claim, NewRecord, Store, StoreError};
+
+/// How a store groups concurrent calls of one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// The most items one batch carries. `1` turns batching off: each call
+    /// then goes to the store by itself, from the caller's own task.
+    pub max_batch: usize,
+    /// How many batches of one operation may be on their way at once.
+    pub max_in_flight: usize,
+}
+
+impl BatchLimits {
+    /// No batching: every call is its own statement or script.
+    pub const OFF: Self = Self {
+        max_batch: 1,
+        max_in_flight: 1,
+    };
+
+    /// Whether calls go through a batcher at all.
+    pub fn enabled(&self) -> bool {
+        self.max_batch > 1
+    }
+}
+
+/// How many batches, and items in them, one operation has sent (for tests
+/// and benchmarks; also exported as the histogram
+/// `idempotency_store_batch_size{op}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchCounts {
+    /// Batches sent.
+    pub batches: u64,
+    /// Items in them.
+    pub items: u64,
+    /// The largest batch sent.
+    pub largest: u64,
+}
+
+impl BatchCounts {
+    /// The mean batch size, 0 when nothing was sent.
+    pub fn mean(&self) -> f64 {
+        if self.batches == 0 {
+            0.0
+        } else {
+            self.items as f64 / self.batches as f64
+        }
+    }
+}
+
+/// The counts of a store's batched operations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Claims.
+    pub claims: BatchCounts,
+    /// Completions.
+    pub completions: BatchCounts,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    batches: AtomicU64,
+    items: AtomicU64,
+    largest: AtomicU64,
+}
+
+impl Counters {
+    fn record(&self, op: &'static str, size: usize) {
+        let size = size as u64;
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.items.fetch_add(size, Ordering::Relaxed);
+        self.largest.fetch_max(size, Ordering::Relaxed);
+        metrics::histogram!("idempotency_store_batch_size", "op" => op).record(size as f64);
+    }
+
+    fn snapshot(&self) -> BatchCounts {
+        BatchCounts {
+            batches: self.batches.load(Ordering::Relaxed),
+            items: self.items.load(Ordering::Relaxed),
+            largest: self.largest.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The future of one batch: a result per item, or one error for them all.
+pub(crate) type BatchFuture<O> =
+    Pin<Box<dyn Future<Output = Result<Vec<Result<O, StoreError>>, StoreError>> + Send>>;
+
+/// What sends one batch to the store.
+type Send_<I, O> = dyn Fn(Vec<I>) -> BatchFuture<O> + Send + Sync;
+
+/// What becomes of a result whose caller went away.
+type Undelivered<O> = dyn Fn(O) + Send + Sync;
+
+struct Queued<I, O> {
+    item: I,
+    reply: oneshot::Sender<Result<O, StoreError>>,
+}
+
+/// One batched operation of one store. Clones share the queue.
+pub(crate) struct Batcher<I, O> {
+    shared: Arc<Shared<I, O>>,
+}
+
+impl<I, O> Clone for Batcher<I, O> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<I, O> std::fmt::Debug for Batcher<I, O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("op", &self.shared.op)
+            .field("limits", &self.shared.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared<I, O> {
+    op: &'static str,
+    limits: BatchLimits,
+    send: Arc<Send_<I, O>>,
+    undelivered: Arc<Undelivered<O>>,
+    /// The worker's queue, started on first use (a store may be built
+    /// outside a runtime) and again if its runtime went away.
+    queue: Mutex<Option<mpsc::UnboundedSender<Queued<I, O>>>>,
+    counters: Arc<Counters>,
+}
+
+impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
+    /// A batcher for `op` that sends batches with `send` and hands results
+    /// nobody waits for any more to `undelivered`.
+    pub(crate) fn new(
+        op: &'static str,
+        limits: BatchLimits,
+        send: impl Fn(Vec<I>) -> BatchFuture<O> + Send + Sync + 'static,
+        undelivered: impl Fn(O) + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                op,
+                limits: BatchLimits {
+                    max_batch: limits.max_batch.max(1),
+                    max_in_flight: limits.max_in_flight.max(1),
+                },
+                send: Arc::new(send),
+                undelivered: Arc::new(undelivered),
+                queue: Mutex::new(None),
+                counters: Arc::default(),
+            }),
+        }
+    }
+
+    /// What this operation has sent so far.
+    pub(crate) fn counts(&self) -> BatchCounts {
+        self.shared.counters.snapshot()
+    }
+
+    /// Queues `item` for the next batch and waits for its result.
+    pub(crate) async fn call(&self, item: I) -> Result<O, StoreError> {
+        let (reply, result) = oneshot::channel();
+        let mut queued = Queued { item, reply };
+        // At most two tries: the second one after starting a new worker
+        // when the old one's runtime is gone.
+        for _ in 0..2 {
+            let queue = self.queue();
+            match queue.send(queued) {
+                Ok(()) => {
+                    return result.await.unwrap_or_else(|_| {
+                        Err(StoreError::Unavailable(
+                            "the batch worker stopped before answering".into(),
+                        ))
+                    });
+                }
+                Err(mpsc::error::SendError(back)) => {
+                    queued = back;
+                    self.forget_queue(&queue);
+                }
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the batch worker could not be started".into(),
+        ))
+    }
+
+    fn queue(&self) -> mpsc::UnboundedSender<Queued<I, O>> {
+        let mut slot = self
+            .shared
+            .queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match &*slot {
+            Some(queue) if !queue.is_closed() => queue.clone(),
+            _ => {
+                let (queue, receiver) = mpsc::unbounded_channel();
+                tokio::spawn(work(
+                    receiver,
+                    self.shared.op,
+                    self.shared.limits,
+                    self.shared.send.clone(),
+                    self.shared.undelivered.clone(),
+                    self.shared.counters.clone(),
+                ));
+                *slot = Some(queue.clone());
+                queue
+            }
+        }
+    }
+
+    fn forget_queue(&self, dead: &mpsc::UnboundedSender<Queued<I, O>>) {
+        let mut slot = self
+            .shared
+            .queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if slot.as_ref().is_some_and(|queue| queue.same_channel(dead)) {
+            *slot = None;
+        }
+    }
+}
+
+/// The worker: sends what is queued as soon as a batch may go, delivers each
+/// result to its caller, until every handle to the batcher is dropped and
+/// every batch sent has answered.
+async fn work<I, O>(
+    mut queue: mpsc::UnboundedReceiver<Queued<I, O>>,
+    op: &'static str,
+    limits: BatchLimits,
+    send: Arc<Send_<I, O>>,
+    undelivered: Arc<Undelivered<O>>,
+    counters: Arc<Counters>,
+) {
+    let mut in_flight = FuturesUnordered::new();
+    let mut open = true;
+    loop {
+        tokio::select! {
+            biased;
+            Some((replies, results)) = in_flight.next(), if !in_flight.is_empty() => {
+                deliver(replies, results, &*undelivered);
+            }
+            first = queue.recv(), if open && in_flight.len() < limits.max_in_flight => {
+                let Some(first) = first else {
+                    open = false;
+                    continue;
+                };
+                let mut batch = vec![first];
+                while batch.len() < limits.max_batch {
+                    match queue.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+                counters.record(op, batch.len());
+                let (items, replies): (Vec<I>, Vec<_>) =
+                    batch.into_iter().map(|queued| (queued.item, queued.reply)).unzip();
+                let future = send(items);
+                in_flight.push(async move { (replies, future.await) });
+            }
+            else => break,
+        }
+    }
+}
+
+type Replies<O> = Vec<oneshot::Sender<Result<O, StoreError>>>;
+
+fn deliver<O>(
+    replies: Replies<O>,
+    results: Result<Vec<Result<O, StoreError>>, StoreError>,
+    undelivered: &Undelivered<O>,
+) {
+    match results {
+        Ok(results) if results.len() == replies.len() => {
+            for (reply, result) in replies.into_iter().zip(results) {
+                if let Err(Ok(outcome)) = reply.send(result) {
+                    undelivered(outcome);
+                }
+            }
+        }
+        Ok(_) => {
+            for reply in replies {
+                let _ = reply.send(Err(StoreError::Unavailable(
+                    "the store answered a batch with the wrong number of results".into(),
+                )));
+            }
+        }
+        Err(error) => {
+            for reply in replies {
+                let _ = reply.send(Err(error.for_each_item()));
+            }
+        }
+    }
+}
+
+impl StoreError {
+    /// The same error for every item of a failed batch (a store's source
+    /// error is not `Clone`: its message is kept).
+    pub(crate) fn for_each_item(&self) -> StoreError {
+        match self {
+            StoreError::LeaseLost => StoreError::LeaseLost,
+            StoreError::Timeout(bound) => StoreError::Timeout(*bound),
+            StoreError::Corrupt(corrupt) => StoreError::Corrupt(*corrupt),
+            StoreError::Unsupported(what) => StoreError::Unsupported(what),
+            StoreError::Unavailable(source) => {
+                StoreError::Unavailable(format!("the batch failed: {source}").into())
+            }
+        }
+    }
+}
+
+/// A claim waiting in a batch: an owned [`NewRecord`].
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimItem {
+    pub(crate) scope: String,
+    pub(crate) key: String,
+    pub(crate) fingerprint: crate::Fingerprint,
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) token: crate::store::LeaseToken,
+    pub(crate) lease: std::time::Duration,
+    pub(crate) retention: std::time::Duration,
+    pub(crate) transactional: bool,
+}
+
+impl ClaimItem {
+    pub(crate) fn new(new: &NewRecord<'_>) -> Self {
+        Self {
+            scope: new.scope.to_owned(),
+            key: new.key.to_owned(),
+            fingerprint: *new.fingerprint,
+            method: new.method.to_owned(),
+            path: new.path.to_owned(),
+            token: new.token,
+            lease: new.lease,
+            retention: new.retention,
+            transactional: new.transactional,
+        }
+    }
+
+    pub(crate) fn as_new(&self) -> NewRecord<'_> {
+        NewRecord {
+            scope: &self.scope,
+            key: &self.key,
+            fingerprint: &self.fingerprint,
+            method: &self.method,
+            path: &self.path,
+            token: self.token,
+            lease: self.lease,
+            retention: self.retention,
+            transactional: self.transactional,
+        }
+    }
+}
+
+/// A store that can send many claims, or many completions, at once: one
+/// result per item, in the order of the items.
+pub(crate) trait BatchedStore: Store {
+    /// A completion waiting in a batch, in the store's own encoding.
+    type Completion: Send + 'static;
+
+    /// Claims every item: the batch's one statement, script or transaction.
+    fn claim_batch(
+        &self,
+        items: Vec<ClaimItem>,
+    ) -> impl Future<Output = Result<Vec<Result<Claim, StoreError>>, StoreError>> + Send;
+
+    /// Completes every item, fenced per item.
+    fn complete_batch(
+        &self,
+        items: Vec<Self::Completion>,
+    ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send;
+}
+
+/// The batchers of one store's claims and completions.
+pub(crate) struct Batches<C> {
+    /// Claims.
+    pub(crate) claims: Batcher<ClaimItem, Claim>,
+    /// Completions.
+    pub(crate) completions: Batcher<C, ()>,
+}
+
+impl<C> std::fmt::Debug for Batches<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batches")
+            .field("limits", &self.claims.shared.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Send + 'static> Batches<C> {
+    /// Batchers that send through `direct` (a copy of the store that does
+    /// not batch: it holds no `Batches` of its own, so no cycle keeps the
+    /// workers alive once the store is dropped).
+    pub(crate) fn new<S: BatchedStore<Completion = C>>(direct: S, limits: BatchLimits) -> Self {
+        let for_claims = direct.clone();
+        let for_release = direct.clone();
+        let claims = Batcher::new(
+            "claim",
+            limits,
+            move |items: Vec<ClaimItem>| -> BatchFuture<Claim> {
+                let store = for_claims.clone();
+                Box::pin(async move { store.claim_batch(items).await })
+            },
+            move |claim: Claim| {
+                // Acquired for a caller that went away: nobody will run
+                // it, so release it (fenced by its own token).
+                if let Claim::Acquired(lease) = claim {
+                    let store = for_release.clone();
+                    tokio::spawn(async move { store.release(&lease).await });
+                }
+            },
+        );
+        let completions = Batcher::new(
+            "complete",
+            limits,
+            move |items: Vec<C>| -> BatchFuture<()> {
+                let store = direct.clone();
+                Box::pin(async move { store.complete_batch(items).await })
+            },
+            |()| {},
+        );
+        Self {
+            claims,
+            completions,
+        }
+    }
+
+    /// What both batchers have sent.
+    pub(crate) fn stats(&self) -> BatchStats {
+        BatchStats {
+            claims: self.claims.counts(),
+            completions: self.completions.counts(),
+        }
+    }
+}
