@@ -549,7 +549,7 @@ pub(crate) async fn write(
     );
     let _ = writeln!(
         out,
-        "- **Pools:** PostgreSQL {} connections for the server under test and for the raw runs alike (the tiered store's PostgreSQL too); SQLite the store's own 8; Redis one multiplexed connection (ours and the peer's).",
+        "- **Pools:** PostgreSQL {} connections for the server under test and for the raw runs alike (the tiered store's PostgreSQL too); SQLite the store's own 8; Redis one multiplexed connection (ours and each peer's).",
         s.pool_size
     );
     let _ = writeln!(
