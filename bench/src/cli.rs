@@ -2,9 +2,33 @@
 
 use std::path::PathBuf;
 
+/// How to reproduce the report, for `--help` (the same text as the "How to
+/// reproduce" section of `docs/BENCHMARKS.md`).
+pub(crate) const REPRODUCE: &str = "\
+How to reproduce (from the repository's root):
+  cargo run --release -p idempotency-bench                  # every store, both peers: docs/BENCHMARKS.md + docs/benchmarks.png
+  cargo run --release -p idempotency-bench -- --growth      # the same + the 1M/10M-record growth runs
+  cargo run --release -p idempotency-bench -- --growth-only # only the growth section
+  cargo run -p idempotency-bench -- --smoke                 # CI: a few seconds, no figures, peer 2.0.0 not built
+
+A full run first builds the peer `idempotent` 2.0.0 (bench/peer2, its own crate outside
+the workspace; it declares rust-version 1.98 and builds on 1.95 with --ignore-rust-version):
+  cargo build --release --ignore-rust-version --manifest-path bench/peer2/Cargo.toml
+--no-peer2 leaves it out. Guard servers export Prometheus text at /metrics, from which
+the report takes the mean store batch sizes (idempotency_store_batch_size{op}); --no-server-metrics
+runs them without a metrics recorder (the batch sizes are then not measured).
+
+A short comparison on Redis only (3 s per cell, 16 connections, no cluster), into /tmp/bench:
+  cargo run --release -p idempotency-bench -- --stores redis --concurrency 16 \\
+      --redis-cluster-urls '' --out-dir /tmp/bench";
+
 /// The benchmark harness of the idempotency guard.
 #[derive(Debug, clap::Parser)]
-#[command(name = "idempotency-bench", args_conflicts_with_subcommands = true)]
+#[command(
+    name = "idempotency-bench",
+    args_conflicts_with_subcommands = true,
+    after_help = REPRODUCE
+)]
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Option<Command>,
@@ -85,6 +109,18 @@ pub(crate) struct RunArgs {
     /// asserted; writes to a temporary directory unless `--out-dir` is given.
     #[arg(long)]
     pub(crate) smoke: bool,
+    /// Leaves out the peer `idempotent` 2.0.0 (bench/peer2): not built, not
+    /// measured. Implied by `--smoke`.
+    #[arg(long)]
+    pub(crate) no_peer2: bool,
+    /// The binary of the peer `idempotent` 2.0.0; the harness builds it there
+    /// first unless this is given.
+    #[arg(long, env = "BENCH_PEER2_BIN")]
+    pub(crate) peer2_bin: Option<PathBuf>,
+    /// Runs the guard's servers without a Prometheus recorder (and so
+    /// without the batch sizes, which are read from its /metrics).
+    #[arg(long)]
+    pub(crate) no_server_metrics: bool,
     /// Only the runs whose label contains one of these (`|`-separated, as
     /// labels hold commas), for profiling one of them; the report is then
     /// partial.
@@ -111,8 +147,13 @@ pub(crate) enum App {
     Guard,
     /// The handler behind our guard in transactional mode (PostgreSQL).
     GuardTx,
-    /// The handler behind the peer crate `idempotent` (its Valkey/Redis store).
+    /// The handler behind the peer crate `idempotent` 0.3.0 (its Valkey/Redis
+    /// store, our thin middleware: `peer.rs`).
     Peer,
+    /// The handler behind the peer crate `idempotent` 2.0.0 (its own axum
+    /// layer and Valkey/Redis store): `serve` replaces itself with the
+    /// separate binary of `bench/peer2` (see `--peer2-bin`).
+    Peer2,
 }
 
 /// The stores the guard can run on.
@@ -172,4 +213,11 @@ pub(crate) struct ServeArgs {
     /// The guard's in-process replay cache, in MiB (0: none, the default).
     #[arg(long, default_value_t = 0)]
     pub(crate) replay_cache_mib: usize,
+    /// Installs a Prometheus recorder and serves its text at `/metrics`
+    /// (guard apps).
+    #[arg(long)]
+    pub(crate) metrics: bool,
+    /// The binary of `bench/peer2` (`--app peer2`).
+    #[arg(long, env = "BENCH_PEER2_BIN", default_value = crate::peer2::DEFAULT_BIN)]
+    pub(crate) peer2_bin: PathBuf,
 }

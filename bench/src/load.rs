@@ -192,3 +192,18 @@ pub(crate) async fn seed(
     }
     Ok(())
 }
+
+/// The body of `GET path` on the server at `address` (fails on any answer
+/// but 200).
+pub(crate) async fn get(address: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut sender = connect(address).await?;
+    let request = Request::get(path)
+        .header(header::HOST, "127.0.0.1")
+        .body(Full::new(Bytes::new()))?;
+    sender.ready().await?;
+    let response = sender.send_request(request).await?;
+    let status = response.status();
+    let body = response.into_body().collect().await?.to_bytes();
+    anyhow::ensure!(status == StatusCode::OK, "GET {path}: {status}");
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}

@@ -14,6 +14,7 @@ use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::sqlite::SqliteStore;
 use idempotency_guard::store::tiered::TieredStore;
 
+use crate::batches::BatchSizes;
 use crate::cli::{App, RunArgs, StoreName};
 use crate::load::{self, Keys, Load};
 use crate::raw::{self, RawOp};
@@ -31,10 +32,13 @@ pub(crate) enum Scenario {
     RawClaimExisting,
     PeerFresh,
     PeerReplay,
+    Peer2Fresh,
+    Peer2Replay,
     GuardTxFresh,
     LargeBare,
     LargeGuard,
     LargePeer,
+    LargePeer2,
 }
 
 impl Scenario {
@@ -46,12 +50,15 @@ impl Scenario {
             Self::RawWrite => "raw claim+complete",
             Self::RawRead => "raw single read",
             Self::RawClaimExisting => "raw claim of a completed key",
-            Self::PeerFresh => "peer, fresh keys",
-            Self::PeerReplay => "peer, replays",
+            Self::PeerFresh => "peer 0.3.0, fresh keys",
+            Self::PeerReplay => "peer 0.3.0, replays",
+            Self::Peer2Fresh => "peer 2.0.0, fresh keys",
+            Self::Peer2Replay => "peer 2.0.0, replays",
             Self::GuardTxFresh => "guard, transactional mode, fresh keys",
             Self::LargeBare => "bare handler, 1 MiB bodies",
             Self::LargeGuard => "guard, 1 MiB bodies, fresh keys",
-            Self::LargePeer => "peer, 1 MiB bodies, fresh keys",
+            Self::LargePeer => "peer 0.3.0, 1 MiB bodies, fresh keys",
+            Self::LargePeer2 => "peer 2.0.0, 1 MiB bodies, fresh keys",
         }
     }
 }
@@ -69,6 +76,9 @@ pub(crate) struct Row {
     /// The server's CPU time per request, in microseconds (HTTP runs): all
     /// its threads, warm-up included, over every request it answered.
     pub(crate) cpu_us: Option<f64>,
+    /// The guard's mean store batch sizes over the run's load (guard runs
+    /// whose server exported its metrics).
+    pub(crate) batches: Option<BatchSizes>,
 }
 
 /// One planned run.
@@ -107,6 +117,10 @@ pub(crate) struct Settings {
     pub(crate) replay_keys: usize,
     pub(crate) large_body_connections: usize,
     pub(crate) smoke: bool,
+    /// Whether the peer `idempotent` 2.0.0 was measured.
+    pub(crate) peer2: bool,
+    /// Whether the guard's servers ran with a Prometheus recorder.
+    pub(crate) server_metrics: bool,
     pub(crate) started: time::OffsetDateTime,
     pub(crate) machine_before: crate::machine::Load,
     pub(crate) machine_after: Option<crate::machine::Load>,
@@ -121,6 +135,8 @@ pub(crate) struct Bench {
     sqlite_dir: tempfile::TempDir,
     pub(crate) warmup: Duration,
     pub(crate) duration: Duration,
+    /// The binary of the peer `idempotent` 2.0.0, when it is measured.
+    peer2_bin: Option<PathBuf>,
 }
 
 /// The body of the large-body run: a JSON document of exactly 1 MiB.
@@ -145,7 +161,16 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         args.large_body_connections = 4;
         args.growth = true;
         args.growth_rows = vec![2000];
+        // CI must not compile the peer 2.0.0 crate.
+        args.no_peer2 = true;
     }
+    let wants_peer2 =
+        !args.no_peer2 && !args.growth_only && args.stores.iter().any(|store| store == "redis");
+    let peer2_bin = match (&args.peer2_bin, wants_peer2) {
+        (_, false) => None,
+        (Some(bin), true) => Some(bin.clone()),
+        (None, true) => Some(crate::peer2::build().await?),
+    };
     let smoke_dir;
     let out_dir = match (&args.out_dir, args.smoke) {
         (Some(dir), _) => dir.clone(),
@@ -164,6 +189,8 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         replay_keys: args.replay_keys,
         large_body_connections: args.large_body_connections,
         smoke: args.smoke,
+        peer2: peer2_bin.is_some(),
+        server_metrics: !args.no_server_metrics,
         started: time::OffsetDateTime::now_utc(),
         machine_before: crate::machine::Load::now(),
         machine_after: None,
@@ -182,6 +209,7 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         counter: 0,
         db,
         sqlite_dir: tempfile::tempdir()?,
+        peer2_bin,
     };
     let measured = if bench.args.growth_only {
         Ok(Vec::new())
@@ -244,6 +272,26 @@ fn command_line(args: &RunArgs) -> String {
     }
     if args.growth_only {
         extra.push("--growth-only".to_owned());
+    }
+    if args.no_peer2 && !args.smoke {
+        extra.push("--no-peer2".to_owned());
+    }
+    if args.no_server_metrics {
+        extra.push("--no-server-metrics".to_owned());
+    }
+    if args.stores != ["postgres", "sqlite", "redis", "tiered"] {
+        extra.push(format!("--stores {}", args.stores.join(",")));
+    }
+    if args.concurrency != [1, 16, 64, 256] && !args.smoke {
+        let levels: Vec<String> = args.concurrency.iter().map(ToString::to_string).collect();
+        extra.push(format!("--concurrency {}", levels.join(",")));
+    }
+    if args
+        .redis_cluster_urls
+        .iter()
+        .all(|url| url.trim().is_empty())
+    {
+        extra.push("--redis-cluster-urls ''".to_owned());
     }
     if args.duration_ms != 3000 {
         extra.push(format!("--duration-ms {}", args.duration_ms));
@@ -309,6 +357,18 @@ impl Bench {
                     Some(StoreName::Redis),
                     Scenario::PeerReplay,
                 ));
+                if self.peer2_bin.is_some() {
+                    plan.push(http(
+                        App::Peer2,
+                        Some(StoreName::Redis),
+                        Scenario::Peer2Fresh,
+                    ));
+                    plan.push(http(
+                        App::Peer2,
+                        Some(StoreName::Redis),
+                        Scenario::Peer2Replay,
+                    ));
+                }
             }
             if stores.contains(&StoreName::Postgres) {
                 plan.push(http(
@@ -348,6 +408,13 @@ impl Bench {
                 Some(StoreName::Redis),
                 Scenario::LargePeer,
             ));
+            if self.peer2_bin.is_some() {
+                plan.push(large(
+                    App::Peer2,
+                    Some(StoreName::Redis),
+                    Scenario::LargePeer2,
+                ));
+            }
         }
         if !self.args.only.is_empty() {
             plan.retain(|step| {
@@ -466,6 +533,8 @@ impl Bench {
             redis_cluster_urls: &self.args.redis_cluster_urls,
             prefix,
             pool_size: self.args.pool_size,
+            metrics: !self.args.no_server_metrics,
+            peer2_bin: self.peer2_bin.as_deref(),
         })
         .await
     }
@@ -485,7 +554,10 @@ impl Bench {
         } else {
             Bytes::from_static(crate::server::REQUEST_BODY)
         };
-        let replay = matches!(scenario, Scenario::GuardReplay | Scenario::PeerReplay);
+        let replay = matches!(
+            scenario,
+            Scenario::GuardReplay | Scenario::PeerReplay | Scenario::Peer2Replay
+        );
         let keys = if replay {
             let keys = Arc::new(
                 (0..self.args.replay_keys)
@@ -499,6 +571,13 @@ impl Bench {
             Keys::Replay(keys)
         } else {
             Keys::Fresh(prefix.clone().into())
+        };
+        // The guard's batch sizes over the load alone (seeding excluded).
+        let scrapes = matches!(app, App::Guard | App::GuardTx) && !self.args.no_server_metrics;
+        let batches_before = if scrapes {
+            scrape(child.address).await
+        } else {
+            None
         };
         let cpu_before = child.cpu_nanos();
         let sample = load::run(&Load {
@@ -514,6 +593,12 @@ impl Bench {
             .zip(child.cpu_nanos())
             .map(|(a, b)| b.saturating_sub(a));
         let rss_kib = child.peak_rss_kib();
+        let batches = match &batches_before {
+            Some(before) => scrape(child.address)
+                .await
+                .map(|after| BatchSizes::between(before, &after)),
+            None => None,
+        };
         child.stop().await?;
         self.clean_up(&prefix, store).await?;
         let sample = sample?;
@@ -527,6 +612,7 @@ impl Bench {
             summary: sample.summary(),
             rss_kib,
             cpu_us,
+            batches,
         })
     }
 
@@ -602,6 +688,7 @@ impl Bench {
             summary: sample?.summary(),
             rss_kib: None,
             cpu_us: None,
+            batches: None,
         })
     }
 }
@@ -613,6 +700,18 @@ pub(crate) async fn close(store: AnyStore) {
         AnyStore::Sqlite(store) => store.pool().close().await,
         AnyStore::Tiered(store) => store.database().pool().close().await,
         _ => {}
+    }
+}
+
+/// Scrapes a guard's server for its batch sizes; a failure is logged, not
+/// fatal (the run's figures stand without them).
+async fn scrape(address: std::net::SocketAddr) -> Option<crate::batches::Scrape> {
+    match crate::batches::scrape(address).await {
+        Ok(scrape) => Some(scrape),
+        Err(error) => {
+            eprintln!("warning: no batch sizes: {error:#}");
+            None
+        }
     }
 }
 
@@ -633,6 +732,10 @@ fn describe(row: &Row) -> String {
             + &row
                 .cpu_us
                 .map(|us| format!("  cpu {us:.0} µs/req"))
+                .unwrap_or_default()
+            + &row
+                .batches
+                .map(|sizes| format!("  {sizes}"))
                 .unwrap_or_default()
     )
 }

@@ -10,8 +10,9 @@ use plotters::style::FontStyle;
 
 use crate::orchestrate::{Results, Scenario};
 
-/// The series of each panel, and their colors.
-const SERIES: [(Scenario, RGBColor); 7] = [
+/// The series of each panel, and their colors (the peers have a Redis
+/// store only, so they appear in the Redis panel).
+const SERIES: [(Scenario, RGBColor); 9] = [
     (Scenario::Bare, RGBColor(120, 120, 120)),
     (Scenario::RawWrite, RGBColor(200, 40, 40)),
     (Scenario::GuardFresh, RGBColor(30, 90, 200)),
@@ -19,7 +20,12 @@ const SERIES: [(Scenario, RGBColor); 7] = [
     (Scenario::GuardReplay, RGBColor(30, 160, 80)),
     (Scenario::PeerFresh, RGBColor(150, 60, 180)),
     (Scenario::PeerReplay, RGBColor(230, 110, 190)),
+    (Scenario::Peer2Fresh, RGBColor(20, 150, 160)),
+    (Scenario::Peer2Replay, RGBColor(120, 200, 220)),
 ];
+
+/// Legend entries per row.
+const LEGEND_COLUMNS: usize = 5;
 
 /// One line of a panel: what, its color, and (level index, per second).
 type Series = (Scenario, RGBColor, Vec<(usize, f64)>);
@@ -45,7 +51,7 @@ pub(crate) fn draw(results: &Results, path: &Path, font: &Path) -> anyhow::Resul
         "Throughput against concurrency, one run (requests or claim+complete per second)"
     };
     let root = root.titled(title, ("sans-serif", 24))?;
-    let (area, legend) = root.split_vertically(root.dim_in_pixel().1 - 40);
+    let (area, legend) = root.split_vertically(root.dim_in_pixel().1 - 56);
     draw_legend(&legend)?;
     let panels = area.split_evenly((2, 2));
     for (panel, store) in panels.iter().zip(stores) {
@@ -126,16 +132,18 @@ where
     DB::ErrorType: 'static,
 {
     let width = i32::try_from(area.dim_in_pixel().0).unwrap_or(1300);
-    let step = width / i32::try_from(SERIES.len()).unwrap_or(7);
+    let step = width / i32::try_from(LEGEND_COLUMNS).unwrap_or(5);
     for (i, (scenario, color)) in SERIES.iter().enumerate() {
-        let x = 10 + step * i32::try_from(i).unwrap_or(0);
+        let column = i32::try_from(i % LEGEND_COLUMNS).unwrap_or(0);
+        let line = i32::try_from(i / LEGEND_COLUMNS).unwrap_or(0);
+        let (x, y) = (10 + step * column, 14 + 24 * line);
         area.draw(&PathElement::new(
-            vec![(x, 20), (x + 22, 20)],
+            vec![(x, y), (x + 22, y)],
             ShapeStyle::from(color).stroke_width(4),
         ))?;
         area.draw(&Text::new(
             scenario.label(),
-            (x + 28, 12),
+            (x + 28, y - 8),
             ("sans-serif", 14).into_font(),
         ))?;
     }

@@ -82,16 +82,21 @@ fn targets(results: &Results, out: &mut String) {
         c
     };
     let _ = writeln!(out, "| target | measured | verdict |\n|---|---|---|");
-    let r = ratio(
-        find(rows, "postgres", Scenario::GuardFresh, c),
-        find(rows, "postgres", Scenario::RawWrite, c),
-    );
-    let _ = writeln!(
-        out,
-        "| PostgreSQL fresh keys at {c} connections ≥ 0.9 × raw claim+complete | {} | {} |",
-        show(r),
-        verdict(r.map(|r| r >= 0.9))
-    );
+    for store in ["postgres", "sqlite"] {
+        let r = ratio(
+            find(rows, store, Scenario::GuardFresh, c),
+            find(rows, store, Scenario::RawWrite, c),
+        );
+        if r.is_none() {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "| {store}: fresh keys at {c} connections ≥ 1.0 × raw claim+complete | {} | {} |",
+            show(r),
+            verdict(r.map(|r| r >= 1.0))
+        );
+    }
     for store in ["postgres", "sqlite", "redis", "tiered"] {
         let r = ratio(
             find(rows, store, Scenario::GuardReplay, c),
@@ -107,34 +112,37 @@ fn targets(results: &Results, out: &mut String) {
             verdict(r.map(|r| r >= 0.9))
         );
     }
-    let ours = find(rows, "redis", Scenario::GuardFresh, c);
-    let peer = find(rows, "redis", Scenario::PeerFresh, c);
-    let r = ratio(ours, peer);
-    let _ = writeln!(
-        out,
-        "| Redis fresh keys at {c} connections ≥ 1.3 × peer | {} | {} |",
-        show(r),
-        verdict(r.map(|r| r >= 1.3))
-    );
-    if let (Some(ours), Some(peer)) = (ours, peer) {
+    for c in peer_levels(results) {
+        let ours = find(rows, "redis", Scenario::GuardFresh, c);
+        let peer = faster_peer(rows, false, c);
+        let r = ratio(ours, peer);
         let _ = writeln!(
             out,
-            "| Redis fresh keys at {c} connections: p99 ≤ peer's | {} ms vs {} ms | {} |",
-            ms(ours.summary.p99_us),
-            ms(peer.summary.p99_us),
-            verdict(Some(ours.summary.p99_us <= peer.summary.p99_us))
+            "| Redis fresh keys at {c} connections ≥ 1.3 × the faster peer{} | {} | {} |",
+            which(peer),
+            show(r),
+            verdict(r.map(|r| r >= 1.3))
+        );
+        if let (Some(ours), Some(peer)) = (ours, peer) {
+            let _ = writeln!(
+                out,
+                "| Redis fresh keys at {c} connections: p99 ≤ the faster peer's{} | {} ms vs {} ms | {} |",
+                which(Some(peer)),
+                ms(ours.summary.p99_us),
+                ms(peer.summary.p99_us),
+                verdict(Some(ours.summary.p99_us <= peer.summary.p99_us))
+            );
+        }
+        let peer = faster_peer(rows, true, c);
+        let r = ratio(find(rows, "redis", Scenario::GuardReplay, c), peer);
+        let _ = writeln!(
+            out,
+            "| Redis replays at {c} connections ≥ 1.5 × the faster peer{} | {} | {} |",
+            which(peer),
+            show(r),
+            verdict(r.map(|r| r >= 1.5))
         );
     }
-    let r = ratio(
-        find(rows, "redis", Scenario::GuardReplay, c),
-        find(rows, "redis", Scenario::PeerReplay, c),
-    );
-    let _ = writeln!(
-        out,
-        "| Redis replays at {c} connections ≥ 1.5 × peer | {} | {} |",
-        show(r),
-        verdict(r.map(|r| r >= 1.5))
-    );
     let bare = find(rows, "-", Scenario::Bare, one);
     for store in ["postgres", "sqlite", "redis", "tiered"] {
         let (Some(guard), Some(raw), Some(bare)) = (
@@ -168,11 +176,52 @@ fn targets(results: &Results, out: &mut String) {
     }
 }
 
+/// The peer versions: their runs on fresh keys and on replays.
+const PEERS: [(&str, Scenario, Scenario); 2] = [
+    ("0.3.0", Scenario::PeerFresh, Scenario::PeerReplay),
+    ("2.0.0", Scenario::Peer2Fresh, Scenario::Peer2Replay),
+];
+
+/// The levels of the peer targets: 16 and 64 connections (or the level of
+/// the targets "at 16" when neither was measured).
+fn peer_levels(results: &Results) -> Vec<usize> {
+    let levels: Vec<usize> = [16, 64]
+        .into_iter()
+        .filter(|c| results.settings.concurrency.contains(c))
+        .collect();
+    if levels.is_empty() {
+        vec![c16(results)]
+    } else {
+        levels
+    }
+}
+
+/// The peer version with the higher throughput at `c` on Redis (fresh keys,
+/// or replays).
+fn faster_peer(rows: &[Row], replay: bool, c: usize) -> Option<&Row> {
+    PEERS
+        .iter()
+        .filter_map(|&(_, fresh, replays)| {
+            find(rows, "redis", if replay { replays } else { fresh }, c)
+        })
+        .max_by(|a, b| a.summary.throughput.total_cmp(&b.summary.throughput))
+}
+
+/// ` (0.3.0)` or ` (2.0.0)`: which peer a row is.
+fn which(peer: Option<&Row>) -> String {
+    peer.and_then(|row| {
+        PEERS
+            .iter()
+            .find(|(_, fresh, replays)| row.scenario == *fresh || row.scenario == *replays)
+    })
+    .map_or_else(String::new, |(version, _, _)| format!(" ({version})"))
+}
+
 fn ratios(results: &Results, out: &mut String) {
     let rows = &results.rows;
     let _ = writeln!(
         out,
-        "| store | connections | guard / raw claim+complete | replay / raw read | guard / bare | ours / peer, fresh | ours / peer, replay |\n|---|---:|---:|---:|---:|---:|---:|"
+        "| store | connections | guard / raw claim+complete | replay / raw read | guard / bare | ours / peer 0.3.0, fresh | ours / peer 2.0.0, fresh | ours / peer 0.3.0, replay | ours / peer 2.0.0, replay |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for store in STORES {
         for &c in &results.settings.concurrency {
@@ -181,30 +230,81 @@ fn ratios(results: &Results, out: &mut String) {
                 continue;
             }
             let replay = find(rows, store, Scenario::GuardReplay, c);
-            let (peer_fresh, peer_replay) = if store == "redis" {
-                (
-                    show(ratio(guard, find(rows, "redis", Scenario::PeerFresh, c))),
-                    show(ratio(replay, find(rows, "redis", Scenario::PeerReplay, c))),
-                )
-            } else {
-                ("".to_owned(), "".to_owned())
+            // The peers have a Redis store only.
+            let against = |ours: Option<&Row>, scenario| {
+                if store == "redis" {
+                    show(ratio(ours, find(rows, "redis", scenario, c)))
+                } else {
+                    String::new()
+                }
             };
             let _ = writeln!(
                 out,
-                "| {store} | {c} | {} | {} | {} | {peer_fresh} | {peer_replay} |",
+                "| {store} | {c} | {} | {} | {} | {} | {} | {} | {} |",
                 show(ratio(guard, find(rows, store, Scenario::RawWrite, c))),
                 show(ratio(replay, find(rows, store, Scenario::RawRead, c))),
                 show(ratio(guard, find(rows, "-", Scenario::Bare, c))),
+                against(guard, Scenario::PeerFresh),
+                against(guard, Scenario::Peer2Fresh),
+                against(replay, Scenario::PeerReplay),
+                against(replay, Scenario::Peer2Replay),
             );
         }
     }
 }
 
-fn all_runs(results: &Results, out: &mut String) {
+/// One cell: `req/s (p50 / p99 ms)`, or `–`.
+fn cell(row: Option<&Row>) -> String {
+    row.map_or_else(
+        || "–".to_owned(),
+        |row| {
+            format!(
+                "{} ({} / {})",
+                rate(row.summary.throughput),
+                ms(row.summary.p50_us),
+                ms(row.summary.p99_us)
+            )
+        },
+    )
+}
+
+fn peers(results: &Results, out: &mut String) {
+    let rows = &results.rows;
     let _ = writeln!(
         out,
-        "| store | run | connections | req/s | p50 ms | p99 ms | p99.9 ms | server CPU µs/request | server peak RSS MiB | errors |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| connections | keys | guard req/s (p50 / p99 ms) | peer 0.3.0 | peer 2.0.0 | guard / faster peer |\n|---:|---|---:|---:|---:|---:|"
     );
+    for &c in &results.settings.concurrency {
+        for (keys, ours, replay) in [
+            ("fresh", Scenario::GuardFresh, false),
+            ("replays", Scenario::GuardReplay, true),
+        ] {
+            let ours = find(rows, "redis", ours, c);
+            let (old, new) = if replay {
+                (Scenario::PeerReplay, Scenario::Peer2Replay)
+            } else {
+                (Scenario::PeerFresh, Scenario::Peer2Fresh)
+            };
+            let (old, new) = (find(rows, "redis", old, c), find(rows, "redis", new, c));
+            if ours.is_none() && old.is_none() && new.is_none() {
+                continue;
+            }
+            let faster = faster_peer(rows, replay, c);
+            let _ = writeln!(
+                out,
+                "| {c} | {keys} | {} | {} | {} | {}{} |",
+                cell(ours),
+                cell(old),
+                cell(new),
+                show(ratio(ours, faster)),
+                which(faster)
+            );
+        }
+    }
+}
+
+/// The runs in the order the tables list them.
+fn sorted(results: &Results) -> Vec<&Row> {
     let mut rows: Vec<&Row> = results.rows.iter().collect();
     let store_rank = |store: &str| STORES.iter().position(|s| *s == store).unwrap_or(0);
     rows.sort_by_key(|r| {
@@ -215,7 +315,41 @@ fn all_runs(results: &Results, out: &mut String) {
             r.concurrency,
         )
     });
-    for row in rows {
+    rows
+}
+
+fn batch_sizes(results: &Results, out: &mut String) {
+    if !results.settings.server_metrics {
+        let _ = writeln!(
+            out,
+            "Not measured: the guard's servers ran without a metrics recorder (`--no-server-metrics`)."
+        );
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "| store | run | connections | claims per batch | completions per batch |\n|---|---|---:|---:|---:|"
+    );
+    for row in sorted(results) {
+        let Some(sizes) = row.batches else { continue };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            row.store,
+            row.scenario.label(),
+            row.concurrency,
+            crate::batches::show(sizes.claim),
+            crate::batches::show(sizes.complete)
+        );
+    }
+}
+
+fn all_runs(results: &Results, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "| store | run | connections | req/s | p50 ms | p99 ms | p99.9 ms | server CPU µs/request | server peak RSS MiB | errors |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for row in sorted(results) {
         let s = &row.summary;
         let _ = writeln!(
             out,
@@ -349,6 +483,18 @@ fn growth(results: &Results, date: &str) -> String {
     out
 }
 
+/// The "How to reproduce" section: the commands of `--help`, as Markdown.
+fn reproduce() -> String {
+    let mut out = String::from("```text\n");
+    out.push_str(
+        crate::cli::REPRODUCE
+            .strip_prefix("How to reproduce (from the repository's root):\n")
+            .unwrap_or(crate::cli::REPRODUCE),
+    );
+    out.push_str("\n```");
+    out
+}
+
 /// Writes the report to `path`, keeping its notes (and growth figures, when
 /// this run has none).
 pub(crate) async fn write(
@@ -403,13 +549,29 @@ pub(crate) async fn write(
     );
     let _ = writeln!(
         out,
-        "- **Pools:** PostgreSQL {} connections for the server under test and for the raw runs alike (the tiered store's PostgreSQL too); SQLite the store's own 8; Redis one multiplexed connection (ours and the peer's).",
+        "- **Pools:** PostgreSQL {} connections for the server under test and for the raw runs alike (the tiered store's PostgreSQL too); SQLite the store's own 8; Redis one multiplexed connection (ours and each peer's).",
         s.pool_size
     );
     let _ = writeln!(
         out,
-        "- **How:** each server under test is this binary re-executed as a child (`serve`), so its peak RSS (`VmHWM`) is its own; the load generator (hyper, keep-alive HTTP/1.1, closed loop) and the raw-store clients run in the parent. *Raw* runs call the guard's own `Store::claim` + `Store::complete` (or `Store::get`) on the same store type with the same pool, with the same concurrency, without HTTP. The peer is `idempotent` 0.3.0 with its Valkey/Redis store, behind the thin axum middleware in `bench/src/peer.rs` (it ships none). *Server CPU µs/request* is the CPU time of all the server's threads (`/proc/<pid>/task/*/schedstat`) over every request it answered, warm-up included.\n"
+        "- **How:** each server under test is this binary re-executed as a child (`serve`), so its peak RSS (`VmHWM`) is its own; the load generator (hyper, keep-alive HTTP/1.1, closed loop) and the raw-store clients run in the parent. *Raw* runs call the guard's own `Store::claim` + `Store::complete` (or `Store::get`) on the same store type with the same pool, with the same concurrency, without HTTP. The peers, on the same Redis: `idempotent` 0.3.0 with its Valkey/Redis store, behind the thin axum middleware in `bench/src/peer.rs` (it ships none), and `idempotent` 2.0.0 with its own axum layer (`IdempotencyLayer`, default settings: 1 MiB body cap, a day's retention) and Valkey/Redis store, a separate binary (`bench/peer2`, built with `--ignore-rust-version`: it declares Rust 1.98){}. *Server CPU µs/request* is the CPU time of all the server's threads (`/proc/<pid>/task/*/schedstat`) over every request it answered, warm-up included.",
+        if s.peer2 {
+            ""
+        } else {
+            " (not measured in this run)"
+        }
     );
+    let _ = writeln!(
+        out,
+        "- **Metrics:** {}\n",
+        if s.server_metrics {
+            "the guard's servers run with the guard's Prometheus recorder installed (`telemetry::install_prometheus`, as the service does) and serve it at `/metrics`; the batch sizes below are read from it before and after each run's load."
+        } else {
+            "the guard's servers ran without a metrics recorder (`--no-server-metrics`): no batch sizes."
+        }
+    );
+    let _ = writeln!(out, "## How to reproduce\n");
+    let _ = writeln!(out, "{}\n", reproduce());
     let _ = writeln!(
         out,
         "![Throughput against concurrency per store](benchmarks.png)\n"
@@ -418,6 +580,18 @@ pub(crate) async fn write(
     targets(results, &mut out);
     let _ = writeln!(out, "\n## Ratios (throughput, same run)\n");
     ratios(results, &mut out);
+    let _ = writeln!(out, "\n## Against both peers (Redis)\n");
+    let _ = writeln!(
+        out,
+        "Both peer versions ship only an in-memory and a Valkey/Redis store (2.0.0 refuses Redis Cluster), so they are measured on Redis alone, in the same run and on the same Redis as our guard's Redis store.\n"
+    );
+    peers(results, &mut out);
+    let _ = writeln!(out, "\n## Store batch sizes (guard)\n");
+    let _ = writeln!(
+        out,
+        "Mean requests per store call over each run's load (warm-up included, seeding excluded), from the histogram `idempotency_store_batch_size{{op}}` (`op` = `claim` | `complete`) on the server's `/metrics`; *n/a* when the guard does not export it.\n"
+    );
+    batch_sizes(results, &mut out);
     let _ = writeln!(
         out,
         "\n## Claim+complete round trips per second at {} concurrent clients\n",
@@ -465,6 +639,10 @@ pub(crate) async fn write(
     targets(results, &mut table);
     table.push('\n');
     ratios(results, &mut table);
+    table.push('\n');
+    peers(results, &mut table);
+    table.push('\n');
+    batch_sizes(results, &mut table);
     table.push('\n');
     all_runs(results, &mut table);
     println!("{table}");

@@ -1,6 +1,8 @@
 //! The server under test: a trivial write handler (201 with a small JSON
-//! body), bare, behind our guard, or behind the peer. Started as a child
-//! process; prints `listening <address>` on its first line of stdout.
+//! body), bare, behind our guard, or behind a peer. Started as a child
+//! process; prints `listening <address>` on its first line of stdout. With
+//! `--metrics`, a guard's server also installs a Prometheus recorder and
+//! serves its text at `GET /metrics` (outside the guard).
 
 use std::io::Write as _;
 use std::time::Duration;
@@ -10,7 +12,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::post;
+use axum::routing::{get, post};
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::sqlite::SqliteStore;
@@ -60,10 +62,19 @@ fn guarded<S: Store>(store: S, replay_cache_mib: usize) -> Router {
         .route_layer(layer)
 }
 
+/// Where a server started with `--metrics` serves its Prometheus text.
+pub(crate) const METRICS_PATH: &str = "/metrics";
+
 /// Serves the app `args` names until killed.
 pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Installed before the guard's layer is built, so it sees every metric.
+    let metrics = if args.metrics && args.app != App::Peer2 {
+        Some(idempotency_guard::telemetry::install_prometheus()?)
+    } else {
+        None
+    };
     let cache = args.replay_cache_mib;
-    let app = match args.app {
+    let mut app = match args.app {
         App::Bare => bare(),
         App::Guard => {
             let store = args.store.context("--store is needed with the guard")?;
@@ -97,7 +108,17 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 axum::middleware::from_fn_with_state(peer, crate::peer::guard),
             )
         }
+        App::Peer2 => {
+            return Err(crate::peer2::exec(
+                &args.peer2_bin,
+                &args.redis_url,
+                &args.prefix,
+            ));
+        }
     };
+    if let Some(handle) = metrics {
+        app = app.route(METRICS_PATH, get(move || async move { handle.render() }));
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
     {

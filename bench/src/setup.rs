@@ -131,6 +131,10 @@ pub(crate) struct ChildConfig<'a> {
     pub(crate) redis_cluster_urls: &'a [String],
     pub(crate) prefix: &'a str,
     pub(crate) pool_size: u32,
+    /// Serve the guard's metrics at `/metrics` (guard apps).
+    pub(crate) metrics: bool,
+    /// The binary of the peer 2.0.0 (`--app peer2`).
+    pub(crate) peer2_bin: Option<&'a std::path::Path>,
 }
 
 impl Child {
@@ -165,6 +169,12 @@ impl Child {
         }
         if let Some(store) = config.store {
             command.arg("--store").arg(store.as_str());
+        }
+        if config.metrics && matches!(config.app, App::Guard | App::GuardTx) {
+            command.arg("--metrics");
+        }
+        if let Some(bin) = config.peer2_bin {
+            command.arg("--peer2-bin").arg(bin);
         }
         let mut process = command.spawn().context("start the server under test")?;
         let stdout = process.stdout.take().context("the child's stdout")?;
