@@ -35,6 +35,8 @@ pub(crate) enum Scenario {
     LargeBare,
     LargeGuard,
     LargePeer,
+    GuardEncryptedFresh,
+    GuardEncryptedReplay,
 }
 
 impl Scenario {
@@ -52,6 +54,8 @@ impl Scenario {
             Self::LargeBare => "bare handler, 1 MiB bodies",
             Self::LargeGuard => "guard, 1 MiB bodies, fresh keys",
             Self::LargePeer => "peer, 1 MiB bodies, fresh keys",
+            Self::GuardEncryptedFresh => "guard, sealed responses, fresh keys",
+            Self::GuardEncryptedReplay => "guard, sealed responses, replays",
         }
     }
 }
@@ -185,10 +189,15 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     };
     let measured = if bench.args.growth_only {
         Ok(Vec::new())
+    } else if bench.args.encryption_only {
+        bench.measure(bench.encryption_plan()).await
     } else {
         bench.measure_all().await
     };
-    let growth = match (&measured, bench.args.growth || bench.args.growth_only) {
+    let growth = match (
+        &measured,
+        (bench.args.growth || bench.args.growth_only) && !bench.args.encryption_only,
+    ) {
         (Ok(_), true) => crate::growth::run(&mut bench).await,
         _ => Ok(Vec::new()),
     };
@@ -213,6 +222,11 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(&out_dir)?;
     let markdown = out_dir.join("BENCHMARKS.md");
+    if bench.args.encryption_only {
+        crate::report::replace_encryption(&results, &markdown)?;
+        eprintln!("updated the encryption section of {}", markdown.display());
+        return Ok(());
+    }
     if bench.args.growth_only {
         crate::report::replace_growth(&results, &markdown)?;
         eprintln!("updated the growth section of {}", markdown.display());
@@ -244,6 +258,16 @@ fn command_line(args: &RunArgs) -> String {
     }
     if args.growth_only {
         extra.push("--growth-only".to_owned());
+    }
+    if args.encryption_only {
+        extra.push("--encryption-only".to_owned());
+        if args.encryption_rounds != 3 {
+            extra.push(format!("--encryption-rounds {}", args.encryption_rounds));
+        }
+    }
+    if args.concurrency != [1, 16, 64, 256] {
+        let levels: Vec<String> = args.concurrency.iter().map(ToString::to_string).collect();
+        extra.push(format!("--concurrency {}", levels.join(",")));
     }
     if args.duration_ms != 3000 {
         extra.push(format!("--duration-ms {}", args.duration_ms));
@@ -296,8 +320,25 @@ impl Bench {
             for &store in &stores {
                 plan.push(raw(store, RawOp::Write, Scenario::RawWrite));
                 plan.push(http(App::Guard, Some(store), Scenario::GuardFresh));
+                // Encryption at rest, measured on Redis right beside its
+                // plain run (the docs' target: < 5 % of fresh keys).
+                let sealed = store == StoreName::Redis;
+                if sealed {
+                    plan.push(http(
+                        App::GuardEncrypted,
+                        Some(store),
+                        Scenario::GuardEncryptedFresh,
+                    ));
+                }
                 plan.push(raw(store, RawOp::Read, Scenario::RawRead));
                 plan.push(http(App::Guard, Some(store), Scenario::GuardReplay));
+                if sealed {
+                    plan.push(http(
+                        App::GuardEncrypted,
+                        Some(store),
+                        Scenario::GuardEncryptedReplay,
+                    ));
+                }
                 if concurrency == diagnostic {
                     plan.push(raw(store, RawOp::ClaimExisting, Scenario::RawClaimExisting));
                 }
@@ -361,8 +402,38 @@ impl Bench {
         Ok(plan)
     }
 
+    /// The encryption-only runs: on Redis, at each concurrency level, plain
+    /// and sealed servers alternated `encryption_rounds` times, fresh keys
+    /// then replays.
+    fn encryption_plan(&self) -> Vec<Step> {
+        let mut plan = Vec::new();
+        for &concurrency in &self.args.concurrency {
+            for _ in 0..self.args.encryption_rounds.max(1) {
+                for (app, scenario) in [
+                    (App::Guard, Scenario::GuardFresh),
+                    (App::GuardEncrypted, Scenario::GuardEncryptedFresh),
+                    (App::Guard, Scenario::GuardReplay),
+                    (App::GuardEncrypted, Scenario::GuardEncryptedReplay),
+                ] {
+                    plan.push(Step::Http {
+                        app,
+                        store: Some(StoreName::Redis),
+                        scenario,
+                        concurrency,
+                        large: false,
+                    });
+                }
+            }
+        }
+        plan
+    }
+
     async fn measure_all(&mut self) -> anyhow::Result<Vec<Row>> {
         let plan = self.plan()?;
+        self.measure(plan).await
+    }
+
+    async fn measure(&mut self, plan: Vec<Step>) -> anyhow::Result<Vec<Row>> {
         let total = plan.len();
         let mut rows = Vec::with_capacity(total);
         for (index, step) in plan.into_iter().enumerate() {
@@ -485,7 +556,10 @@ impl Bench {
         } else {
             Bytes::from_static(crate::server::REQUEST_BODY)
         };
-        let replay = matches!(scenario, Scenario::GuardReplay | Scenario::PeerReplay);
+        let replay = matches!(
+            scenario,
+            Scenario::GuardReplay | Scenario::PeerReplay | Scenario::GuardEncryptedReplay
+        );
         let keys = if replay {
             let keys = Arc::new(
                 (0..self.args.replay_keys)
