@@ -102,6 +102,16 @@ pub(crate) struct RunArgs {
     /// report in place and leaves everything else (and the plot) alone.
     #[arg(long)]
     pub(crate) growth_only: bool,
+    /// Only the encryption-at-rest runs (Redis, fresh keys and replays,
+    /// with and without sealing, alternated): updates the encryption
+    /// section of an existing report in place and leaves everything else
+    /// alone.
+    #[arg(long)]
+    pub(crate) encryption_only: bool,
+    /// How many times the encryption-only runs alternate sealed and plain
+    /// servers (the section shows the median of each).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) encryption_rounds: usize,
     /// Row counts of the growth runs, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1_000_000, 10_000_000])]
     pub(crate) growth_rows: Vec<u64>,
@@ -145,6 +155,9 @@ pub(crate) enum App {
     Bare,
     /// The handler behind our guard.
     Guard,
+    /// The handler behind our guard, its stored responses sealed
+    /// (`EncryptedStore` over the store, AES-256-GCM).
+    GuardEncrypted,
     /// The handler behind our guard in transactional mode (PostgreSQL).
     GuardTx,
     /// The handler behind the peer crate `idempotent` 0.3.0 (its Valkey/Redis

@@ -1,8 +1,9 @@
 //! `docs/BENCHMARKS.md`: settings, machine, targets, ratios and every run.
 //!
-//! The file is rewritten whole on every run except two blocks kept from the
-//! file already there: the growth figures (when this run did not measure
-//! them; they say when they were measured) and the hand-written notes.
+//! The file is rewritten whole on every run except three blocks kept from
+//! the file already there: the growth figures and the encryption figures
+//! (when this run did not measure them; they say when they were measured)
+//! and the hand-written notes.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -11,6 +12,8 @@ use crate::orchestrate::{Results, Row, Scenario};
 
 const GROWTH_BEGIN: &str = "<!-- growth:begin -->";
 const GROWTH_END: &str = "<!-- growth:end -->";
+const ENCRYPTION_BEGIN: &str = "<!-- encryption:begin -->";
+const ENCRYPTION_END: &str = "<!-- encryption:end -->";
 const NOTES_BEGIN: &str = "<!-- notes:begin (kept by the harness) -->";
 const NOTES_END: &str = "<!-- notes:end -->";
 
@@ -415,6 +418,129 @@ fn transactional(results: &Results, out: &mut String) {
     }
 }
 
+/// The median of `values` (NaN when there are none).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// The encryption-at-rest block: the guard on Redis with its stored
+/// responses sealed against plain, the median of every run of each.
+fn encryption(results: &Results, date: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{ENCRYPTION_BEGIN}");
+    let rounds = results
+        .rows
+        .iter()
+        .filter(|r| r.scenario == Scenario::GuardEncryptedFresh)
+        .filter(|r| Some(&r.concurrency) == results.settings.concurrency.first())
+        .count();
+    let _ = writeln!(
+        out,
+        "Measured {date} with `{}`: the guard on Redis, fresh keys and replays, plain (`RedisStore`) and sealed (`EncryptedStore<RedisStore>`: headers and body sealed with AES-256-GCM on completion, opened on every replay), alternated, {rounds} run(s) of each; the median of each is shown. Load before the run {}, after it {}. Target: sealing costs under 5 % of fresh-key throughput.\n",
+        results.settings.command,
+        results.settings.machine_before,
+        results
+            .settings
+            .machine_after
+            .map_or_else(|| "?".to_owned(), |l| l.to_string()),
+    );
+    let _ = writeln!(
+        out,
+        "| connections | run | plain req/s | sealed req/s | throughput cost | plain CPU µs/req | sealed CPU µs/req | p50 ms plain → sealed | p99 ms plain → sealed | verdict |\n|---:|---|---:|---:|---:|---:|---:|---|---|---|"
+    );
+    let pick = |scenario: Scenario, c: usize, f: &dyn Fn(&Row) -> Option<f64>| {
+        median(
+            results
+                .rows
+                .iter()
+                .filter(|r| r.store == "redis" && r.scenario == scenario && r.concurrency == c)
+                .filter_map(f)
+                .collect(),
+        )
+    };
+    for &c in &results.settings.concurrency {
+        for (run, plain, sealed) in [
+            (
+                "fresh keys",
+                Scenario::GuardFresh,
+                Scenario::GuardEncryptedFresh,
+            ),
+            (
+                "replays",
+                Scenario::GuardReplay,
+                Scenario::GuardEncryptedReplay,
+            ),
+        ] {
+            let throughput = |s| pick(s, c, &|r: &Row| Some(r.summary.throughput));
+            let (a, b) = (throughput(plain), throughput(sealed));
+            if a.is_nan() || b.is_nan() {
+                continue;
+            }
+            let cpu = |s| pick(s, c, &|r: &Row| r.cpu_us);
+            let p50 = |s| pick(s, c, &|r: &Row| Some(r.summary.p50_us));
+            let p99 = |s| pick(s, c, &|r: &Row| Some(r.summary.p99_us));
+            let cost = 1.0 - b / a;
+            let verdict = if run == "fresh keys" {
+                verdict(Some(cost < 0.05))
+            } else {
+                "(no target)"
+            };
+            let us = |v: f64| {
+                if v.is_nan() {
+                    "–".to_owned()
+                } else {
+                    format!("{v:.0}")
+                }
+            };
+            let _ = writeln!(
+                out,
+                "| {c} | {run} | {} | {} | {:+.1} % | {} | {} | {} → {} | {} → {} | {verdict} |",
+                rate(a),
+                rate(b),
+                cost * 100.0,
+                us(cpu(plain)),
+                us(cpu(sealed)),
+                ms(p50(plain)),
+                ms(p50(sealed)),
+                ms(p99(plain)),
+                ms(p99(sealed)),
+            );
+        }
+    }
+    let _ = writeln!(out, "{ENCRYPTION_END}");
+    out
+}
+
+/// Replaces the encryption section of the report at `path` with this run's.
+pub(crate) fn replace_encryption(results: &Results, path: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        anyhow::anyhow!("{}: {error} (run the full benchmark first)", path.display())
+    })?;
+    let new = encryption(results, &date_of(results));
+    let text = match block(&text, ENCRYPTION_BEGIN, ENCRYPTION_END) {
+        Some(old) => text.replacen(&old, new.trim_end(), 1),
+        // A report written before the section existed: add it before the
+        // table of every run.
+        None => {
+            let at = text.find("\n## Every run").unwrap_or(text.len());
+            format!(
+                "{}\n## Encryption at rest (Redis)\n\n{}{}",
+                &text[..at],
+                new,
+                &text[at..]
+            )
+        }
+    };
+    std::fs::write(path, text)?;
+    println!("{new}");
+    Ok(())
+}
+
 /// Replaces the growth section of the report at `path` with this run's.
 pub(crate) fn replace_growth(results: &Results, path: &Path) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(path).map_err(|error| {
@@ -626,6 +752,26 @@ pub(crate) async fn write(
         }
     } else {
         out.push_str(&growth(results, &date));
+    }
+    let _ = writeln!(out, "\n## Encryption at rest (Redis)\n");
+    let sealed = results
+        .rows
+        .iter()
+        .any(|r| r.scenario == Scenario::GuardEncryptedFresh);
+    if sealed {
+        out.push_str(&encryption(results, &date));
+    } else {
+        match block(&previous, ENCRYPTION_BEGIN, ENCRYPTION_END) {
+            Some(kept) => {
+                let _ = writeln!(out, "{kept}");
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "{ENCRYPTION_BEGIN}\nNot measured yet: run `cargo run --release -p idempotency-bench -- --encryption-only`.\n{ENCRYPTION_END}"
+                );
+            }
+        }
     }
     let _ = writeln!(out, "\n## Every run\n");
     all_runs(results, &mut out);

@@ -1,8 +1,9 @@
 //! The server under test: a trivial write handler (201 with a small JSON
-//! body), bare, behind our guard, or behind a peer. Started as a child
-//! process; prints `listening <address>` on its first line of stdout. With
-//! `--metrics`, a guard's server also installs a Prometheus recorder and
-//! serves its text at `GET /metrics` (outside the guard).
+//! body), bare, behind our guard (its stored responses sealed or not), or
+//! behind a peer. Started as a child process; prints `listening <address>`
+//! on its first line of stdout. With `--metrics`, a guard's server also
+//! installs a Prometheus recorder and serves its text at `GET /metrics`
+//! (outside the guard).
 
 use std::io::Write as _;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::sqlite::SqliteStore;
 use idempotency_guard::store::tiered::TieredStore;
+use idempotency_guard::store::{EncryptedStore, EncryptionKeys};
 use idempotency_guard::{IdempotencyLayer, Store, Tx};
 
 use crate::cli::{App, ServeArgs, StoreName};
@@ -52,7 +54,19 @@ fn bare() -> Router {
     Router::new().route(PATH, post(create_order))
 }
 
-fn guarded<S: Store>(store: S, replay_cache_mib: usize) -> Router {
+/// The encryption key of the sealed runs (a fixed test key: the figures
+/// are the same for any key).
+const BENCH_KEYS: &str = "bench:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+/// The guarded app over `store`, its responses sealed when `keys` is given.
+fn guarded<S: Store>(store: S, keys: Option<&EncryptionKeys>, replay_cache_mib: usize) -> Router {
+    match keys {
+        Some(keys) => guarded_over(EncryptedStore::new(store, keys.clone()), replay_cache_mib),
+        None => guarded_over(store, replay_cache_mib),
+    }
+}
+
+fn guarded_over<S: Store>(store: S, replay_cache_mib: usize) -> Router {
     let mut layer = IdempotencyLayer::new(store);
     if replay_cache_mib > 0 {
         layer = layer.with_replay_cache(replay_cache_mib << 20, Duration::from_secs(60));
@@ -76,23 +90,29 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let cache = args.replay_cache_mib;
     let mut app = match args.app {
         App::Bare => bare(),
-        App::Guard => {
+        App::Guard | App::GuardEncrypted => {
             let store = args.store.context("--store is needed with the guard")?;
+            let keys = (args.app == App::GuardEncrypted)
+                .then(|| EncryptionKeys::parse(BENCH_KEYS))
+                .transpose()?;
+            let keys = keys.as_ref();
             match store {
-                StoreName::Postgres => guarded(postgres(&args).await?, cache),
+                StoreName::Postgres => guarded(postgres(&args).await?, keys, cache),
                 StoreName::Sqlite => {
-                    guarded(SqliteStore::connect(&args.database_url).await?, cache)
+                    guarded(SqliteStore::connect(&args.database_url).await?, keys, cache)
                 }
                 StoreName::Redis => guarded(
                     RedisStore::connect(&args.redis_url, &args.prefix).await?,
+                    keys,
                     cache,
                 ),
-                StoreName::RedisCluster => guarded(cluster(&args).await?, cache),
+                StoreName::RedisCluster => guarded(cluster(&args).await?, keys, cache),
                 StoreName::Tiered => guarded(
                     TieredStore::new(
                         postgres(&args).await?,
                         RedisStore::connect(&args.redis_url, &args.prefix).await?,
                     ),
+                    keys,
                     cache,
                 ),
             }

@@ -77,6 +77,8 @@ impl Gateway {
         options.kind = kind;
         options.redis_url = config.redis.as_deref();
         options.redis_prefix = &config.redis_prefix;
+        let keys = config.encryption_keys()?;
+        options.encryption = keys.as_ref();
         let store = AnyStore::open(&options)
             .await
             .map_err(GatewayError::Store)?;

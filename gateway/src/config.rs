@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::{Method, StatusCode, Uri};
+use idempotency_guard::store::EncryptionKeys;
 use serde::Deserialize;
 
 /// Why a configuration cannot be used.
@@ -43,6 +44,9 @@ pub enum ConfigError {
     /// The JWT key cannot be loaded.
     #[error("the JWT key cannot be loaded")]
     JwtKey(#[source] jsonwebtoken::errors::Error),
+    /// The encryption keys cannot be read.
+    #[error("the encryption keys cannot be read")]
+    EncryptionKeys(#[source] idempotency_guard::store::encrypted::KeysError),
 }
 
 /// The whole configuration.
@@ -73,6 +77,19 @@ pub struct Config {
     /// Whether to apply the store's migrations on start.
     #[serde(default = "yes")]
     pub migrate: bool,
+    /// Encryption at rest of stored responses: the environment variable
+    /// holding the keys (`<id>:<base64 of 32 bytes>` entries, comma- or
+    /// newline-separated, the first sealing new records). The keys
+    /// themselves never go in this file. When neither this nor
+    /// `encryption_keys_file` is set, `IDEMPOTENCY_ENCRYPTION_KEYS` or the
+    /// file `IDEMPOTENCY_ENCRYPTION_KEYS_FILE` names turn it on; with none
+    /// of them, responses are stored in clear.
+    #[serde(default)]
+    pub encryption_keys_env: Option<String>,
+    /// Encryption at rest: a file holding the keys (the format of
+    /// `encryption_keys_env`).
+    #[serde(default)]
+    pub encryption_keys_file: Option<PathBuf>,
     /// The guarded routes; every other request passes through untouched.
     pub routes: Vec<RouteConfig>,
     /// Where a guarded request's scope comes from.
@@ -402,6 +419,24 @@ pub fn seconds(name: &str, value: f64) -> Result<Duration, ConfigError> {
 }
 
 impl Config {
+    /// The encryption keys of stored responses, if encryption at rest is
+    /// on: from `encryption_keys_env`, else `encryption_keys_file`, else
+    /// the environment (`IDEMPOTENCY_ENCRYPTION_KEYS`,
+    /// `IDEMPOTENCY_ENCRYPTION_KEYS_FILE`).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::EncryptionKeys`] when the keys named cannot be read
+    /// or parsed (a named variable that is unset included).
+    pub fn encryption_keys(&self) -> Result<Option<EncryptionKeys>, ConfigError> {
+        let keys = match (&self.encryption_keys_env, &self.encryption_keys_file) {
+            (Some(name), _) => EncryptionKeys::from_env(name).map(Some),
+            (None, Some(path)) => EncryptionKeys::from_file(path).map(Some),
+            (None, None) => EncryptionKeys::from_environment(),
+        };
+        keys.map_err(ConfigError::EncryptionKeys)
+    }
+
     /// Parses a configuration from TOML text.
     ///
     /// # Errors

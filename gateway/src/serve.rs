@@ -30,6 +30,7 @@ pub async fn serve(
         listen = %listener.local_addr()?,
         upstream = %gateway.config().upstream,
         store = gateway.store().kind(),
+        encrypted = gateway.store().is_encrypted(),
         routes = gateway.config().routes.len(),
         "gateway listening"
     );

@@ -19,10 +19,16 @@
 //! `LISTEN/NOTIFY`), `LEASE_SECS` (default 60), `STORE_TIMEOUT_MS` (default 5000: a store
 //! slower than that fails the request closed with 503),
 //! `IDEMPOTENCY_GUARD=off` to run without the
-//! guard (to watch retries double-charge). The scope is the `X-Tenant`
+//! guard (to watch retries double-charge), `IDEMPOTENCY_ENCRYPTION_KEYS`
+//! (or a file named by `IDEMPOTENCY_ENCRYPTION_KEYS_FILE`:
+//! `<id>:<base64 of 32 bytes>` entries, the first sealing) to seal stored
+//! responses with AES-256-GCM; built with `--features otel`,
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` (e.g. `http://127.0.0.1:4318`) exports
+//! the guard's spans over OTLP/HTTP. The scope is the `X-Tenant`
 //! header (`default` when absent). When the records are in PostgreSQL (the
-//! `sql` or `tiered` store) the guard runs in transactional mode: the
-//! payment row and the stored response commit together.
+//! `sql` or `tiered` store) and not encrypted, the guard runs in
+//! transactional mode: the payment row and the stored response commit
+//! together.
 
 use std::time::Duration;
 
@@ -33,10 +39,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idempotency_guard::store::TransactionalStore as _;
-use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
+use idempotency_guard::store::{AnyStore, EncryptionKeys, StoreKind, StoreOptions};
 use idempotency_guard::{Drain, IdempotencyLayer, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, SqlitePool};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 const CREATE_POSTGRES: &str = "create table if not exists payments (
     id bigserial primary key,
@@ -256,11 +264,22 @@ async fn render_metrics(State(state): State<AppState>) -> String {
 
 #[tokio::main]
 pub(crate) async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
+    let subscriber = tracing_subscriber::registry()
+        .with(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        .init();
+        .with(tracing_subscriber::fmt::layer());
+    // Traces over OTLP/HTTP when built with `--features otel` and
+    // OTEL_EXPORTER_OTLP_ENDPOINT is set (e.g. http://127.0.0.1:4318).
+    #[cfg(feature = "otel")]
+    let traces = idempotency_guard::telemetry::otel::install_from_env("payments-example")?;
+    #[cfg(feature = "otel")]
+    let subscriber = subscriber.with(
+        traces
+            .as_ref()
+            .map(idempotency_guard::telemetry::otel::layer),
+    );
+    subscriber.init();
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "sqlite://payments.db".to_owned());
     let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let lease = std::env::var("LEASE_SECS")
@@ -284,12 +303,17 @@ pub(crate) async fn main() -> anyhow::Result<()> {
     let redis_url = std::env::var("REDIS_URL").ok();
     let prefix = std::env::var("REDIS_PREFIX").unwrap_or_else(|_| "idem".into());
     let notifications = std::env::var("PG_NOTIFY").is_ok_and(|v| v == "true");
+    // Encryption at rest: IDEMPOTENCY_ENCRYPTION_KEYS or
+    // IDEMPOTENCY_ENCRYPTION_KEYS_FILE (`<id>:<base64 of 32 bytes>`, the
+    // first sealing); unset, responses are stored in clear.
+    let encryption = EncryptionKeys::from_environment().context("the encryption keys")?;
     let options = StoreOptions {
         kind,
         database_url: &url,
         redis_url: redis_url.as_deref(),
         redis_prefix: &prefix,
         notifications,
+        encryption: encryption.as_ref(),
     };
     let store = AnyStore::open(&options)
         .await
@@ -315,7 +339,8 @@ pub(crate) async fn main() -> anyhow::Result<()> {
         }
         _ => anyhow::bail!("DATABASE_URL must name PostgreSQL or SQLite"),
     };
-    // Records in PostgreSQL (the sql or tiered store): transactional mode.
+    // Records in PostgreSQL (the sql or tiered store): transactional mode
+    // (not over an encrypted store, whose completions it would bypass).
     let transactional = store.postgres().is_some();
     let metrics = idempotency_guard::telemetry::install_prometheus()?;
     tokio::spawn(idempotency_guard::purge::purge_periodically(
@@ -350,13 +375,18 @@ pub(crate) async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("listen on {listen}"))?;
-    tracing::info!(%listen, database = %url.split('@').next_back().unwrap_or(""), transactional, guarded, "payments example listening");
+    tracing::info!(%listen, database = %url.split('@').next_back().unwrap_or(""), transactional, guarded, encrypted = encryption.is_some(), "payments example listening");
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     // Payments whose clients already left still finish and are stored.
     if let Some(drain) = drain {
         drain.wait().await;
+    }
+    #[cfg(feature = "otel")]
+    if let Some(traces) = traces {
+        // Sends the spans still buffered.
+        traces.shutdown()?;
     }
     Ok(())
 }

@@ -149,6 +149,11 @@
 //!   PostgreSQL); turns `postgres` on.
 //! - `prometheus` (default): [`telemetry::install_prometheus`], a recorder
 //!   for the guard's metrics.
+//! - `otel` (off): OpenTelemetry traces: spans for the claim, the handler,
+//!   every store call and the settlement, carrying the outcome, the route
+//!   and a hash of the key (never the key, never a body); W3C
+//!   `traceparent` continued from incoming requests; an OTLP/HTTP exporter
+//!   (see `telemetry::otel`).
 //!
 //! # Metrics
 //!

@@ -17,6 +17,9 @@
 
 use std::time::Instant;
 
+#[cfg(feature = "otel")]
+pub mod otel;
+
 use http::HeaderMap;
 
 /// Requests the guard saw, by route, outcome and attempt.

@@ -49,6 +49,9 @@ async fn connect(config: &Config) -> Result<AnyStore, ServiceError> {
         redis_url: config.redis_url.as_deref(),
         redis_prefix: &config.redis_prefix,
         notifications: false,
+        // The service reads statuses and whether a body is stored, both
+        // kept in clear by encryption at rest: it needs no key.
+        encryption: None,
     })
     .await
     .map_err(ServiceError::Connect)

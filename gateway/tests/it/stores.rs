@@ -8,7 +8,9 @@ use crate::support::{pay, stack};
 
 const ROUTES: &str = "[[routes]]\npath = \"/payments\"\n";
 
-async fn once_then_replay(env: &[(&str, &str)]) {
+/// Runs a payment once, replays it, refuses another body under its key;
+/// returns the key and the first answer's body.
+async fn once_then_replay(env: &[(&str, &str)]) -> (String, bytes::Bytes) {
     let stack = stack(ROUTES, env).await;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
@@ -49,6 +51,7 @@ async fn once_then_replay(env: &[(&str, &str)]) {
             .contains("key-reused")
     );
     assert_eq!(stack.executions("/payments").await, 1);
+    (key, first_body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,6 +65,49 @@ async fn on_redis() {
     drop(idempotency_tests::redis().await); // fails with what to start when Redis is down
     let url = idempotency_tests::fixtures::redis_url();
     once_then_replay(&[("STORE_KIND", "redis"), ("REDIS_URL", url.as_str())]).await;
+}
+
+/// Encryption at rest by configuration (`IDEMPOTENCY_ENCRYPTION_KEYS`):
+/// the gateway replays as before, and what Redis holds is sealed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_with_encryption_at_rest() {
+    use idempotency_guard::Store as _;
+    use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
+
+    drop(idempotency_tests::redis().await);
+    let url = idempotency_tests::fixtures::redis_url();
+    let (key, first_body) = once_then_replay(&[
+        ("STORE_KIND", "redis"),
+        ("REDIS_URL", url.as_str()),
+        (
+            "IDEMPOTENCY_ENCRYPTION_KEYS",
+            "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+        ),
+    ])
+    .await;
+    // Read the record without the key: sealed, no plaintext of the body.
+    let mut options = StoreOptions::sql("");
+    options.kind = StoreKind::Redis;
+    options.redis_url = Some(&url);
+    let plain = AnyStore::open(&options).await.expect("Redis");
+    let record = plain
+        .get("default", &key)
+        .await
+        .expect("a read")
+        .expect("the record");
+    let response = record.response.expect("a stored response");
+    assert_eq!(
+        response.headers[&idempotency_guard::store::encrypted::SEALED],
+        "v1 k1"
+    );
+    let stored = response.body.expect("a sealed body");
+    assert!(!first_body.is_empty());
+    assert!(
+        !stored
+            .windows(first_body.len())
+            .any(|window| window == first_body.as_ref()),
+        "the body is stored in clear"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,6 +59,10 @@ impl<S: Store> Engine<S> {
     }
 
     /// Claims `job`'s key, taking over or waiting as the policy says.
+    #[cfg_attr(
+        feature = "otel",
+        tracing::instrument(name = "idempotency.claim", skip_all)
+    )]
     pub(super) async fn acquire<T>(&self, job: &Job) -> Acquired<T> {
         if let Some(cache) = self.replay_cache() {
             match cache.get(&job.scope, &job.key, &job.fingerprint) {

@@ -570,7 +570,29 @@ impl<S: Store> Engine<S> {
     /// while its claim is still on its way leaves the claim to be released
     /// in the background. A panic in the work releases the key and answers
     /// [`Refusal::Failed`].
+    #[cfg_attr(feature = "otel", tracing::instrument(
+        name = "idempotency.run",
+        skip_all,
+        fields(
+            idempotency.route = %job.route,
+            idempotency.key_hash = %crate::telemetry::otel::key_hash(&job.scope, &job.key),
+            idempotency.outcome = tracing::field::Empty,
+        ),
+    ))]
     pub async fn run<F, Fut, T>(&self, job: Job, work: F) -> Answer<T>
+    where
+        F: FnOnce(RunContext) -> Fut + Send + 'static,
+        Fut: Future<Output = Settle<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let answer = self.run_once(job, work).await;
+        #[cfg(feature = "otel")]
+        tracing::Span::current().record(crate::telemetry::otel::OUTCOME, answer.outcome().as_str());
+        answer
+    }
+
+    /// [`Engine::run`], steps 1 to 6.
+    async fn run_once<F, Fut, T>(&self, job: Job, work: F) -> Answer<T>
     where
         F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Settle<T>> + Send + 'static,
@@ -584,9 +606,11 @@ impl<S: Store> Engine<S> {
         // No await between the claim's answer and this hand-off: from here
         // on the run is the task's, whatever becomes of the caller.
         let engine = self.clone();
-        let task = self
-            .tracker
-            .spawn(async move { engine.run_acquired(job, lease, work).await });
+        let run = async move { engine.run_acquired(job, lease, work).await };
+        // The run's task stays inside the caller's span.
+        #[cfg(feature = "otel")]
+        let run = tracing::Instrument::in_current_span(run);
+        let task = self.tracker.spawn(run);
         match task.await {
             Ok(answer) => answer,
             Err(error) => {
@@ -659,6 +683,9 @@ impl<S: Store> Engine<S> {
         #[cfg(not(feature = "postgres"))]
         let transaction = settle::Transaction;
         let work = AssertUnwindSafe(async move { work(context).await }).catch_unwind();
+        #[cfg(feature = "otel")]
+        let work =
+            tracing::Instrument::instrument(work, tracing::info_span!("idempotency.handler"));
         self.supervise_and_settle(&job, lease, transaction, work)
             .await
     }
@@ -703,6 +730,11 @@ impl<S: Store> Engine<S> {
 }
 
 /// Runs a store operation under `timeout` and records its latency.
+#[cfg_attr(feature = "otel", tracing::instrument(
+    name = "idempotency.store",
+    skip_all,
+    fields(idempotency.store.operation = operation),
+))]
 pub(crate) async fn timed<R>(
     operation: &'static str,
     timeout: Duration,

@@ -52,6 +52,11 @@ impl<S: Store> Engine<S> {
     /// Writes the end of a run: in the work's transaction when it began
     /// one, else with the fenced store operations. `Ok(true)` when it went
     /// through the transaction (for a cut-off: the writes were rolled back).
+    #[cfg_attr(feature = "otel", tracing::instrument(
+        name = "idempotency.settle",
+        skip_all,
+        fields(idempotency.settle.ending = ending.operation()),
+    ))]
     pub(super) async fn settle(
         &self,
         lease: &Lease,

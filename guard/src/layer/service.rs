@@ -113,20 +113,27 @@ where
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let service = self.clone();
+        #[cfg(feature = "otel")]
+        let span = crate::telemetry::otel::request_span(&request);
+        let guarded = async move {
+            let route = request
+                .extensions()
+                .get::<MatchedPath>()
+                .map_or("unmatched", MatchedPath::as_str)
+                .to_owned();
+            let attempt = attempt_label(request.headers());
+            let counted = service.handle(request, &route).await;
+            if let Some(outcome) = counted.outcome {
+                count_request(&route, outcome, attempt);
+                #[cfg(feature = "otel")]
+                tracing::Span::current().record(crate::telemetry::otel::OUTCOME, outcome.as_str());
+            }
+            counted.result
+        };
+        #[cfg(feature = "otel")]
+        let guarded = tracing::Instrument::instrument(guarded, span);
         ResponseFuture {
-            inner: Box::pin(async move {
-                let route = request
-                    .extensions()
-                    .get::<MatchedPath>()
-                    .map_or("unmatched", MatchedPath::as_str)
-                    .to_owned();
-                let attempt = attempt_label(request.headers());
-                let counted = service.handle(request, &route).await;
-                if let Some(outcome) = counted.outcome {
-                    count_request(&route, outcome, attempt);
-                }
-                counted.result
-            }),
+            inner: Box::pin(guarded),
         }
     }
 }

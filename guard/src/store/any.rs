@@ -4,6 +4,7 @@ use std::time::Duration;
 
 #[cfg(feature = "postgres")]
 use crate::store::TransactionalStore;
+use crate::store::encrypted::{EncryptedStore, EncryptionKeys};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
 use crate::{Record, RecordEvents, StoredResponse};
 
@@ -24,6 +25,19 @@ pub enum AnyStore {
     /// See [`TieredStore`](crate::store::tiered::TieredStore).
     #[cfg(feature = "redis")]
     Tiered(crate::store::tiered::TieredStore),
+    /// PostgreSQL, its stored responses sealed ([`EncryptedStore`]).
+    #[cfg(feature = "postgres")]
+    EncryptedPostgres(EncryptedStore<crate::store::postgres::PostgresStore>),
+    /// SQLite, its stored responses sealed ([`EncryptedStore`]).
+    #[cfg(feature = "sqlite")]
+    EncryptedSqlite(EncryptedStore<crate::store::sqlite::SqliteStore>),
+    /// Redis, its stored responses sealed ([`EncryptedStore`]).
+    #[cfg(feature = "redis")]
+    EncryptedRedis(EncryptedStore<crate::store::redis::RedisStore>),
+    /// The tiered store, its stored responses sealed in both tiers
+    /// ([`EncryptedStore`]).
+    #[cfg(feature = "redis")]
+    EncryptedTiered(EncryptedStore<crate::store::tiered::TieredStore>),
 }
 
 /// What [`AnyStore::open`] opens.
@@ -41,6 +55,11 @@ pub struct StoreOptions<'a> {
     /// PostgreSQL `LISTEN/NOTIFY` wake-ups across processes (see
     /// [`PostgresStore::with_notifications`](crate::store::postgres::PostgresStore::with_notifications)).
     pub notifications: bool,
+    /// Encryption at rest of stored responses: `Some` wraps the store in
+    /// an [`EncryptedStore`] sealing with these keys (see
+    /// [`EncryptionKeys::from_environment`]). Transactional mode is then
+    /// unavailable (its completion would bypass the sealing).
+    pub encryption: Option<&'a EncryptionKeys>,
 }
 
 impl<'a> StoreOptions<'a> {
@@ -52,6 +71,7 @@ impl<'a> StoreOptions<'a> {
             redis_url: None,
             redis_prefix: "idem",
             notifications: false,
+            encryption: None,
         }
     }
 }
@@ -101,6 +121,14 @@ macro_rules! delegate {
             AnyStore::Redis($store) => $body,
             #[cfg(feature = "redis")]
             AnyStore::Tiered($store) => $body,
+            #[cfg(feature = "postgres")]
+            AnyStore::EncryptedPostgres($store) => $body,
+            #[cfg(feature = "sqlite")]
+            AnyStore::EncryptedSqlite($store) => $body,
+            #[cfg(feature = "redis")]
+            AnyStore::EncryptedRedis($store) => $body,
+            #[cfg(feature = "redis")]
+            AnyStore::EncryptedTiered($store) => $body,
         }
     };
 }
@@ -135,12 +163,22 @@ impl AnyStore {
     /// of the wrong scheme, [`StoreError::Unavailable`] when a server
     /// cannot be reached.
     pub async fn open(options: &StoreOptions<'_>) -> Result<Self, StoreError> {
+        let store = Self::open_plain(options).await?;
+        Ok(match options.encryption {
+            Some(keys) => store.with_encryption(keys.clone()),
+            None => store,
+        })
+    }
+
+    /// Opens the store `options` describe, without encryption.
+    async fn open_plain(options: &StoreOptions<'_>) -> Result<Self, StoreError> {
         let StoreOptions {
             kind,
             database_url,
             redis_url,
             redis_prefix,
             notifications,
+            encryption: _,
         } = *options;
         match kind {
             #[cfg(feature = "postgres")]
@@ -206,10 +244,70 @@ impl AnyStore {
             Self::Redis(_) => Ok(()),
             #[cfg(feature = "redis")]
             Self::Tiered(store) => store.database().migrate().await,
+            #[cfg(feature = "postgres")]
+            Self::EncryptedPostgres(store) => store.inner().migrate().await,
+            #[cfg(feature = "sqlite")]
+            Self::EncryptedSqlite(store) => store.inner().migrate().await,
+            #[cfg(feature = "redis")]
+            Self::EncryptedRedis(_) => Ok(()),
+            #[cfg(feature = "redis")]
+            Self::EncryptedTiered(store) => store.inner().database().migrate().await,
         }
     }
 
-    /// The store's kind, for logs: `postgres`, `sqlite`, `redis` or `tiered`.
+    /// Seals this store's responses with `keys` from now on (an
+    /// [`EncryptedStore`] around it; a store already sealed takes the new
+    /// keys). Records written before stay readable: those in clear as they
+    /// are, sealed ones while their key is among `keys`.
+    ///
+    /// Transactional mode is unavailable over the result
+    /// ([`TransactionalStore::postgres`](crate::store::TransactionalStore::postgres)
+    /// answers `None`): its completion would store the response in clear.
+    pub fn with_encryption(self, keys: EncryptionKeys) -> Self {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(store) => Self::EncryptedPostgres(EncryptedStore::new(store, keys)),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(store) => Self::EncryptedSqlite(EncryptedStore::new(store, keys)),
+            #[cfg(feature = "redis")]
+            Self::Redis(store) => Self::EncryptedRedis(EncryptedStore::new(store, keys)),
+            #[cfg(feature = "redis")]
+            Self::Tiered(store) => Self::EncryptedTiered(EncryptedStore::new(store, keys)),
+            #[cfg(feature = "postgres")]
+            Self::EncryptedPostgres(store) => {
+                Self::EncryptedPostgres(EncryptedStore::new(store.inner().clone(), keys))
+            }
+            #[cfg(feature = "sqlite")]
+            Self::EncryptedSqlite(store) => {
+                Self::EncryptedSqlite(EncryptedStore::new(store.inner().clone(), keys))
+            }
+            #[cfg(feature = "redis")]
+            Self::EncryptedRedis(store) => {
+                Self::EncryptedRedis(EncryptedStore::new(store.inner().clone(), keys))
+            }
+            #[cfg(feature = "redis")]
+            Self::EncryptedTiered(store) => {
+                Self::EncryptedTiered(EncryptedStore::new(store.inner().clone(), keys))
+            }
+        }
+    }
+
+    /// Whether stored responses are sealed (encryption at rest).
+    pub fn is_encrypted(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::EncryptedPostgres(_) => true,
+            #[cfg(feature = "sqlite")]
+            Self::EncryptedSqlite(_) => true,
+            #[cfg(feature = "redis")]
+            Self::EncryptedRedis(_) | Self::EncryptedTiered(_) => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// The store's kind, for logs: `postgres`, `sqlite`, `redis` or `tiered`
+    /// (sealed or not: see [`AnyStore::is_encrypted`]).
     pub fn kind(&self) -> &'static str {
         match self {
             #[cfg(feature = "postgres")]
@@ -220,6 +318,14 @@ impl AnyStore {
             Self::Redis(_) => "redis",
             #[cfg(feature = "redis")]
             Self::Tiered(_) => "tiered",
+            #[cfg(feature = "postgres")]
+            Self::EncryptedPostgres(_) => "postgres",
+            #[cfg(feature = "sqlite")]
+            Self::EncryptedSqlite(_) => "sqlite",
+            #[cfg(feature = "redis")]
+            Self::EncryptedRedis(_) => "redis",
+            #[cfg(feature = "redis")]
+            Self::EncryptedTiered(_) => "tiered",
         }
     }
 }

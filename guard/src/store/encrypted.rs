@@ -58,6 +58,14 @@ pub static SEALED: HeaderName = HeaderName::from_static("idempotency-sealed");
 
 const NONCE_LEN: usize = 12;
 
+/// The environment variable apps read encryption keys from
+/// ([`EncryptionKeys::from_environment`]).
+pub const KEYS_VARIABLE: &str = "IDEMPOTENCY_ENCRYPTION_KEYS";
+
+/// The environment variable naming a file of encryption keys
+/// ([`EncryptionKeys::from_environment`]).
+pub const KEYS_FILE_VARIABLE: &str = "IDEMPOTENCY_ENCRYPTION_KEYS_FILE";
+
 /// The encryption keys: the current one seals, every one opens.
 #[derive(Clone)]
 pub struct EncryptionKeys {
@@ -171,6 +179,26 @@ impl EncryptionKeys {
     /// see [`EncryptionKeys::parse`].
     pub fn from_env(name: &str) -> Result<Self, KeysError> {
         Self::parse(&std::env::var(name).unwrap_or_default())
+    }
+
+    /// Reads the keys the way the example app and the gateway do: from
+    /// `IDEMPOTENCY_ENCRYPTION_KEYS` ([`KEYS_VARIABLE`]) or else from the
+    /// file `IDEMPOTENCY_ENCRYPTION_KEYS_FILE` ([`KEYS_FILE_VARIABLE`])
+    /// names; `None` (encryption off) when neither is set or both are
+    /// empty.
+    ///
+    /// # Errors
+    ///
+    /// See [`KeysError`]: a variable that is set must hold usable keys.
+    pub fn from_environment() -> Result<Option<Self>, KeysError> {
+        let set = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        if let Some(text) = set(KEYS_VARIABLE) {
+            return Self::parse(&text).map(Some);
+        }
+        match set(KEYS_FILE_VARIABLE) {
+            Some(path) => Self::from_file(std::path::Path::new(path.trim())).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The id of the key that seals new records.

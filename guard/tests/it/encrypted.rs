@@ -277,3 +277,68 @@ async fn the_guard_replays_a_sealed_response_byte_for_byte() {
         "the Location header is sealed"
     );
 }
+
+/// Configuration turns encryption on: `AnyStore::open` given keys (as the
+/// example app and the gateway build it from `IDEMPOTENCY_ENCRYPTION_KEYS`)
+/// seals what the guard stores; the Redis hash holds no plaintext of the
+/// body or a header, and the replay is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_opened_with_configured_keys_seals_what_the_guard_stores() {
+    use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
+
+    let url = idempotency_tests::fixtures::redis_url();
+    let prefix = format!("test-enc-config-{}", uuid::Uuid::new_v4().simple());
+    let keys = keys(KEY_A);
+    let mut options = StoreOptions::sql("");
+    options.kind = StoreKind::Redis;
+    options.redis_url = Some(&url);
+    options.redis_prefix = &prefix;
+    options.encryption = Some(&keys);
+    let store = AnyStore::open(&options).await.unwrap();
+    assert!(store.is_encrypted());
+    let (router, runs) =
+        crate::support::app(idempotency_guard::IdempotencyLayer::new(store.clone()));
+    let body = r#"{"card":"4242424242424242"}"#;
+    let first = crate::support::send(&router, "configured-1", body).await;
+    let replay = crate::support::send(&router, "configured-1", body).await;
+    assert_eq!(runs.get(), 1);
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(replay.body, first.body);
+    assert!(contains(&first.body, "4242424242424242"));
+    assert_eq!(replay.header("location"), Some("/things/1"));
+
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let names: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:r:*"))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(names.len(), 1, "one record under the test's prefix");
+    let mut raw = Vec::new();
+    for name in &names {
+        let fields: Vec<Vec<u8>> = redis::cmd("HGETALL")
+            .arg(name)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        raw.extend(fields.concat());
+    }
+    assert!(!contains(&raw, "4242424242424242"), "body in clear");
+    assert!(!contains(&raw, "/things/1"), "the Location header in clear");
+    assert!(!contains(&raw, "application/json"), "a header in clear");
+    assert!(contains(&raw, "v1 a"), "the key id is stored");
+
+    let mut everything: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    everything.extend(names);
+    for name in everything {
+        let _: redis::RedisResult<i64> = redis::cmd("DEL")
+            .arg(name)
+            .query_async(&mut connection)
+            .await;
+    }
+}

@@ -27,6 +27,8 @@ mod cross_process;
 mod encrypted;
 mod metrics_probe;
 mod migrations;
+#[cfg(feature = "otel")]
+mod otel;
 mod redis_faults;
 mod slow_store;
 mod transactional;
