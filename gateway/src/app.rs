@@ -147,6 +147,12 @@ impl Gateway {
         self.engine.drain()
     }
 
+    /// The upstream client and the proxy metrics of requests no route
+    /// names, for the accept loop's pass-through path.
+    pub(crate) fn pass_through(&self) -> (Upstream, RouteMetrics) {
+        (self.upstream.clone(), self.unguarded.clone())
+    }
+
     /// The gateway's router. Tests call it with `oneshot`; `serve` binds it
     /// (with `ConnectInfo`, for `X-Forwarded-For`).
     ///

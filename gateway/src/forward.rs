@@ -12,7 +12,7 @@
 //! Abandoning is the safe side: the backend may have done the work, so the
 //! gateway never runs it again blindly.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -49,6 +49,37 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
 ];
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// A client's address, formatted once (per connection on the pass-through
+/// path) for the forwarding headers.
+#[derive(Debug, Clone)]
+pub struct ClientAddress {
+    /// The address as `X-Forwarded-For` lists it.
+    listed: HeaderValue,
+    /// The `for=` parameter of `Forwarded`, with its `;`.
+    forwarded_for: Box<str>,
+}
+
+impl ClientAddress {
+    /// Formats `ip` for `X-Forwarded-For` and `Forwarded` (RFC 7239: an
+    /// IPv6 address quoted and in brackets).
+    pub fn new(ip: IpAddr) -> Self {
+        let text = ip.to_string();
+        let forwarded_for = match ip {
+            IpAddr::V4(_) => format!("for={text};"),
+            IpAddr::V6(_) => format!("for=\"[{text}]\";"),
+        };
+        Self {
+            // An address's text is always a valid header value.
+            listed: HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static("unknown")),
+            forwarded_for: forwarded_for.into(),
+        }
+    }
+}
+
 /// The upstream and the pooled client that reaches it.
 #[derive(Debug, Clone)]
 pub struct Upstream {
@@ -57,6 +88,8 @@ pub struct Upstream {
     authority: Authority,
     /// A path prefix (without the trailing slash), or empty.
     prefix: String,
+    /// `Host` as the upstream expects it (its authority), made once.
+    upstream_host: Option<HeaderValue>,
     host: HostHeader,
     http2: bool,
     timeout: Duration,
@@ -150,6 +183,7 @@ impl Upstream {
         Ok(Self {
             client,
             scheme,
+            upstream_host: HeaderValue::from_str(authority.as_str()).ok(),
             authority,
             prefix: uri.path().trim_end_matches('/').to_owned(),
             host: proxy.host,
@@ -178,7 +212,8 @@ impl Upstream {
     /// whole (up to `keep` bytes, then streamed) before answering, so that a
     /// body that breaks off is an unknown outcome rather than a stored
     /// half-answer; failures after the request was sent carry
-    /// [`OutcomeUnknown`].
+    /// [`OutcomeUnknown`]. The client's address comes from the request's
+    /// [`ConnectInfo`], when there is one.
     pub async fn forward(
         &self,
         request: Request<Body>,
@@ -186,17 +221,34 @@ impl Upstream {
         guarded: bool,
         keep: usize,
     ) -> Response<Body> {
+        let client = request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|info| ClientAddress::new(info.0.ip()));
+        self.forward_from(request, client.as_ref(), metrics, guarded, keep)
+            .await
+    }
+
+    /// [`Upstream::forward`] with the client's address given (the
+    /// pass-through path, which has no axum extensions).
+    pub async fn forward_from(
+        &self,
+        request: Request<Body>,
+        client: Option<&ClientAddress>,
+        metrics: &RouteMetrics,
+        guarded: bool,
+        keep: usize,
+    ) -> Response<Body> {
         let started = Instant::now();
+        // Kept for the failure's log line; both clones share their bytes.
         let method = request.method().clone();
-        let path = request.uri().path().to_owned();
-        let (result, response) = self.exchange(request, guarded, keep).await;
+        let uri = request.uri().clone();
+        let (result, response) = self.exchange(request, client, guarded, keep).await;
         let elapsed = started.elapsed();
         metrics.counters[result as usize].increment(1);
         metrics.duration.record(elapsed);
-        if result == Exchange::Answered {
-            tracing::debug!(%method, path, status = response.status().as_u16(), elapsed_ms = elapsed.as_millis() as u64, "forwarded");
-        } else {
-            tracing::warn!(%method, path, result = result.label(), status = response.status().as_u16(), elapsed_ms = elapsed.as_millis() as u64, "upstream failed");
+        if result != Exchange::Answered {
+            tracing::warn!(%method, path = uri.path(), result = result.label(), status = response.status().as_u16(), elapsed_ms = elapsed.as_millis() as u64, "upstream failed");
         }
         response
     }
@@ -204,10 +256,11 @@ impl Upstream {
     async fn exchange(
         &self,
         request: Request<Body>,
+        client: Option<&ClientAddress>,
         guarded: bool,
         keep: usize,
     ) -> (Exchange, Response<Body>) {
-        let Some(outgoing) = self.outgoing(request) else {
+        let Some(outgoing) = self.outgoing(request, client) else {
             // Not sent: nothing ran upstream.
             let response = problem(
                 StatusCode::BAD_REQUEST,
@@ -312,26 +365,35 @@ impl Upstream {
     /// The request as the upstream gets it: its URI, headers without
     /// hop-by-hop ones, the forwarding headers, `Host` per configuration;
     /// `None` when the target cannot be forwarded.
-    fn outgoing(&self, request: Request<Body>) -> Option<Request<Body>> {
+    fn outgoing(
+        &self,
+        request: Request<Body>,
+        client: Option<&ClientAddress>,
+    ) -> Option<Request<Body>> {
         let (mut parts, body) = request.into_parts();
-        let client = parts
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|info| info.0.ip());
         let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
             parts
                 .uri
                 .authority()
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         });
-        let path = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        let target = format!("{}{}", self.prefix, path);
-        let uri = Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(target)
-            .build();
-        parts.uri = uri.ok()?;
+        let target = match parts.uri.path_and_query() {
+            // Without a prefix the target is the client's, bytes shared.
+            Some(path) if self.prefix.is_empty() => path.clone(),
+            None if self.prefix.is_empty() => PathAndQuery::from_static("/"),
+            path => {
+                let path = path.map_or("/", PathAndQuery::as_str);
+                let mut target = String::with_capacity(self.prefix.len() + path.len());
+                target.push_str(&self.prefix);
+                target.push_str(path);
+                PathAndQuery::try_from(target).ok()?
+            }
+        };
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(self.scheme.clone());
+        uri.authority = Some(self.authority.clone());
+        uri.path_and_query = Some(target);
+        parts.uri = Uri::from_parts(uri).ok()?;
         parts.version = if self.http2 {
             Version::HTTP_2
         } else {
@@ -341,8 +403,8 @@ impl Upstream {
         add_forwarding(&mut parts.headers, client, original_host.as_ref());
         match self.host {
             HostHeader::Upstream => {
-                if let Ok(value) = HeaderValue::from_str(self.authority.as_str()) {
-                    parts.headers.insert(header::HOST, value);
+                if let Some(value) = &self.upstream_host {
+                    parts.headers.insert(header::HOST, value.clone());
                 }
             }
             HostHeader::Keep => {
@@ -361,6 +423,14 @@ impl Upstream {
 
 /// Removes the hop-by-hop headers, and those the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages have none: one pass over the names is cheaper than a
+    // hashed removal of each.
+    if !headers
+        .keys()
+        .any(|name| HOP_BY_HOP.contains(name) || name == header::UPGRADE)
+    {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -376,46 +446,46 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Adds `X-Forwarded-For` (appended), `X-Forwarded-Host`,
-/// `X-Forwarded-Proto` and `Forwarded` (appended, RFC 7239).
+/// `X-Forwarded-Proto` and `Forwarded` (appended, RFC 7239). Each value is
+/// written once into its own buffer, which becomes the header value
+/// without a copy.
 fn add_forwarding(
     headers: &mut HeaderMap,
-    client: Option<std::net::IpAddr>,
+    client: Option<&ClientAddress>,
     host: Option<&HeaderValue>,
 ) {
-    let xff = HeaderName::from_static("x-forwarded-for");
-    if let Some(ip) = client {
-        let value = match headers.get(&xff).and_then(|v| v.to_str().ok()) {
-            Some(earlier) => format!("{earlier}, {ip}"),
-            None => ip.to_string(),
+    let mut forwarded = String::with_capacity(96);
+    if let Some(earlier) = headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        forwarded.push_str(earlier);
+        forwarded.push_str(", ");
+    }
+    if let Some(client) = client {
+        let listed = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+            Some(earlier) => {
+                let mut list = String::with_capacity(earlier.len() + 2 + client.listed.len());
+                list.push_str(earlier);
+                list.push_str(", ");
+                list.push_str(client.listed.to_str().unwrap_or_default());
+                HeaderValue::try_from(list).ok()
+            }
+            None => Some(client.listed.clone()),
         };
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            headers.insert(xff, value);
+        if let Some(listed) = listed {
+            headers.insert(X_FORWARDED_FOR, listed);
         }
+        forwarded.push_str(&client.forwarded_for);
     }
     if let Some(host) = host {
-        headers.insert(HeaderName::from_static("x-forwarded-host"), host.clone());
+        headers.insert(X_FORWARDED_HOST, host.clone());
+        if let Ok(text) = host.to_str() {
+            forwarded.push_str("host=\"");
+            forwarded.extend(text.chars().filter(|c| !matches!(c, '"' | '\\')));
+            forwarded.push_str("\";");
+        }
     }
-    headers.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static("http"),
-    );
-    let mut element = Vec::new();
-    if let Some(ip) = client {
-        element.push(match ip {
-            std::net::IpAddr::V4(v4) => format!("for={v4}"),
-            std::net::IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
-        });
-    }
-    if let Some(host) = host.and_then(|h| h.to_str().ok()) {
-        element.push(format!("host=\"{}\"", host.replace(['"', '\\'], "")));
-    }
-    element.push("proto=http".to_owned());
-    let element = element.join(";");
-    let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-        Some(earlier) => format!("{earlier}, {element}"),
-        None => element,
-    };
-    if let Ok(value) = HeaderValue::from_str(&value) {
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    forwarded.push_str("proto=http");
+    if let Ok(value) = HeaderValue::try_from(forwarded) {
         headers.insert(header::FORWARDED, value);
     }
 }
@@ -468,7 +538,8 @@ mod tests {
         headers.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
         headers.insert(header::FORWARDED, HeaderValue::from_static("for=10.0.0.1"));
         let host = HeaderValue::from_static("api.example");
-        add_forwarding(&mut headers, Some([127, 0, 0, 2].into()), Some(&host));
+        let client = ClientAddress::new([127, 0, 0, 2].into());
+        add_forwarding(&mut headers, Some(&client), Some(&host));
         assert_eq!(headers["x-forwarded-for"], "10.0.0.1, 127.0.0.2");
         assert_eq!(headers["x-forwarded-host"], "api.example");
         assert_eq!(headers["x-forwarded-proto"], "http");
