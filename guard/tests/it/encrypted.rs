@@ -283,7 +283,7 @@ async fn the_guard_replays_a_sealed_response_byte_for_byte() {
 /// seals what the guard stores; the Redis hash holds no plaintext of the
 /// body or a header, and the replay is whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_opened_with_configured_keys_seals_what_the_guard_stores() {
+async fn a_redis_store_opened_with_configured_keys_seals_what_the_guard_stores() {
     use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
 
     let url = idempotency_tests::fixtures::redis_url();
