@@ -158,6 +158,9 @@ pub(crate) enum App {
     /// The handler behind our guard, its stored responses sealed
     /// (`EncryptedStore` over the store, AES-256-GCM).
     GuardEncrypted,
+    /// The handler behind our guard with its in-process replay cache
+    /// (`--replay-cache-mib`, at least 64 MiB).
+    GuardCached,
     /// The handler behind our guard in transactional mode (PostgreSQL).
     GuardTx,
     /// The handler behind the peer crate `idempotent` 0.3.0 (its Valkey/Redis

@@ -41,6 +41,7 @@ pub(crate) enum Scenario {
     LargePeer2,
     GuardEncryptedFresh,
     GuardEncryptedReplay,
+    GuardCachedReplay,
 }
 
 impl Scenario {
@@ -63,6 +64,7 @@ impl Scenario {
             Self::LargePeer2 => "peer 2.0.0, 1 MiB bodies, fresh keys",
             Self::GuardEncryptedFresh => "guard, sealed responses, fresh keys",
             Self::GuardEncryptedReplay => "guard, sealed responses, replays",
+            Self::GuardCachedReplay => "guard, replays, replay cache",
         }
     }
 }
@@ -376,6 +378,12 @@ impl Bench {
                 }
                 plan.push(raw(store, RawOp::Read, Scenario::RawRead));
                 plan.push(http(App::Guard, Some(store), Scenario::GuardReplay));
+                // The same replays answered from the in-process cache (64 MiB).
+                plan.push(http(
+                    App::GuardCached,
+                    Some(store),
+                    Scenario::GuardCachedReplay,
+                ));
                 if sealed {
                     plan.push(http(
                         App::GuardEncrypted,
@@ -627,6 +635,7 @@ impl Bench {
                 | Scenario::PeerReplay
                 | Scenario::Peer2Replay
                 | Scenario::GuardEncryptedReplay
+                | Scenario::GuardCachedReplay
         );
         let keys = if replay {
             let keys = Arc::new(
@@ -643,7 +652,8 @@ impl Bench {
             Keys::Fresh(prefix.clone().into())
         };
         // The guard's batch sizes over the load alone (seeding excluded).
-        let scrapes = matches!(app, App::Guard | App::GuardTx) && !self.args.no_server_metrics;
+        let scrapes = matches!(app, App::Guard | App::GuardCached | App::GuardTx)
+            && !self.args.no_server_metrics;
         let batches_before = if scrapes {
             scrape(child.address).await
         } else {

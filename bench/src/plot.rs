@@ -12,12 +12,13 @@ use crate::orchestrate::{Results, Scenario};
 
 /// The series of each panel, and their colors (the peers have a Redis
 /// store only, so they appear in the Redis panel).
-const SERIES: [(Scenario, RGBColor); 9] = [
+const SERIES: [(Scenario, RGBColor); 10] = [
     (Scenario::Bare, RGBColor(120, 120, 120)),
     (Scenario::RawWrite, RGBColor(200, 40, 40)),
     (Scenario::GuardFresh, RGBColor(30, 90, 200)),
     (Scenario::RawRead, RGBColor(240, 150, 30)),
     (Scenario::GuardReplay, RGBColor(30, 160, 80)),
+    (Scenario::GuardCachedReplay, RGBColor(110, 200, 60)),
     (Scenario::PeerFresh, RGBColor(150, 60, 180)),
     (Scenario::PeerReplay, RGBColor(230, 110, 190)),
     (Scenario::Peer2Fresh, RGBColor(20, 150, 160)),

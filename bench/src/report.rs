@@ -101,19 +101,24 @@ fn targets(results: &Results, out: &mut String) {
         );
     }
     for store in ["postgres", "sqlite", "redis", "tiered"] {
-        let r = ratio(
-            find(rows, store, Scenario::GuardReplay, c),
-            find(rows, store, Scenario::RawRead, c),
-        );
-        if r.is_none() {
-            continue;
+        for (scenario, with) in [
+            (Scenario::GuardReplay, ""),
+            (Scenario::GuardCachedReplay, " (replay cache)"),
+        ] {
+            let r = ratio(
+                find(rows, store, scenario, c),
+                find(rows, store, Scenario::RawRead, c),
+            );
+            if r.is_none() {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "| {store}: replays{with} at {c} connections ≥ 0.9 × raw single read | {} | {} |",
+                show(r),
+                verdict(r.map(|r| r >= 0.9))
+            );
         }
-        let _ = writeln!(
-            out,
-            "| {store}: replays at {c} connections ≥ 0.9 × raw single read | {} | {} |",
-            show(r),
-            verdict(r.map(|r| r >= 0.9))
-        );
     }
     for c in peer_levels(results) {
         let ours = find(rows, "redis", Scenario::GuardFresh, c);
@@ -137,14 +142,22 @@ fn targets(results: &Results, out: &mut String) {
             );
         }
         let peer = faster_peer(rows, true, c);
-        let r = ratio(find(rows, "redis", Scenario::GuardReplay, c), peer);
-        let _ = writeln!(
-            out,
-            "| Redis replays at {c} connections ≥ 1.5 × the faster peer{} | {} | {} |",
-            which(peer),
-            show(r),
-            verdict(r.map(|r| r >= 1.5))
-        );
+        for (scenario, with) in [
+            (Scenario::GuardReplay, ""),
+            (Scenario::GuardCachedReplay, " (replay cache)"),
+        ] {
+            let r = ratio(find(rows, "redis", scenario, c), peer);
+            if r.is_none() && scenario == Scenario::GuardCachedReplay {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "| Redis replays{with} at {c} connections ≥ 1.5 × the faster peer{} | {} | {} |",
+                which(peer),
+                show(r),
+                verdict(r.map(|r| r >= 1.5))
+            );
+        }
     }
     let bare = find(rows, "-", Scenario::Bare, one);
     for store in ["postgres", "sqlite", "redis", "tiered"] {
@@ -224,7 +237,7 @@ fn ratios(results: &Results, out: &mut String) {
     let rows = &results.rows;
     let _ = writeln!(
         out,
-        "| store | connections | guard / raw claim+complete | replay / raw read | guard / bare | ours / peer 0.3.0, fresh | ours / peer 2.0.0, fresh | ours / peer 0.3.0, replay | ours / peer 2.0.0, replay |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| store | connections | guard / raw claim+complete | replay / raw read | replay (cache) / raw read | guard / bare | ours / peer 0.3.0, fresh | ours / peer 2.0.0, fresh | ours / peer 0.3.0, replay | ours / peer 2.0.0, replay |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for store in STORES {
         for &c in &results.settings.concurrency {
@@ -243,9 +256,13 @@ fn ratios(results: &Results, out: &mut String) {
             };
             let _ = writeln!(
                 out,
-                "| {store} | {c} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {store} | {c} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 show(ratio(guard, find(rows, store, Scenario::RawWrite, c))),
                 show(ratio(replay, find(rows, store, Scenario::RawRead, c))),
+                show(ratio(
+                    find(rows, store, Scenario::GuardCachedReplay, c),
+                    find(rows, store, Scenario::RawRead, c)
+                )),
                 show(ratio(guard, find(rows, "-", Scenario::Bare, c))),
                 against(guard, Scenario::PeerFresh),
                 against(guard, Scenario::Peer2Fresh),
@@ -281,6 +298,7 @@ fn peers(results: &Results, out: &mut String) {
         for (keys, ours, replay) in [
             ("fresh", Scenario::GuardFresh, false),
             ("replays", Scenario::GuardReplay, true),
+            ("replays, replay cache", Scenario::GuardCachedReplay, true),
         ] {
             let ours = find(rows, "redis", ours, c);
             let (old, new) = if replay {

@@ -58,6 +58,9 @@ fn bare() -> Router {
 /// are the same for any key).
 const BENCH_KEYS: &str = "bench:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 
+/// The replay cache of the `guard-cached` app, in MiB (at least).
+const GUARD_CACHED_MIB: usize = 64;
+
 /// The guarded app over `store`, its responses sealed when `keys` is given.
 fn guarded<S: Store>(store: S, keys: Option<&EncryptionKeys>, replay_cache_mib: usize) -> Router {
     match keys {
@@ -87,10 +90,14 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let cache = args.replay_cache_mib;
+    let cache = if args.app == App::GuardCached {
+        args.replay_cache_mib.max(GUARD_CACHED_MIB)
+    } else {
+        args.replay_cache_mib
+    };
     let mut app = match args.app {
         App::Bare => bare(),
-        App::Guard | App::GuardEncrypted => {
+        App::Guard | App::GuardEncrypted | App::GuardCached => {
             let store = args.store.context("--store is needed with the guard")?;
             let keys = (args.app == App::GuardEncrypted)
                 .then(|| EncryptionKeys::parse(BENCH_KEYS))

@@ -33,7 +33,9 @@
 //! The form here keeps every number's digits as written, and is one pass
 //! over the bytes with no intermediate tree.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::ops::Range;
 
 use http::{HeaderMap, HeaderValue, Method, header::CONTENT_TYPE};
 use sha2::{Digest, Sha256};
@@ -239,7 +241,7 @@ struct Parser<'a> {
     pos: usize,
 }
 
-impl Parser<'_> {
+impl<'a> Parser<'a> {
     fn peek(&self) -> Option<u8> {
         self.text.get(self.pos).copied()
     }
@@ -295,7 +297,11 @@ impl Parser<'_> {
             return Err(CanonicalJsonError::TooDeep);
         }
         self.expect(b'{')?;
-        let mut members: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        // Each member's key (borrowed from the text unless it has escapes)
+        // and where its canonical value lies in `values`: two allocations
+        // per object, whatever its size.
+        let mut members: Vec<(Cow<'_, [u8]>, Range<usize>)> = Vec::new();
+        let mut values = Vec::new();
         self.skip_whitespace();
         if self.peek() == Some(b'}') {
             self.pos += 1;
@@ -308,9 +314,9 @@ impl Parser<'_> {
             self.skip_whitespace();
             self.expect(b':')?;
             self.skip_whitespace();
-            let mut value = Vec::new();
-            self.value(&mut value, depth)?;
-            members.push((key, value));
+            let start = values.len();
+            self.value(&mut values, depth)?;
+            members.push((key, start..values.len()));
             self.skip_whitespace();
             match self.peek() {
                 Some(b',') => self.pos += 1,
@@ -332,7 +338,7 @@ impl Parser<'_> {
             }
             write_string(out, key);
             out.push(b':');
-            out.extend_from_slice(value);
+            out.extend_from_slice(&values[value.clone()]);
         }
         out.push(b'}');
         Ok(())
@@ -412,8 +418,22 @@ impl Parser<'_> {
     }
 
     /// Parses a string and returns its decoded UTF-8 bytes.
-    fn string(&mut self) -> Result<Vec<u8>, CanonicalJsonError> {
+    fn string(&mut self) -> Result<Cow<'a, [u8]>, CanonicalJsonError> {
         self.expect(b'"')?;
+        let text = self.text;
+        // Without escapes, the decoded string is the text itself.
+        let start = self.pos;
+        let run = text[start..]
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+            .ok_or(CanonicalJsonError::Syntax(text.len()))?;
+        if text[start + run] == b'"' {
+            let plain = &text[start..start + run];
+            std::str::from_utf8(plain)
+                .map_err(|e| CanonicalJsonError::Syntax(start + e.valid_up_to()))?;
+            self.pos = start + run + 1;
+            return Ok(Cow::Borrowed(plain));
+        }
         let mut decoded = Vec::new();
         loop {
             // Copy the run of plain bytes up to the next quote, escape or control byte.
@@ -429,7 +449,7 @@ impl Parser<'_> {
             match self.peek() {
                 Some(b'"') => {
                     self.pos += 1;
-                    return Ok(decoded);
+                    return Ok(Cow::Owned(decoded));
                 }
                 Some(b'\\') => {
                     self.pos += 1;

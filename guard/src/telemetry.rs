@@ -15,12 +15,15 @@
 //! - retry rate: `sum(rate(idempotency_requests_total{attempt!~"0|unknown"}[5m])) / sum(rate(idempotency_requests_total{attempt!="unknown"}[5m]))`
 //! - amplification factor: `sum(rate(idempotency_requests_total{attempt!="unknown"}[5m])) / sum(rate(idempotency_requests_total{attempt="0"}[5m]))`
 
+use std::collections::HashMap;
+use std::sync::{PoisonError, RwLock};
 use std::time::Instant;
 
 #[cfg(feature = "otel")]
 pub mod otel;
 
 use http::HeaderMap;
+use metrics::{Counter, Histogram};
 
 /// Requests the guard saw, by route, outcome and attempt.
 pub const REQUESTS_TOTAL: &str = "idempotency_requests_total";
@@ -92,31 +95,87 @@ pub(crate) fn attempt_label(headers: &HeaderMap) -> &'static str {
     }
 }
 
-/// Counts one request.
-pub(crate) fn count_request(route: &str, outcome: Outcome, attempt: &'static str) {
-    metrics::counter!(
-        REQUESTS_TOTAL,
-        "route" => route.to_owned(),
-        "outcome" => outcome.as_str(),
-        "attempt" => attempt,
-    )
-    .increment(1);
+/// The handles of the per-request metrics of one engine (and the layer
+/// over it), registered with the recorder on first use and reused.
+///
+/// Registering a labelled series (building its key, hashing it, finding it
+/// in the recorder's registry) costs more than the rest of a request's
+/// bookkeeping, and it happened for every request and store call. Handles
+/// belong to the recorder installed when they were first used: install it
+/// before the first request (as every exporter's setup does).
+#[derive(Default)]
+pub(crate) struct MetricHandles {
+    /// `idempotency_requests_total` by route.
+    requests: RwLock<HashMap<Box<str>, RouteCounters>>,
+    /// `idempotency_store_duration_seconds` by operation and success.
+    store: RwLock<HashMap<(&'static str, bool), Histogram>>,
+}
+
+/// One route's `idempotency_requests_total` series, by outcome and attempt.
+type RouteCounters = HashMap<(Outcome, &'static str), Counter>;
+
+impl std::fmt::Debug for MetricHandles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricHandles").finish_non_exhaustive()
+    }
+}
+
+impl MetricHandles {
+    /// Counts one request.
+    pub(crate) fn count_request(&self, route: &str, outcome: Outcome, attempt: &'static str) {
+        let found = self
+            .requests
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(route)
+            .and_then(|series| series.get(&(outcome, attempt)))
+            .cloned();
+        let counter = found.unwrap_or_else(|| {
+            let counter = metrics::counter!(
+                REQUESTS_TOTAL,
+                "route" => route.to_owned(),
+                "outcome" => outcome.as_str(),
+                "attempt" => attempt,
+            );
+            self.requests
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(route.into())
+                .or_default()
+                .insert((outcome, attempt), counter.clone());
+            counter
+        });
+        counter.increment(1);
+    }
+
+    /// Records how long a store operation took.
+    pub(crate) fn observe_store(&self, operation: &'static str, started: Instant, ok: bool) {
+        let found = self
+            .store
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(operation, ok))
+            .cloned();
+        let histogram = found.unwrap_or_else(|| {
+            let histogram = metrics::histogram!(
+                STORE_DURATION_SECONDS,
+                "operation" => operation,
+                "result" => if ok { "ok" } else { "error" },
+            );
+            self.store
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert((operation, ok), histogram.clone());
+            histogram
+        });
+        histogram.record(started.elapsed());
+    }
 }
 
 /// Counts a fenced write that the store refused.
 pub(crate) fn count_lease_lost(route: &str, operation: &'static str) {
     metrics::counter!(LEASE_LOST_TOTAL, "route" => route.to_owned(), "operation" => operation)
         .increment(1);
-}
-
-/// Records how long a store operation took.
-pub(crate) fn observe_store(operation: &'static str, started: Instant, ok: bool) {
-    metrics::histogram!(
-        STORE_DURATION_SECONDS,
-        "operation" => operation,
-        "result" => if ok { "ok" } else { "error" },
-    )
-    .record(started.elapsed());
 }
 
 /// Describes the metrics for exporters that show help text.

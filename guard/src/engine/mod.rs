@@ -44,9 +44,10 @@
 //!    already carrying the token is the request's own claim (a client
 //!    library retried it after losing the reply), so it counts as acquired.
 //!    A claim never ends owned by nobody.
-//! 2. **Hand-off.** Once the lease is held, the run moves into a task of its
-//!    own, tracked by the engine's [`Drain`], with no await in between: from
-//!    here on the caller only waits for the answer, and dropping its future
+//! 2. **Hand-off** ([`handoff`]). Once the lease is held, with no await in
+//!    between, the run goes on in the caller's task while the caller waits,
+//!    and moves into a task of its own the moment the caller goes away: both
+//!    are tracked by the engine's [`Drain`], and dropping the caller's future
 //!    cancels nothing.
 //! 3. **Decide** ([`crate::decision::decide`]) on an existing record:
 //!    replay, refuse, wait for it, or take it over (atomically, fenced by
@@ -68,6 +69,7 @@
 mod cache;
 mod claim;
 mod drain;
+mod handoff;
 mod settle;
 mod supervise;
 
@@ -83,7 +85,7 @@ pub use drain::Drain;
 
 use crate::decision::{AbandonedPolicy, InFlightPolicy, Policy};
 use crate::store::{Lease, Store, StoreError};
-use crate::telemetry::{Outcome, observe_store};
+use crate::telemetry::{MetricHandles, Outcome};
 use crate::{Fingerprint, StoredResponse};
 
 /// What the engine does when the store cannot be reached.
@@ -386,6 +388,7 @@ pub struct Engine<S> {
     config: Arc<EngineConfig>,
     tracker: TaskTracker,
     cache: Option<Arc<ReplayCacheHandle>>,
+    metrics: Arc<MetricHandles>,
 }
 
 /// The replay cache and its registration with the store's events (dropping
@@ -413,6 +416,7 @@ impl<S: Store> Engine<S> {
             config: Arc::new(EngineConfig::default()),
             tracker: TaskTracker::new(),
             cache: None,
+            metrics: Arc::default(),
         }
     }
 
@@ -564,8 +568,8 @@ impl<S: Store> Engine<S> {
     /// Runs `work` at most once for `job`'s key, or answers with the stored
     /// outcome or the reason it does not run.
     ///
-    /// The work runs in a task of its own: if the caller stops waiting (its
-    /// future is dropped), the run goes on to its end and its outcome is
+    /// The work runs in the caller's task, and in a task of its own once the
+    /// caller stops waiting (its future is dropped): the run goes on to its end and its outcome is
     /// stored, so the caller's retry gets the replay; a caller that goes away
     /// while its claim is still on its way leaves the claim to be released
     /// in the background. A panic in the work releases the key and answers
@@ -604,20 +608,13 @@ impl<S: Store> Engine<S> {
             claim::Acquired::StoreFailed => return self.store_failed(work).await,
         };
         // No await between the claim's answer and this hand-off: from here
-        // on the run is the task's, whatever becomes of the caller.
+        // on the run goes on to its end, whatever becomes of the caller.
         let engine = self.clone();
         let run = async move { engine.run_acquired(job, lease, work).await };
-        // The run's task stays inside the caller's span.
+        // The run stays inside the caller's span, in a task of its own too.
         #[cfg(feature = "otel")]
         let run = tracing::Instrument::in_current_span(run);
-        let task = self.tracker.spawn(run);
-        match task.await {
-            Ok(answer) => answer,
-            Err(error) => {
-                tracing::error!(error = %error, "the engine's run task failed");
-                Answer::Refused(Refusal::Failed)
-            }
-        }
+        handoff::HandOff::new(run, &self.tracker).await
     }
 
     /// Runs `work` once for `job`'s key and keeps its JSON value as the
@@ -725,7 +722,12 @@ impl<S: Store> Engine<S> {
         operation: &'static str,
         future: impl Future<Output = Result<R, StoreError>>,
     ) -> Result<R, StoreError> {
-        timed(operation, self.config.store_timeout, future).await
+        timed(&self.metrics, operation, self.config.store_timeout, future).await
+    }
+
+    /// The handles of the engine's per-request metrics.
+    pub(crate) fn metrics(&self) -> &Arc<MetricHandles> {
+        &self.metrics
     }
 }
 
@@ -736,6 +738,7 @@ impl<S: Store> Engine<S> {
     fields(idempotency.store.operation = operation),
 ))]
 pub(crate) async fn timed<R>(
+    metrics: &MetricHandles,
     operation: &'static str,
     timeout: Duration,
     future: impl Future<Output = Result<R, StoreError>>,
@@ -744,7 +747,7 @@ pub(crate) async fn timed<R>(
     let result = tokio::time::timeout(timeout, future)
         .await
         .unwrap_or(Err(StoreError::Timeout(timeout)));
-    observe_store(
+    metrics.observe_store(
         operation,
         started,
         !matches!(

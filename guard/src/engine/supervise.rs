@@ -3,6 +3,7 @@
 
 use std::any::Any;
 use std::future::Future;
+use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -214,10 +215,11 @@ impl<S: Store> Engine<S> {
         let timeout = self.config.store_timeout;
         let route = route.to_owned();
         let stopped = stop.clone();
+        let metrics = Arc::clone(&self.metrics);
         let task = self.tracker.spawn(async move {
             let period = length / 3;
             loop {
-                match timed("renew", timeout, store.renew(&lease, length)).await {
+                match timed(&metrics, "renew", timeout, store.renew(&lease, length)).await {
                     Ok(()) => {}
                     Err(StoreError::LeaseLost) => {
                         count_lease_lost(&route, "renew");

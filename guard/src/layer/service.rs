@@ -21,7 +21,7 @@ use crate::engine::{Answer, Engine, Job, RunContext, Settle};
 use crate::problem::Rejection;
 use crate::response::{BoxError, Captured, capture, headers_to_store, is_no_store};
 use crate::store::Store;
-use crate::telemetry::{Outcome, attempt_label, count_request};
+use crate::telemetry::{Outcome, attempt_label};
 use crate::{Fingerprint, IdempotencyKey, KeyError, StoredResponse};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a route.
@@ -122,9 +122,10 @@ where
                 .map_or("unmatched", MatchedPath::as_str)
                 .to_owned();
             let attempt = attempt_label(request.headers());
+            let metrics = Arc::clone(service.engine.metrics());
             let counted = service.handle(request, &route).await;
             if let Some(outcome) = counted.outcome {
-                count_request(&route, outcome, attempt);
+                metrics.count_request(&route, outcome, attempt);
                 #[cfg(feature = "otel")]
                 tracing::Span::current().record(crate::telemetry::otel::OUTCOME, outcome.as_str());
             }

@@ -24,7 +24,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -93,6 +93,8 @@ struct Counters {
     batches: AtomicU64,
     items: AtomicU64,
     largest: AtomicU64,
+    /// `idempotency_store_batch_size{op}`, registered on the first batch.
+    histogram: OnceLock<metrics::Histogram>,
 }
 
 impl Counters {
@@ -101,7 +103,9 @@ impl Counters {
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.items.fetch_add(size, Ordering::Relaxed);
         self.largest.fetch_max(size, Ordering::Relaxed);
-        metrics::histogram!("idempotency_store_batch_size", "op" => op).record(size as f64);
+        self.histogram
+            .get_or_init(|| metrics::histogram!("idempotency_store_batch_size", "op" => op))
+            .record(size as f64);
     }
 
     fn snapshot(&self) -> BatchCounts {

@@ -54,14 +54,15 @@ macro_rules! script {
     };
 }
 
-static CLAIM: LazyLock<Script> = script!("now.lua", "write_new.lua", "claim.lua");
+static CLAIM: LazyLock<Script> = script!("now.lua", "write_new.lua", "pack.lua", "claim.lua");
 static TAKE_OVER: LazyLock<Script> = script!("now.lua", "write_new.lua", "take_over.lua");
 static COMPLETE: LazyLock<Script> = script!("fence.lua", "now.lua", "complete.lua");
 static RENEW: LazyLock<Script> = script!("fence.lua", "now.lua", "renew.lua");
 static RELEASE: LazyLock<Script> = script!("fence.lua", "release.lua");
 static GET: LazyLock<Script> = script!("now.lua", "get.lua");
 static CACHE_PUT: LazyLock<Script> = script!("cache_put.lua");
-static CLAIM_BATCH: LazyLock<Script> = script!("now.lua", "write_new.lua", "claim_batch.lua");
+static CLAIM_BATCH: LazyLock<Script> =
+    script!("now.lua", "write_new.lua", "pack.lua", "claim_batch.lua");
 static COMPLETE_BATCH: LazyLock<Script> = script!("now.lua", "complete_batch.lua");
 
 /// The default batching on one Redis: up to 64 claims (or completions)
@@ -397,7 +398,33 @@ const CACHED: &str = "c";
 /// makes the encoding injective, so scope `a:b` with key `c` never meets
 /// scope `a` with key `b:c`.
 fn record_key(prefix: &str, namespace: &str, scope: &str, key: &str) -> Vec<u8> {
-    format!("{prefix}:{namespace}:{}:{scope}:{key}", scope.len()).into_bytes()
+    // Built by hand: `format!` costs more than the rest of a claim's
+    // encoding, and this runs for every store call.
+    let mut out = Vec::with_capacity(prefix.len() + namespace.len() + scope.len() + key.len() + 24);
+    for part in [prefix.as_bytes(), b":", namespace.as_bytes(), b":"] {
+        out.extend_from_slice(part);
+    }
+    push_decimal(&mut out, scope.len());
+    for part in [b":".as_slice(), scope.as_bytes(), b":", key.as_bytes()] {
+        out.extend_from_slice(part);
+    }
+    out
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut Vec<u8>, n: usize) {
+    let mut digits = [0_u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// The scope and key of a record (or cache) key, if it is one of `prefix`.
@@ -463,12 +490,58 @@ fn record_from_fields(
     let Value::Array(values) = fields else {
         return Err(CorruptRecord("HMGET did not return an array").into());
     };
+    let mut fields = [None; FIELDS.len()];
+    for (field, value) in fields.iter_mut().zip(values) {
+        if let Value::BulkString(bytes) = value {
+            *field = Some(bytes.as_slice());
+        }
+    }
+    record_from(scope, key, &fields, now)
+}
+
+/// A record from the fields packed by `pack.lua` (each field as its length,
+/// `:` and its bytes, or `~` when missing), read at `now`; `None` when the
+/// record does not exist.
+fn record_from_packed(
+    scope: &str,
+    key: &str,
+    mut packed: &[u8],
+    now: i64,
+) -> Result<Option<Record>, StoreError> {
+    let corrupt = CorruptRecord("the packed record is invalid");
+    let mut fields = [None; FIELDS.len()];
+    for field in &mut fields {
+        if let Some(rest) = packed.strip_prefix(b"~") {
+            packed = rest;
+            continue;
+        }
+        let colon = packed.iter().position(|&b| b == b':').ok_or(corrupt)?;
+        let length: usize = std::str::from_utf8(&packed[..colon])
+            .ok()
+            .and_then(|digits| digits.parse().ok())
+            .ok_or(corrupt)?;
+        let rest = &packed[colon + 1..];
+        let value = rest.get(..length).ok_or(corrupt)?;
+        *field = Some(value);
+        packed = &rest[length..];
+    }
+    if !packed.is_empty() {
+        return Err(corrupt.into());
+    }
+    record_from(scope, key, &fields, now)
+}
+
+/// A record from the values of [`FIELDS`], in order; `None` when the record
+/// does not exist (no lease token).
+fn record_from(
+    scope: &str,
+    key: &str,
+    fields: &[Option<&[u8]>; FIELDS.len()],
+    now: i64,
+) -> Result<Option<Record>, StoreError> {
     let field = |name: &str| -> Option<&[u8]> {
         let index = FIELDS.iter().position(|f| *f == name)?;
-        match values.get(index) {
-            Some(Value::BulkString(bytes)) => Some(bytes.as_slice()),
-            _ => None,
-        }
+        fields[index]
     };
     let Some(token) = field("t") else {
         return Ok(None);
@@ -547,15 +620,12 @@ impl BatchedStore for RedisStore {
             .iter()
             .zip(answers)
             .map(|(item, answer)| match answer {
-                Value::Array(answer) => match answer.as_slice() {
-                    [acquired] if int(acquired)? == 1 => Ok(Claim::Acquired(item.as_new().lease())),
-                    [_, fields] => {
-                        let record = record_from_fields(&item.scope, &item.key, fields, now)?
-                            .ok_or(CorruptRecord("the existing record vanished"))?;
-                        Ok(Claim::Existing(Box::new(record)))
-                    }
-                    _ => Err(shape().into()),
-                },
+                Value::Int(1) => Ok(Claim::Acquired(item.as_new().lease())),
+                Value::BulkString(packed) => {
+                    let record = record_from_packed(&item.scope, &item.key, packed, now)?
+                        .ok_or(CorruptRecord("the existing record vanished"))?;
+                    Ok(Claim::Existing(Box::new(record)))
+                }
                 _ => Err(shape().into()),
             })
             .collect())
@@ -611,8 +681,8 @@ impl Store for RedisStore {
         };
         match reply.as_slice() {
             [acquired, _] if int(acquired)? == 1 => Ok(Claim::Acquired(new.lease())),
-            [_, now, fields] => {
-                let record = record_from_fields(new.scope, new.key, fields, int(now)?)?
+            [_, now, Value::BulkString(packed)] => {
+                let record = record_from_packed(new.scope, new.key, packed, int(now)?)?
                     .ok_or(CorruptRecord("the existing record vanished"))?;
                 Ok(Claim::Existing(Box::new(record)))
             }
@@ -878,6 +948,82 @@ impl crate::store::admin::AdminStore for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Packs fields as `pack.lua` does.
+    fn pack(fields: &[Option<&[u8]>]) -> Vec<u8> {
+        let mut packed = Vec::new();
+        for field in fields {
+            match field {
+                Some(value) => {
+                    packed.extend_from_slice(format!("{}:", value.len()).as_bytes());
+                    packed.extend_from_slice(value);
+                }
+                None => packed.push(b'~'),
+            }
+        }
+        packed
+    }
+
+    #[test]
+    fn packed_records_decode_like_their_fields() {
+        let token = uuid::Uuid::new_v4();
+        let request = encode_request(&Fingerprint::from_bytes([7; 32]), false, "POST", "/p:~");
+        let response = encode_response(&StoredResponse::from_bytes("12:~ok"));
+        // t s l e n m p c; `:` and `~` inside values are data.
+        let completed: [Option<&[u8]>; 8] = [
+            Some(token.as_bytes()),
+            Some(b"c"),
+            Some(b"1700000060000"),
+            Some(b"1700086400000"),
+            Some(b"1700000000000"),
+            Some(&request),
+            Some(&response),
+            Some(b"1700000001000"),
+        ];
+        let in_flight: [Option<&[u8]>; 8] = [
+            completed[0],
+            Some(b"f"),
+            completed[2],
+            completed[3],
+            completed[4],
+            completed[5],
+            None,
+            None,
+        ];
+        for fields in [completed, in_flight] {
+            let as_array = Value::Array(
+                fields
+                    .iter()
+                    .map(|f| f.map_or(Value::Nil, |v| Value::BulkString(v.to_vec())))
+                    .collect(),
+            );
+            let unpacked = record_from_packed("s", "k", &pack(&fields), 1_700_000_002_000).unwrap();
+            let expected = record_from_fields("s", "k", &as_array, 1_700_000_002_000).unwrap();
+            assert!(unpacked.is_some());
+            assert_eq!(unpacked, expected);
+        }
+        let record = record_from_packed("s", "k", &pack(&completed), 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            record.response.unwrap().body.as_deref(),
+            Some(&b"12:~ok"[..])
+        );
+        assert_eq!(record.path, "/p:~");
+        // No token: no record.
+        let gone = pack(&[None; 8]);
+        assert_eq!(record_from_packed("s", "k", &gone, 0).unwrap(), None);
+        // Truncated, too long, too few fields, not a length: corrupt.
+        let whole = pack(&completed);
+        for bad in [
+            &whole[..whole.len() - 1],
+            &[whole.as_slice(), b"~"].concat()[..],
+            &pack(&completed[..7])[..],
+            b"x:~~~~~~~",
+        ] {
+            assert!(record_from_packed("s", "k", bad, 0).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn packed_requests_and_responses_round_trip() {
