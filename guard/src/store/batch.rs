@@ -1,14 +1,15 @@
 //! Group commit: claims (and completions) of concurrent requests that queue
 //! while one statement or script is on its way go together in the next one.
 //!
-//! A store owns one [`Batcher`] per batched operation. A caller hands its
-//! item to the batcher and waits for its own result. The batcher's worker
-//! task takes everything queued (up to [`BatchLimits::max_batch`]) and sends
-//! it as one batch as soon as fewer than [`BatchLimits::max_in_flight`]
-//! batches are on their way: nothing waits for a batch to fill, so a lone
-//! request goes out at once and one connection's latency does not grow; under
-//! load, batches grow by themselves and each request costs a fraction of a
-//! statement, a commit and a round trip.
+//! A store owns one [`Batcher`] per batched operation. A caller that finds
+//! nothing of its operation on its way sends its item by itself, from its
+//! own task (no hand-off to the worker and back: one connection's latency
+//! does not grow). Otherwise it hands its item to the batcher and waits for
+//! its own result: the batcher's worker task takes everything queued (up to
+//! [`BatchLimits::max_batch`]) and sends it as one batch as soon as fewer
+//! than [`BatchLimits::max_in_flight`] batches are on their way. Nothing
+//! waits for a batch to fill; under load, batches grow by themselves and
+//! each request costs a fraction of a statement, a commit and a round trip.
 //!
 //! Every item gets its own result: the store answers per row (per key),
 //! fencing included. When the whole batch fails (the store is unreachable,
@@ -16,14 +17,15 @@
 //! for any of them (one statement or one transaction).
 //!
 //! Nothing is stranded: the worker, not the caller, owns a batch once it is
-//! sent. When a caller went away before its result arrived (its request was
+//! sent (a caller that sent its item by itself owns it, as without
+//! batching: the engine's claim guard releases a claim whose caller left). When a caller went away before its result arrived (its request was
 //! dropped, its store timeout fired), the worker hands the result to the
 //! store's `undelivered` hook: a claim that was acquired for nobody is
 //! released there.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use futures_util::StreamExt;
@@ -163,6 +165,48 @@ struct Shared<I, O> {
     /// outside a runtime) and again if its runtime went away.
     queue: Mutex<Option<mpsc::UnboundedSender<Queued<I, O>>>>,
     counters: Arc<Counters>,
+    slots: Arc<Slots>,
+}
+
+/// The batches of one operation on their way (the worker's, and items that
+/// callers sent by themselves), at most [`BatchLimits::max_in_flight`].
+#[derive(Debug, Default)]
+struct Slots {
+    busy: AtomicUsize,
+    /// Items queued for the worker and not yet sent (a caller sends its
+    /// item by itself only when none waits: queued items go first).
+    queued: AtomicUsize,
+    /// Woken when a batch comes back (the worker may be waiting for a slot).
+    freed: tokio::sync::Notify,
+}
+
+impl Slots {
+    /// Takes a slot when fewer than `below` batches are on their way.
+    fn take(self: &Arc<Self>, below: usize) -> Option<OnItsWay> {
+        let mut busy = self.busy.load(Ordering::Acquire);
+        while busy < below {
+            match self.busy.compare_exchange_weak(
+                busy,
+                busy + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(OnItsWay(Arc::clone(self))),
+                Err(now) => busy = now,
+            }
+        }
+        None
+    }
+}
+
+/// A slot held by one batch until it is dropped (answered, or given up).
+struct OnItsWay(Arc<Slots>);
+
+impl Drop for OnItsWay {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+        self.0.freed.notify_one();
+    }
 }
 
 impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
@@ -185,6 +229,7 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                 undelivered: Arc::new(undelivered),
                 queue: Mutex::new(None),
                 counters: Arc::default(),
+                slots: Arc::default(),
             }),
         }
     }
@@ -194,14 +239,30 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
         self.shared.counters.snapshot()
     }
 
-    /// Queues `item` for the next batch and waits for its result.
+    /// Sends `item` by itself when nothing is on its way, or queues it for
+    /// the next batch; waits for its result.
     pub(crate) async fn call(&self, item: I) -> Result<O, StoreError> {
+        // Nothing on its way or queued (no load): the item goes by itself, now.
+        let slots = &self.shared.slots;
+        if slots.queued.load(Ordering::Acquire) == 0
+            && let Some(_on_its_way) = slots.take(1)
+        {
+            self.shared.counters.record(self.shared.op, 1);
+            return match (self.shared.send)(vec![item]).await {
+                Ok(mut results) if results.len() == 1 => results.remove(0),
+                Ok(_) => Err(StoreError::Unavailable(
+                    "the store answered a batch with the wrong number of results".into(),
+                )),
+                Err(error) => Err(error),
+            };
+        }
         let (reply, result) = oneshot::channel();
         let mut queued = Queued { item, reply };
         // At most two tries: the second one after starting a new worker
         // when the old one's runtime is gone.
         for _ in 0..2 {
             let queue = self.queue();
+            slots.queued.fetch_add(1, Ordering::AcqRel);
             match queue.send(queued) {
                 Ok(()) => {
                     return result.await.unwrap_or_else(|_| {
@@ -211,6 +272,7 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                     });
                 }
                 Err(mpsc::error::SendError(back)) => {
+                    slots.queued.fetch_sub(1, Ordering::AcqRel);
                     queued = back;
                     self.forget_queue(&queue);
                 }
@@ -238,6 +300,7 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                     self.shared.send.clone(),
                     self.shared.undelivered.clone(),
                     self.shared.counters.clone(),
+                    self.shared.slots.clone(),
                 ));
                 *slot = Some(queue.clone());
                 queue
@@ -267,35 +330,50 @@ async fn work<I, O>(
     send: Arc<Send_<I, O>>,
     undelivered: Arc<Undelivered<O>>,
     counters: Arc<Counters>,
+    slots: Arc<Slots>,
 ) {
     let mut in_flight = FuturesUnordered::new();
     let mut open = true;
+    // The first item of the next batch, waiting for a slot.
+    let mut held: Option<Queued<I, O>> = None;
     loop {
         tokio::select! {
             biased;
             Some((replies, results)) = in_flight.next(), if !in_flight.is_empty() => {
                 deliver(replies, results, &*undelivered);
             }
-            first = queue.recv(), if open && in_flight.len() < limits.max_in_flight => {
-                let Some(first) = first else {
-                    open = false;
-                    continue;
-                };
-                let mut batch = vec![first];
-                while batch.len() < limits.max_batch {
-                    match queue.try_recv() {
-                        Ok(next) => batch.push(next),
-                        Err(_) => break,
-                    }
-                }
-                counters.record(op, batch.len());
-                let (items, replies): (Vec<I>, Vec<_>) =
-                    batch.into_iter().map(|queued| (queued.item, queued.reply)).unzip();
-                let future = send(items);
-                in_flight.push(async move { (replies, future.await) });
-            }
+            () = slots.freed.notified(), if held.is_some() => {}
+            first = queue.recv(), if open && held.is_none() => match first {
+                Some(first) => held = Some(first),
+                None => open = false,
+            },
             else => break,
         }
+        if held.is_none() {
+            continue;
+        }
+        let Some(on_its_way) = slots.take(limits.max_in_flight) else {
+            continue;
+        };
+        let mut batch = Vec::from_iter(held.take());
+        while batch.len() < limits.max_batch {
+            match queue.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        counters.record(op, batch.len());
+        slots.queued.fetch_sub(batch.len(), Ordering::AcqRel);
+        let (items, replies): (Vec<I>, Vec<_>) = batch
+            .into_iter()
+            .map(|queued| (queued.item, queued.reply))
+            .unzip();
+        let future = send(items);
+        in_flight.push(async move {
+            let results = future.await;
+            drop(on_its_way);
+            (replies, results)
+        });
     }
 }
 

@@ -3,8 +3,10 @@
 //! answer.
 //!
 //! The tests run on a current-thread runtime with one batch on its way at
-//! a time: every claim of a `join_all` is queued before the batcher's worker
-//! first runs, so they all go in one batch (the counts prove it).
+//! a time. The first call of a `join_all` finds nothing on its way and goes
+//! by itself (the path of a store without load); every later one queues
+//! behind it, and they all go in the next batch (the counts prove it). So
+//! each test leads its calls with one for another key.
 
 use std::time::Duration;
 
@@ -82,16 +84,23 @@ pub(crate) async fn two_hundred_claims_of_one_key_in_one_batch_have_one_winner<S
     stats: impl Fn() -> idempotency_guard::store::BatchStats,
 ) {
     let fingerprint = Fingerprint::from_bytes([1; 32]);
+    let lead = new_record("lead", &fingerprint);
     let records: Vec<NewRecord<'_>> = (0..200)
         .map(|_| new_record("one-key", &fingerprint))
         .collect();
-    let claims = join_all(records.iter().map(|new| store.claim(new))).await;
+    let mut claims = join_all(
+        std::iter::once(&lead)
+            .chain(&records)
+            .map(|new| store.claim(new)),
+    )
+    .await;
     let counts = stats().claims;
     assert_eq!(
         (counts.batches, counts.largest),
-        (1, 200),
-        "the 200 claims did not go in one batch: {counts:?}"
+        (2, 200),
+        "the 200 claims did not go in one batch behind the lead: {counts:?}"
     );
+    assert!(matches!(claims.remove(0), Ok(Claim::Acquired(_))));
     let mut winners = Vec::new();
     for (new, claim) in records.iter().zip(claims) {
         match claim.expect("claim") {
@@ -123,6 +132,7 @@ pub(crate) async fn a_mixed_batch_answers_each_claim_for_itself<S: Store>(
     let running = acquire(&store, &new_record("running", &paid)).await;
     let before = stats().claims.batches;
 
+    let lead = new_record("lead", &paid);
     let batch = [
         new_record("fresh", &paid),
         new_record("done", &paid),
@@ -130,16 +140,21 @@ pub(crate) async fn a_mixed_batch_answers_each_claim_for_itself<S: Store>(
         new_record("running", &paid),
         new_record("fresh", &other),
     ];
-    let claims: Vec<Claim> = join_all(batch.iter().map(|new| store.claim(new)))
-        .await
-        .into_iter()
-        .map(|claim| claim.expect("claim"))
-        .collect();
+    let mut claims: Vec<Claim> = join_all(
+        std::iter::once(&lead)
+            .chain(&batch)
+            .map(|new| store.claim(new)),
+    )
+    .await
+    .into_iter()
+    .map(|claim| claim.expect("claim"))
+    .collect();
     assert_eq!(
-        stats().claims.batches,
-        before + 1,
-        "the five claims did not go in one batch"
+        (stats().claims.batches, stats().claims.largest),
+        (before + 2, 5),
+        "the five claims did not go in one batch behind the lead"
     );
+    claims.remove(0);
 
     match &claims[0] {
         Claim::Acquired(lease) => assert_eq!(lease.token, batch[0].token),
@@ -188,6 +203,7 @@ pub(crate) async fn a_batch_of_completions_is_fenced_per_record<S: Store>(
     let taken = acquire(&store, &new_record("taken", &fingerprint)).await;
     let released = acquire(&store, &new_record("released", &fingerprint)).await;
     store.release(&released).await.unwrap();
+    let lead = acquire(&store, &new_record("lead", &fingerprint)).await;
     let stale = Lease {
         token: LeaseToken::new(),
         ..taken.clone()
@@ -195,13 +211,19 @@ pub(crate) async fn a_batch_of_completions_is_fenced_per_record<S: Store>(
     let before = stats().completions.batches;
 
     let first = response("first");
-    let answers = join_all([
+    let mut answers = join_all([
+        store.complete(&lead, &first),
         store.complete(&held, &first),
         store.complete(&stale, &first),
         store.complete(&released, &first),
     ])
     .await;
-    assert_eq!(stats().completions.batches, before + 1, "not one batch");
+    assert_eq!(
+        (stats().completions.batches, stats().completions.largest),
+        (before + 2, 3),
+        "not one batch behind the lead"
+    );
+    assert!(answers.remove(0).is_ok(), "the lead's completion");
     assert!(
         answers[0].is_ok(),
         "the holder's completion: {:?}",
@@ -250,14 +272,25 @@ async fn a_failing_batch_writes_nothing<S: Store>(
     let running = acquire(&store, &new_record("running", &fingerprint)).await;
     let before = stats().claims.batches;
 
+    let lead = new_record("lead", &fingerprint);
     let batch = [
         new_record("fresh", &fingerprint),
         new_record("done", &fingerprint),
         new_record("poison", &fingerprint),
         new_record("running", &fingerprint),
     ];
-    let claims = join_all(batch.iter().map(|new| store.claim(new))).await;
-    assert_eq!(stats().claims.batches, before + 1, "not one batch");
+    let mut claims = join_all(
+        std::iter::once(&lead)
+            .chain(&batch)
+            .map(|new| store.claim(new)),
+    )
+    .await;
+    assert_eq!(
+        (stats().claims.batches, stats().claims.largest),
+        (before + 2, 4),
+        "not one batch behind the lead"
+    );
+    assert!(matches!(claims.remove(0), Ok(Claim::Acquired(_))));
     for (new, claim) in batch.iter().zip(&claims) {
         assert!(
             matches!(claim, Err(StoreError::Unavailable(_))),
@@ -356,12 +389,33 @@ async fn a_claim_acquired_for_a_caller_that_left_is_released_by_the_batcher() {
         .execute(&mut *blocker)
         .await
         .unwrap();
+    // A lead claim goes by itself (nothing is on its way) and waits for the
+    // lock; the claim of the caller that leaves queues behind it, in the
+    // batcher's hands.
+    let lead = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let fingerprint = Fingerprint::from_bytes([6; 32]);
+            store
+                .claim(&new_record("lead", &fingerprint))
+                .await
+                .map(|_| ())
+        }
+    });
+    for _ in 0..100 {
+        if store.batch_stats().claims.batches == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(store.batch_stats().claims.batches, 1, "the lead did not go");
     let fingerprint = Fingerprint::from_bytes([6; 32]);
     let new = new_record("left", &fingerprint);
     let gone = tokio::time::timeout(Duration::from_millis(300), store.claim(&new)).await;
     assert!(gone.is_err(), "the claim was not held up by the write lock");
     sqlx::query("commit").execute(&mut *blocker).await.unwrap();
     drop(blocker);
+    lead.await.unwrap().expect("the lead's claim");
     // The batch now commits the claim, finds its caller gone and releases it.
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
