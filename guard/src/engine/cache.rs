@@ -33,10 +33,40 @@ struct Entry {
     size: usize,
 }
 
+/// The entries by scope, then key (looked up by `&str`: a hit allocates
+/// nothing).
 #[derive(Default)]
 struct Entries {
-    map: HashMap<(String, String), Entry>,
+    map: HashMap<String, HashMap<String, Entry>>,
     bytes: usize,
+}
+
+impl Entries {
+    /// Removes the entry of `(scope, key)`, if any.
+    fn remove(&mut self, scope: &str, key: &str) {
+        let Some(keys) = self.map.get_mut(scope) else {
+            return;
+        };
+        if let Some(entry) = keys.remove(key) {
+            self.bytes -= entry.size;
+        }
+        if keys.is_empty() {
+            self.map.remove(scope);
+        }
+    }
+
+    /// Removes some entry (the cache is full); `false` when it is empty.
+    fn evict_one(&mut self) -> bool {
+        let Some((scope, key)) = self
+            .map
+            .iter()
+            .find_map(|(scope, keys)| Some((scope.clone(), keys.keys().next()?.clone())))
+        else {
+            return false;
+        };
+        self.remove(&scope, &key);
+        true
+    }
 }
 
 /// Completed records of recent runs and replays, by `(scope, key)`.
@@ -70,12 +100,9 @@ impl ReplayCache {
     /// The cached answer for `(scope, key)`, if a live copy is held.
     pub(crate) fn get(&self, scope: &str, key: &str, fingerprint: &Fingerprint) -> Option<Hit> {
         let mut entries = self.lock();
-        let id = (scope.to_owned(), key.to_owned());
-        let entry = entries.map.get(&id)?;
+        let entry = entries.map.get(scope)?.get(key)?;
         if entry.valid_until <= Instant::now() {
-            let size = entry.size;
-            entries.map.remove(&id);
-            entries.bytes -= size;
+            entries.remove(scope, key);
             return None;
         }
         Some(if entry.fingerprint == *fingerprint {
@@ -103,35 +130,29 @@ impl ReplayCache {
         }
         let valid_until = Instant::now() + lives.min(self.max_age);
         let mut entries = self.lock();
-        while entries.bytes + size > self.capacity {
-            let Some(victim) = entries.map.keys().next().cloned() else {
-                break;
-            };
-            if let Some(evicted) = entries.map.remove(&victim) {
-                entries.bytes -= evicted.size;
-            }
-        }
+        entries.remove(scope, key);
+        while entries.bytes + size > self.capacity && entries.evict_one() {}
         let entry = Entry {
             fingerprint,
             response,
             valid_until,
             size,
         };
-        if let Some(replaced) = entries
-            .map
-            .insert((scope.to_owned(), key.to_owned()), entry)
-        {
-            entries.bytes -= replaced.size;
+        match entries.map.get_mut(scope) {
+            Some(keys) => {
+                keys.insert(key.to_owned(), entry);
+            }
+            None => {
+                let keys = HashMap::from([(key.to_owned(), entry)]);
+                entries.map.insert(scope.to_owned(), keys);
+            }
         }
         entries.bytes += size;
     }
 
     /// Drops the copy of a record that changed.
     pub(crate) fn invalidate(&self, scope: &str, key: &str) {
-        let mut entries = self.lock();
-        if let Some(entry) = entries.map.remove(&(scope.to_owned(), key.to_owned())) {
-            entries.bytes -= entry.size;
-        }
+        self.lock().remove(scope, key);
     }
 }
 

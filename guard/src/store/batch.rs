@@ -242,9 +242,14 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// Sends `item` by itself when nothing is on its way, or queues it for
     /// the next batch; waits for its result.
     pub(crate) async fn call(&self, item: I) -> Result<O, StoreError> {
-        // Nothing on its way or queued (no load): the item goes by itself, now.
+        // Nothing on its way or queued (no load): the item goes by itself,
+        // now. Only outside any tracing span: sqlx keeps the span current
+        // at a query in the query's stream, and SQLite's connections were
+        // seen to hold such spans (and their parents, the request's) open
+        // long after the request ended; the worker's task has no span.
         let slots = &self.shared.slots;
         if slots.queued.load(Ordering::Acquire) == 0
+            && tracing::Span::current().is_none()
             && let Some(_on_its_way) = slots.take(1)
         {
             self.shared.counters.record(self.shared.op, 1);
