@@ -13,6 +13,7 @@
 //! gateway never runs it again blindly.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -30,6 +31,7 @@ use idempotency_guard::OutcomeUnknown;
 use idempotency_guard::problem::Problem;
 
 use crate::config::{Config, ConfigError, HostHeader, seconds};
+use crate::pool::{Http1Pool, SendError};
 
 /// The proxy metrics' names.
 pub const UPSTREAM_REQUESTS_TOTAL: &str = "idempotency_gateway_upstream_requests_total";
@@ -37,8 +39,10 @@ pub const UPSTREAM_REQUESTS_TOTAL: &str = "idempotency_gateway_upstream_requests
 pub const UPSTREAM_DURATION_SECONDS: &str = "idempotency_gateway_upstream_duration_seconds";
 
 /// The headers that belong to one connection, never forwarded (RFC 9110
-/// section 7.6.1), beside those the `Connection` header names.
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// section 7.6.1), beside those the `Connection` header names. `Upgrade`
+/// is one too: upgrades (WebSocket) are not proxied. (A `static`: a
+/// `const` array would be built and dropped at every use.)
+static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -47,6 +51,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -83,7 +88,7 @@ impl ClientAddress {
 /// The upstream and the pooled client that reaches it.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Body>,
+    transport: Transport,
     scheme: Scheme,
     authority: Authority,
     /// A path prefix (without the trailing slash), or empty.
@@ -94,6 +99,17 @@ pub struct Upstream {
     http2: bool,
     timeout: Duration,
     connect_timeout: Duration,
+}
+
+/// How requests reach the upstream.
+#[derive(Debug, Clone)]
+enum Transport {
+    /// HTTP/1.1 keep-alive connections, each driven by the request using
+    /// it (see [`crate::pool`]).
+    Http1(Arc<Http1Pool>),
+    /// HTTP/2 with prior knowledge: hyper-util's client, whose one
+    /// connection multiplexes the requests.
+    Http2(Client<HttpConnector, Body>),
 }
 
 /// What happened to one forwarded request, counted once.
@@ -168,20 +184,31 @@ impl Upstream {
             "proxy.connect_timeout_seconds",
             proxy.connect_timeout_seconds,
         )?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(connect_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(proxy.pool_max_idle)
-            .pool_idle_timeout(seconds("proxy.pool_idle_seconds", proxy.pool_idle_seconds)?)
-            .http2_only(proxy.http2)
-            .build(connector);
+        let idle_timeout = seconds("proxy.pool_idle_seconds", proxy.pool_idle_seconds)?;
         let (scheme, authority) = match (uri.scheme(), uri.authority()) {
             (Some(s), Some(a)) => (s.clone(), a.clone()),
             _ => return Err(ConfigError::Invalid("upstream".to_owned())),
         };
+        let transport = if proxy.http2 {
+            let mut connector = HttpConnector::new();
+            connector.set_nodelay(true);
+            connector.set_connect_timeout(Some(connect_timeout));
+            let client = Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(proxy.pool_max_idle)
+                .pool_idle_timeout(idle_timeout)
+                .http2_only(true)
+                .build(connector);
+            Transport::Http2(client)
+        } else {
+            Transport::Http1(Arc::new(Http1Pool::new(
+                &authority,
+                proxy.pool_max_idle,
+                idle_timeout,
+                connect_timeout,
+            )))
+        };
         Ok(Self {
-            client,
+            transport,
             scheme,
             upstream_host: HeaderValue::from_str(authority.as_str()).ok(),
             authority,
@@ -270,9 +297,9 @@ impl Upstream {
             );
             return (Exchange::BadTarget, response);
         };
-        let answer = match tokio::time::timeout(self.timeout, self.client.request(outgoing)).await {
+        let answer = match tokio::time::timeout(self.timeout, self.send(outgoing)).await {
             Ok(Ok(answer)) => answer,
-            Ok(Err(error)) if error.is_connect() => {
+            Ok(Err(SendError::Connect(error))) => {
                 tracing::warn!(error = %error, "upstream: cannot connect");
                 let mut response = problem(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -285,8 +312,8 @@ impl Upstream {
                     .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
                 return (Exchange::Unavailable, response);
             }
-            Ok(Err(error)) => {
-                tracing::warn!(error = %error, source = ?std::error::Error::source(&error), "upstream: failed after sending");
+            Ok(Err(SendError::Failed(error))) => {
+                tracing::warn!(error = %error, source = ?error.source(), "upstream: failed after sending");
                 return (
                     Exchange::Failed,
                     unknown(
@@ -310,10 +337,7 @@ impl Upstream {
         let (mut parts, body) = answer.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         if !guarded {
-            return (
-                Exchange::Answered,
-                Response::from_parts(parts, Body::new(body)),
-            );
+            return (Exchange::Answered, Response::from_parts(parts, body));
         }
         // A guarded answer is read before it is handed to the guard, so a
         // body that breaks off is known now (an unknown outcome).
@@ -362,6 +386,18 @@ impl Upstream {
         )
     }
 
+    /// Sends `outgoing` and waits for the answer's head.
+    async fn send(&self, outgoing: Request<Body>) -> Result<Response<Body>, SendError> {
+        match &self.transport {
+            Transport::Http1(pool) => pool.send(outgoing).await,
+            Transport::Http2(client) => match client.request(outgoing).await {
+                Ok(answer) => Ok(answer.map(Body::new)),
+                Err(error) if error.is_connect() => Err(SendError::Connect(error.into())),
+                Err(error) => Err(SendError::Failed(error.into())),
+            },
+        }
+    }
+
     /// The request as the upstream gets it: its URI, headers without
     /// hop-by-hop ones, the forwarding headers, `Host` per configuration;
     /// `None` when the target cannot be forwarded.
@@ -389,16 +425,19 @@ impl Upstream {
                 PathAndQuery::try_from(target).ok()?
             }
         };
-        let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(self.scheme.clone());
-        uri.authority = Some(self.authority.clone());
-        uri.path_and_query = Some(target);
-        parts.uri = Uri::from_parts(uri).ok()?;
-        parts.version = if self.http2 {
-            Version::HTTP_2
+        if self.http2 {
+            // HTTP/2 carries the scheme and authority in the URI.
+            let mut uri = http::uri::Parts::default();
+            uri.scheme = Some(self.scheme.clone());
+            uri.authority = Some(self.authority.clone());
+            uri.path_and_query = Some(target);
+            parts.uri = Uri::from_parts(uri).ok()?;
+            parts.version = Version::HTTP_2;
         } else {
-            Version::HTTP_11
-        };
+            // HTTP/1.1 sends the origin form; the authority is `Host`.
+            parts.uri = Uri::from(target);
+            parts.version = Version::HTTP_11;
+        }
         strip_hop_by_hop(&mut parts.headers);
         add_forwarding(&mut parts.headers, client, original_host.as_ref());
         match self.host {
@@ -416,6 +455,12 @@ impl Upstream {
         if self.http2 {
             // HTTP/2 carries the authority in the URI.
             parts.headers.remove(header::HOST);
+        } else if !parts.headers.contains_key(header::HOST) {
+            // HTTP/1.1 requires one (a client's HTTP/1.0 request may have
+            // none to keep): the upstream's.
+            if let Some(value) = &self.upstream_host {
+                parts.headers.insert(header::HOST, value.clone());
+            }
         }
         Some(Request::from_parts(parts, body))
     }
@@ -423,26 +468,42 @@ impl Upstream {
 
 /// Removes the hop-by-hop headers, and those the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages have none: one pass over the names is cheaper than a
-    // hashed removal of each.
-    if !headers
-        .keys()
-        .any(|name| HOP_BY_HOP.contains(name) || name == header::UPGRADE)
-    {
+    // Most requests have none, most answers only `Connection`: one pass
+    // over the names notes which are there (a bit each), so only those
+    // pay for a hashed removal.
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(index) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present |= 1 << index;
+        }
+    }
+    if present == 0 {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(name);
+    // `Connection` is the first: the headers it names go too, but for its
+    // usual `keep-alive` and `close`, which name no other header.
+    if present & 1 != 0 {
+        let mut named: Vec<HeaderName> = Vec::new();
+        for value in headers.get_all(header::CONNECTION) {
+            let Ok(value) = value.to_str() else { continue };
+            for token in value.split(',').map(str::trim) {
+                if token.eq_ignore_ascii_case("keep-alive") || token.eq_ignore_ascii_case("close") {
+                    continue;
+                }
+                if let Ok(name) = HeaderName::try_from(token) {
+                    named.push(name);
+                }
+            }
+        }
+        for name in &named {
+            headers.remove(name);
+        }
     }
-    // `Upgrade` is hop-by-hop too; upgrades (WebSocket) are not proxied.
-    headers.remove(header::UPGRADE);
+    for (index, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << index) != 0 {
+            headers.remove(name);
+        }
+    }
 }
 
 /// Adds `X-Forwarded-For` (appended), `X-Forwarded-Host`,
@@ -479,7 +540,11 @@ fn add_forwarding(
         headers.insert(X_FORWARDED_HOST, host.clone());
         if let Ok(text) = host.to_str() {
             forwarded.push_str("host=\"");
-            forwarded.extend(text.chars().filter(|c| !matches!(c, '"' | '\\')));
+            if text.contains(['"', '\\']) {
+                forwarded.extend(text.chars().filter(|c| !matches!(c, '"' | '\\')));
+            } else {
+                forwarded.push_str(text);
+            }
             forwarded.push_str("\";");
         }
     }

@@ -1,0 +1,301 @@
+//! The HTTP/1.1 upstream connections: a pool of idle keep-alive
+//! connections to the one upstream, and the request's own task driving the
+//! connection it uses.
+//!
+//! hyper-util's pooled client costs every request a hashed pool key (its
+//! `(scheme, authority)`, hashed and compared on checkout and on return)
+//! and a second task per connection, which the request and its answer
+//! cross by channel. The gateway has one upstream, so its pool is a list;
+//! and an HTTP/1.1 connection serves one request at a time, so the task
+//! that waits for the answer can as well drive the connection:
+//!
+//! 1. **Checkout.** The newest idle connection is popped (connections idle
+//!    longer than the idle timeout are closed on the way), or a new one
+//!    opened (`TCP_NODELAY`, the connect timeout).
+//! 2. **Send.** The request is queued on the connection
+//!    ([`SendRequest::try_send_request`]) and the request's future polls the
+//!    connection until the answer's head arrives. A connection that was
+//!    pooled and turns out closed (the upstream's keep-alive timeout)
+//!    hands the request back unsent: it is sent again on another
+//!    connection, as hyper-util does. A request sent on a new connection
+//!    is never sent twice.
+//! 3. **Stream.** The answer's body ([`PooledBody`]) owns the connection
+//!    and polls it while it is read.
+//! 4. **Return.** When the body has ended and the connection is ready for
+//!    another request, it goes back to the pool; an answer dropped before
+//!    its end (the client left) closes its connection.
+//!
+//! An idle connection is not polled, so an upstream's close is noticed at
+//! the next checkout (step 2), not when it happens.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{Request, Response};
+use http_body::{Body as _, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// One upstream connection: the handle that sends on it and the state
+/// machine that reads and writes it.
+struct Pooled {
+    sender: SendRequest<Body>,
+    connection: Connection<TokioIo<TcpStream>, Body>,
+    /// When it went back to the pool.
+    idle_since: Instant,
+}
+
+/// A failure's cause, boxed: only failures pay for it.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a request got no answer head.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// No connection could be opened (or its handshake failed): nothing
+    /// was sent.
+    Connect(BoxError),
+    /// The connection failed after the request was (or may have been)
+    /// sent.
+    Failed(BoxError),
+}
+
+/// The idle HTTP/1.1 connections to the upstream.
+pub(crate) struct Http1Pool {
+    idle: Mutex<Vec<Box<Pooled>>>,
+    /// `host:port`, as `TcpStream::connect` takes it.
+    address: String,
+    max_idle: usize,
+    idle_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for Http1Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Http1Pool")
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Http1Pool {
+    /// A pool of connections to `authority` (port 80 when it names none),
+    /// keeping at most `max_idle` idle ones, each at most `idle_timeout`.
+    pub(crate) fn new(
+        authority: &Authority,
+        max_idle: usize,
+        idle_timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Self {
+        Self {
+            idle: Mutex::new(Vec::new()),
+            address: format!(
+                "{}:{}",
+                authority.host(),
+                authority.port_u16().unwrap_or(80)
+            ),
+            max_idle,
+            idle_timeout,
+            connect_timeout,
+        }
+    }
+
+    /// Sends `request` (its URI in origin form, its `Host` set) and waits
+    /// for the answer's head; the answer's body drives the connection and
+    /// returns it to the pool at its end.
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        mut request: Request<Body>,
+    ) -> Result<Response<Body>, SendError> {
+        loop {
+            let (pooled, reused) = match self.checkout() {
+                Some(pooled) => (pooled, true),
+                None => (self.connect().await?, false),
+            };
+            match exchange(pooled, request).await {
+                Ok((answer, pooled)) => {
+                    let (parts, body) = answer.into_parts();
+                    let body = PooledBody {
+                        inner: body,
+                        pooled,
+                        pool: Arc::clone(self),
+                    };
+                    return Ok(Response::from_parts(parts, Body::new(body)));
+                }
+                Err(mut error) => match error.take_message() {
+                    // Handed back unsent by a pooled connection that had
+                    // closed: another connection gets it.
+                    Some(unsent) if reused => request = unsent,
+                    // A new connection that closed before sending.
+                    Some(_) => {
+                        return Err(SendError::Connect(error.into_error().into()));
+                    }
+                    None => return Err(SendError::Failed(error.into_error().into())),
+                },
+            }
+        }
+    }
+
+    /// The newest idle connection young enough to use, closing older ones.
+    fn checkout(&self) -> Option<Box<Pooled>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let pooled = idle.pop()?;
+        if pooled.idle_since.elapsed() < self.idle_timeout {
+            return Some(pooled);
+        }
+        // The newest is too old: so are all the others.
+        idle.clear();
+        None
+    }
+
+    /// Puts a connection ready for another request back, unless the pool
+    /// is full (then it closes).
+    fn give_back(&self, mut pooled: Box<Pooled>) {
+        pooled.idle_since = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < self.max_idle {
+            idle.push(pooled);
+        }
+    }
+
+    /// Opens a connection and makes the HTTP/1.1 handshake (which sends
+    /// nothing).
+    async fn connect(&self) -> Result<Box<Pooled>, SendError> {
+        let stream =
+            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address))
+                .await
+            {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => return Err(SendError::Connect(error.into())),
+                Err(_) => return Err(SendError::Connect("connect timeout".into())),
+            };
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|error| SendError::Connect(error.into()))?;
+        Ok(Box::new(Pooled {
+            sender,
+            connection,
+            idle_since: Instant::now(),
+        }))
+    }
+}
+
+/// Sends `request` on `pooled`, polling its connection until the answer's
+/// head arrives; the connection comes back with the answer unless it ended.
+async fn exchange(
+    mut pooled: Box<Pooled>,
+    request: Request<Body>,
+) -> Result<
+    (Response<Incoming>, Option<Box<Pooled>>),
+    hyper::client::conn::TrySendError<Request<Body>>,
+> {
+    let mut answer = std::pin::pin!(pooled.sender.try_send_request(request));
+    let mut pooled = Some(pooled);
+    std::future::poll_fn(move |cx| {
+        // The answer comes only from the connection, polled here: polling
+        // it with a waker that does nothing spares the task a second wake.
+        let mut quiet = Context::from_waker(Waker::noop());
+        if let Some(connection) = pooled.as_mut() {
+            if Pin::new(&mut connection.connection).poll(cx).is_ready() {
+                // Closed: dropping it hands back a request still queued.
+                pooled = None;
+            }
+        }
+        match answer.as_mut().poll(&mut quiet) {
+            Poll::Ready(Ok(answer)) => Poll::Ready(Ok((answer, pooled.take()))),
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending if pooled.is_none() => {
+                // Cannot happen (a dropped connection answers every
+                // request it held); wait on the real waker to be safe.
+                answer.as_mut().poll(cx).map(|r| r.map(|a| (a, None)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// An upstream answer's body, driving its connection while it is read and
+/// returning it to the pool at its end.
+pub(crate) struct PooledBody {
+    inner: Incoming,
+    /// `None` once the connection ended or went back to the pool.
+    pooled: Option<Box<Pooled>>,
+    pool: Arc<Http1Pool>,
+}
+
+impl PooledBody {
+    /// Returns the connection to the pool once the answer has ended, if it
+    /// is ready for another request.
+    fn finish(&mut self) {
+        let Some(mut pooled) = self.pooled.take() else {
+            return;
+        };
+        // One more turn lets the connection settle into its idle state.
+        let mut quiet = Context::from_waker(Waker::noop());
+        if Pin::new(&mut pooled.connection)
+            .poll(&mut quiet)
+            .is_pending()
+            && pooled.sender.is_ready()
+        {
+            self.pool.give_back(pooled);
+        }
+    }
+}
+
+impl http_body::Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        // The data arrive only from the connection, polled here: the body
+        // is asked first with a waker that does nothing, so the data the
+        // connection hands over do not wake the task a second time.
+        let mut quiet = Context::from_waker(Waker::noop());
+        let mut frame = Pin::new(&mut this.inner).poll_frame(&mut quiet);
+        if frame.is_pending() {
+            if let Some(pooled) = this.pooled.as_mut() {
+                if Pin::new(&mut pooled.connection).poll(cx).is_ready() {
+                    this.pooled = None;
+                }
+            }
+            frame = Pin::new(&mut this.inner).poll_frame(cx);
+        }
+        match &frame {
+            Poll::Ready(None) => this.finish(),
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.finish(),
+            Poll::Ready(Some(Err(_))) => this.pooled = None,
+            _ => {}
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for PooledBody {
+    fn drop(&mut self) {
+        // An answer read to its end whose reader did not ask for the end.
+        if self.inner.is_end_stream() {
+            self.finish();
+        }
+    }
+}
