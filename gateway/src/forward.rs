@@ -439,6 +439,8 @@ impl Upstream {
             parts.version = Version::HTTP_11;
         }
         strip_hop_by_hop(&mut parts.headers);
+        // Room for the four forwarding headers: one growth, not several.
+        parts.headers.reserve(4);
         add_forwarding(&mut parts.headers, client, original_host.as_ref());
         match self.host {
             HostHeader::Upstream => {
@@ -466,35 +468,53 @@ impl Upstream {
     }
 }
 
+/// The index in [`HOP_BY_HOP`] of a hop-by-hop header's name (a match on
+/// the text: cheaper than comparing the names one by one).
+fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
+    Some(match name.as_str() {
+        "connection" => 0,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "te" => 5,
+        "trailer" => 6,
+        "transfer-encoding" => 7,
+        "upgrade" => 8,
+        _ => return None,
+    })
+}
+
 /// Removes the hop-by-hop headers, and those the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most requests have none, most answers only `Connection`: one pass
-    // over the names notes which are there (a bit each), so only those
-    // pay for a hashed removal.
+    // Most requests have none, most answers only `Connection: keep-alive`:
+    // one pass over the headers notes which are there (a bit each), so
+    // only those pay for a hashed removal.
     let mut present = 0u16;
-    for name in headers.keys() {
-        if let Some(index) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+    // Whether a `Connection` value may name other headers (anything but
+    // the usual `keep-alive` or `close`).
+    let mut names_others = false;
+    for (name, value) in headers.iter() {
+        if let Some(index) = hop_by_hop_index(name) {
             present |= 1 << index;
+            if index == 0 {
+                let value = value.as_bytes();
+                names_others |= !(value.eq_ignore_ascii_case(b"keep-alive")
+                    || value.eq_ignore_ascii_case(b"close"));
+            }
         }
     }
     if present == 0 {
         return;
     }
-    // `Connection` is the first: the headers it names go too, but for its
-    // usual `keep-alive` and `close`, which name no other header.
-    if present & 1 != 0 {
-        let mut named: Vec<HeaderName> = Vec::new();
-        for value in headers.get_all(header::CONNECTION) {
-            let Ok(value) = value.to_str() else { continue };
-            for token in value.split(',').map(str::trim) {
-                if token.eq_ignore_ascii_case("keep-alive") || token.eq_ignore_ascii_case("close") {
-                    continue;
-                }
-                if let Ok(name) = HeaderName::try_from(token) {
-                    named.push(name);
-                }
-            }
-        }
+    if names_others {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+            .collect();
         for name in &named {
             headers.remove(name);
         }

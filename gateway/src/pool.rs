@@ -40,6 +40,7 @@ use http::uri::Authority;
 use http::{Request, Response};
 use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
+use hyper::client::conn::TrySendError;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -193,34 +194,48 @@ impl Http1Pool {
 async fn exchange(
     mut pooled: Box<Pooled>,
     request: Request<Body>,
-) -> Result<
-    (Response<Incoming>, Option<Box<Pooled>>),
-    hyper::client::conn::TrySendError<Request<Body>>,
-> {
+) -> Result<(Response<Incoming>, Option<Box<Pooled>>), TrySendError<Request<Body>>> {
     let mut answer = std::pin::pin!(pooled.sender.try_send_request(request));
     let mut pooled = Some(pooled);
+    let mut first = true;
     std::future::poll_fn(move |cx| {
-        // The answer comes only from the connection, polled here: polling
-        // it with a waker that does nothing spares the task a second wake.
+        // The answer comes only from the connection, polled here, so it is
+        // polled with a waker that does nothing. Once woken, the
+        // connection too is polled quietly first: the turn that brings the
+        // answer's head usually hands the body's data over as well, and a
+        // waker it kept would be woken when the body is read, a needless
+        // second turn of the task. Only a turn that brings nothing is
+        // repeated with the real waker, to be woken by the socket.
         let mut quiet = Context::from_waker(Waker::noop());
-        if let Some(connection) = pooled.as_mut() {
-            if Pin::new(&mut connection.connection).poll(cx).is_ready() {
-                // Closed: dropping it hands back a request still queued.
-                pooled = None;
+        if !std::mem::take(&mut first) {
+            turn(&mut pooled, &mut quiet);
+            if let Poll::Ready(answer) = answer.as_mut().poll(&mut quiet) {
+                return Poll::Ready(answer.map(|answer| (answer, pooled.take())));
             }
         }
+        turn(&mut pooled, cx);
         match answer.as_mut().poll(&mut quiet) {
-            Poll::Ready(Ok(answer)) => Poll::Ready(Ok((answer, pooled.take()))),
-            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
-            Poll::Pending if pooled.is_none() => {
-                // Cannot happen (a dropped connection answers every
-                // request it held); wait on the real waker to be safe.
-                answer.as_mut().poll(cx).map(|r| r.map(|a| (a, None)))
-            }
+            Poll::Ready(answer) => Poll::Ready(answer.map(|answer| (answer, pooled.take()))),
+            // Cannot happen (a dropped connection answers every request
+            // it held); wait on the real waker to be safe.
+            Poll::Pending if pooled.is_none() => answer
+                .as_mut()
+                .poll(cx)
+                .map(|answer| answer.map(|answer| (answer, None))),
             Poll::Pending => Poll::Pending,
         }
     })
     .await
+}
+
+/// Polls the connection once, dropping it when it has ended (which hands
+/// back a request still queued on it).
+fn turn(pooled: &mut Option<Box<Pooled>>, cx: &mut Context<'_>) {
+    if let Some(connection) = pooled.as_mut() {
+        if Pin::new(&mut connection.connection).poll(cx).is_ready() {
+            *pooled = None;
+        }
+    }
 }
 
 /// An upstream answer's body, driving its connection while it is read and
@@ -260,17 +275,17 @@ impl http_body::Body for PooledBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        // The data arrive only from the connection, polled here: the body
-        // is asked first with a waker that does nothing, so the data the
-        // connection hands over do not wake the task a second time.
+        // The data arrive only from the connection, polled here: as in
+        // `exchange`, quietly first, and with the real waker only when
+        // that brought nothing.
         let mut quiet = Context::from_waker(Waker::noop());
         let mut frame = Pin::new(&mut this.inner).poll_frame(&mut quiet);
         if frame.is_pending() {
-            if let Some(pooled) = this.pooled.as_mut() {
-                if Pin::new(&mut pooled.connection).poll(cx).is_ready() {
-                    this.pooled = None;
-                }
-            }
+            turn(&mut this.pooled, &mut quiet);
+            frame = Pin::new(&mut this.inner).poll_frame(&mut quiet);
+        }
+        if frame.is_pending() {
+            turn(&mut this.pooled, cx);
             frame = Pin::new(&mut this.inner).poll_frame(cx);
         }
         match &frame {
