@@ -109,7 +109,7 @@ enum Transport {
     Http1(Arc<Http1Pool>),
     /// HTTP/2 with prior knowledge: hyper-util's client, whose one
     /// connection multiplexes the requests.
-    Http2(Client<HttpConnector, Body>),
+    Http2(Box<Client<HttpConnector, Body>>),
 }
 
 /// What happened to one forwarded request, counted once.
@@ -198,7 +198,7 @@ impl Upstream {
                 .pool_idle_timeout(idle_timeout)
                 .http2_only(true)
                 .build(connector);
-            Transport::Http2(client)
+            Transport::Http2(Box::new(client))
         } else {
             Transport::Http1(Arc::new(Http1Pool::new(
                 &authority,

@@ -70,6 +70,9 @@ pub(crate) enum SendError {
 
 /// The idle HTTP/1.1 connections to the upstream.
 pub(crate) struct Http1Pool {
+    /// Boxed: a connection moves from the list to the request to its
+    /// answer's body and back, a pointer each time.
+    #[allow(clippy::vec_box)]
     idle: Mutex<Vec<Box<Pooled>>>,
     /// `host:port`, as `TcpStream::connect` takes it.
     address: String,
@@ -136,24 +139,23 @@ impl Http1Pool {
                     Some(unsent) if reused => request = unsent,
                     // A new connection that closed before sending.
                     Some(_) => {
-                        return Err(SendError::Connect(error.into_error().into()));
+                        return Err(SendError::Connect((*error).into_error().into()));
                     }
-                    None => return Err(SendError::Failed(error.into_error().into())),
+                    None => return Err(SendError::Failed((*error).into_error().into())),
                 },
             }
         }
     }
 
-    /// The newest idle connection young enough to use, closing older ones.
+    /// The newest idle connection young enough to use, closing those
+    /// idle too long (the oldest are at the bottom of the list).
     fn checkout(&self) -> Option<Box<Pooled>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let pooled = idle.pop()?;
-        if pooled.idle_since.elapsed() < self.idle_timeout {
-            return Some(pooled);
+        let oldest = idle.first()?;
+        if oldest.idle_since.elapsed() >= self.idle_timeout {
+            idle.retain(|pooled| pooled.idle_since.elapsed() < self.idle_timeout);
         }
-        // The newest is too old: so are all the others.
-        idle.clear();
-        None
+        idle.pop()
     }
 
     /// Puts a connection ready for another request back, unless the pool
@@ -191,10 +193,7 @@ impl Http1Pool {
 
 /// Sends `request` on `pooled`, polling its connection until the answer's
 /// head arrives; the connection comes back with the answer unless it ended.
-async fn exchange(
-    mut pooled: Box<Pooled>,
-    request: Request<Body>,
-) -> Result<(Response<Incoming>, Option<Box<Pooled>>), TrySendError<Request<Body>>> {
+async fn exchange(mut pooled: Box<Pooled>, request: Request<Body>) -> Exchanged {
     let mut answer = std::pin::pin!(pooled.sender.try_send_request(request));
     let mut pooled = Some(pooled);
     let mut first = true;
@@ -210,18 +209,18 @@ async fn exchange(
         if !std::mem::take(&mut first) {
             turn(&mut pooled, &mut quiet);
             if let Poll::Ready(answer) = answer.as_mut().poll(&mut quiet) {
-                return Poll::Ready(answer.map(|answer| (answer, pooled.take())));
+                return Poll::Ready(exchanged(answer, pooled.take()));
             }
         }
         turn(&mut pooled, cx);
         match answer.as_mut().poll(&mut quiet) {
-            Poll::Ready(answer) => Poll::Ready(answer.map(|answer| (answer, pooled.take()))),
+            Poll::Ready(answer) => Poll::Ready(exchanged(answer, pooled.take())),
             // Cannot happen (a dropped connection answers every request
             // it held); wait on the real waker to be safe.
-            Poll::Pending if pooled.is_none() => answer
-                .as_mut()
-                .poll(cx)
-                .map(|answer| answer.map(|answer| (answer, None))),
+            Poll::Pending if pooled.is_none() => match answer.as_mut().poll(cx) {
+                Poll::Ready(answer) => Poll::Ready(exchanged(answer, None)),
+                Poll::Pending => Poll::Pending,
+            },
             Poll::Pending => Poll::Pending,
         }
     })
@@ -231,10 +230,25 @@ async fn exchange(
 /// Polls the connection once, dropping it when it has ended (which hands
 /// back a request still queued on it).
 fn turn(pooled: &mut Option<Box<Pooled>>, cx: &mut Context<'_>) {
-    if let Some(connection) = pooled.as_mut() {
-        if Pin::new(&mut connection.connection).poll(cx).is_ready() {
-            *pooled = None;
-        }
+    if let Some(connection) = pooled.as_mut()
+        && Pin::new(&mut connection.connection).poll(cx).is_ready()
+    {
+        *pooled = None;
+    }
+}
+
+/// The answer and the connection to read its body from, or the failure
+/// (boxed: it carries the request, and only failures pay for it).
+type Exchanged =
+    Result<(Response<Incoming>, Option<Box<Pooled>>), Box<TrySendError<Request<Body>>>>;
+
+fn exchanged(
+    answer: Result<Response<Incoming>, TrySendError<Request<Body>>>,
+    pooled: Option<Box<Pooled>>,
+) -> Exchanged {
+    match answer {
+        Ok(answer) => Ok((answer, pooled)),
+        Err(error) => Err(Box::new(error)),
     }
 }
 
