@@ -144,7 +144,9 @@ async fn closing_upstream(connections: Arc<AtomicU64>) -> SocketAddr {
                     body.len()
                 );
                 let _ = stream.write_all(answer.as_bytes()).await;
-                // Dropped: closed, as if idle too long.
+                // Closed a little later, once the gateway has pooled the
+                // connection, as a backend's keep-alive timeout does.
+                tokio::time::sleep(Duration::from_millis(50)).await;
             });
         }
     });
