@@ -205,6 +205,7 @@ impl Upstream {
                 proxy.pool_max_idle,
                 idle_timeout,
                 connect_timeout,
+                seconds("proxy.timeout_seconds", proxy.timeout_seconds)?,
             )))
         };
         Ok(Self {
@@ -297,9 +298,9 @@ impl Upstream {
             );
             return (Exchange::BadTarget, response);
         };
-        let answer = match tokio::time::timeout(self.timeout, self.send(outgoing)).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(SendError::Connect(error))) => {
+        let answer = match self.send(outgoing).await {
+            Ok(answer) => answer,
+            Err(SendError::Connect(error)) => {
                 tracing::warn!(error = %error, "upstream: cannot connect");
                 let mut response = problem(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -312,7 +313,7 @@ impl Upstream {
                     .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
                 return (Exchange::Unavailable, response);
             }
-            Ok(Err(SendError::Failed(error))) => {
+            Err(SendError::Failed(error)) => {
                 tracing::warn!(error = %error, source = ?error.source(), "upstream: failed after sending");
                 return (
                     Exchange::Failed,
@@ -323,7 +324,7 @@ impl Upstream {
                     ),
                 );
             }
-            Err(_) => {
+            Err(SendError::Timeout) => {
                 return (
                     Exchange::Timeout,
                     unknown(
@@ -386,15 +387,20 @@ impl Upstream {
         )
     }
 
-    /// Sends `outgoing` and waits for the answer's head.
+    /// Sends `outgoing` and waits for the answer's head, at most
+    /// `proxy.timeout_seconds`.
     async fn send(&self, outgoing: Request<Body>) -> Result<Response<Body>, SendError> {
         match &self.transport {
+            // The pool keeps a timer per connection.
             Transport::Http1(pool) => pool.send(outgoing).await,
-            Transport::Http2(client) => match client.request(outgoing).await {
-                Ok(answer) => Ok(answer.map(Body::new)),
-                Err(error) if error.is_connect() => Err(SendError::Connect(error.into())),
-                Err(error) => Err(SendError::Failed(error.into())),
-            },
+            Transport::Http2(client) => {
+                match tokio::time::timeout(self.timeout, client.request(outgoing)).await {
+                    Ok(Ok(answer)) => Ok(answer.map(Body::new)),
+                    Ok(Err(error)) if error.is_connect() => Err(SendError::Connect(error.into())),
+                    Ok(Err(error)) => Err(SendError::Failed(error.into())),
+                    Err(_) => Err(SendError::Timeout),
+                }
+            }
         }
     }
 

@@ -14,7 +14,8 @@
 //!    opened (`TCP_NODELAY`, the connect timeout).
 //! 2. **Send.** The request is queued on the connection
 //!    ([`SendRequest::try_send_request`]) and the request's future polls the
-//!    connection until the answer's head arrives. A connection that was
+//!    connection until the answer's head arrives, or the connection's own
+//!    timer (moved to this request's deadline) fires. A connection that was
 //!    pooled and turns out closed (the upstream's keep-alive timeout)
 //!    hands the request back unsent: it is sent again on another
 //!    connection, as hyper-util does. A request sent on a new connection
@@ -44,6 +45,7 @@ use hyper::client::conn::TrySendError;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 
 /// One upstream connection: the handle that sends on it and the state
 /// machine that reads and writes it.
@@ -52,6 +54,11 @@ struct Pooled {
     connection: Connection<TokioIo<TcpStream>, Body>,
     /// When it went back to the pool.
     idle_since: Instant,
+    /// The answer timeout, one per connection and moved later at each
+    /// request: a later deadline only updates the registered timer (a
+    /// compare-and-swap), where a new timer per request is inserted into
+    /// and removed from the runtime's timer wheel.
+    deadline: Pin<Box<Sleep>>,
 }
 
 /// A failure's cause, boxed: only failures pay for it.
@@ -66,6 +73,8 @@ pub(crate) enum SendError {
     /// The connection failed after the request was (or may have been)
     /// sent.
     Failed(BoxError),
+    /// No answer head within the timeout (the request may have run).
+    Timeout,
 }
 
 /// The idle HTTP/1.1 connections to the upstream.
@@ -79,6 +88,8 @@ pub(crate) struct Http1Pool {
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
+    /// How long the answer's head may take.
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for Http1Pool {
@@ -91,12 +102,14 @@ impl std::fmt::Debug for Http1Pool {
 
 impl Http1Pool {
     /// A pool of connections to `authority` (port 80 when it names none),
-    /// keeping at most `max_idle` idle ones, each at most `idle_timeout`.
+    /// keeping at most `max_idle` idle ones, each at most `idle_timeout`;
+    /// an answer's head may take `timeout`.
     pub(crate) fn new(
         authority: &Authority,
         max_idle: usize,
         idle_timeout: Duration,
         connect_timeout: Duration,
+        timeout: Duration,
     ) -> Self {
         Self {
             idle: Mutex::new(Vec::new()),
@@ -108,12 +121,14 @@ impl Http1Pool {
             max_idle,
             idle_timeout,
             connect_timeout,
+            timeout,
         }
     }
 
     /// Sends `request` (its URI in origin form, its `Host` set) and waits
-    /// for the answer's head; the answer's body drives the connection and
-    /// returns it to the pool at its end.
+    /// for the answer's head, at most the timeout once a connection is
+    /// there (opening one has its own); the answer's body drives the
+    /// connection and returns it to the pool at its end.
     pub(crate) async fn send(
         self: &Arc<Self>,
         mut request: Request<Body>,
@@ -123,8 +138,9 @@ impl Http1Pool {
                 Some(pooled) => (pooled, true),
                 None => (self.connect().await?, false),
             };
-            match exchange(pooled, request).await {
-                Ok((answer, pooled)) => {
+            match exchange(pooled, request, self.timeout).await {
+                Exchanged::TimedOut => return Err(SendError::Timeout),
+                Exchanged::Answer(answer, pooled) => {
                     let (parts, body) = answer.into_parts();
                     let body = PooledBody {
                         inner: body,
@@ -133,7 +149,7 @@ impl Http1Pool {
                     };
                     return Ok(Response::from_parts(parts, Body::new(body)));
                 }
-                Err(mut error) => match error.take_message() {
+                Exchanged::Failed(mut error) => match error.take_message() {
                     // Handed back unsent by a pooled connection that had
                     // closed: another connection gets it.
                     Some(unsent) if reused => request = unsent,
@@ -187,13 +203,19 @@ impl Http1Pool {
             sender,
             connection,
             idle_since: Instant::now(),
+            deadline: Box::pin(tokio::time::sleep(self.timeout)),
         }))
     }
 }
 
 /// Sends `request` on `pooled`, polling its connection until the answer's
-/// head arrives; the connection comes back with the answer unless it ended.
-async fn exchange(mut pooled: Box<Pooled>, request: Request<Body>) -> Exchanged {
+/// head arrives or `timeout` passes; the connection comes back with the
+/// answer unless it ended.
+async fn exchange(mut pooled: Box<Pooled>, request: Request<Body>, timeout: Duration) -> Exchanged {
+    pooled
+        .deadline
+        .as_mut()
+        .reset(tokio::time::Instant::now() + timeout);
     let mut answer = std::pin::pin!(pooled.sender.try_send_request(request));
     let mut pooled = Some(pooled);
     let mut first = true;
@@ -204,7 +226,8 @@ async fn exchange(mut pooled: Box<Pooled>, request: Request<Body>) -> Exchanged 
         // answer's head usually hands the body's data over as well, and a
         // waker it kept would be woken when the body is read, a needless
         // second turn of the task. Only a turn that brings nothing is
-        // repeated with the real waker, to be woken by the socket.
+        // repeated with the real waker, to be woken by the socket or the
+        // deadline.
         let mut quiet = Context::from_waker(Waker::noop());
         if !std::mem::take(&mut first) {
             turn(&mut pooled, &mut quiet);
@@ -213,15 +236,21 @@ async fn exchange(mut pooled: Box<Pooled>, request: Request<Body>) -> Exchanged 
             }
         }
         turn(&mut pooled, cx);
-        match answer.as_mut().poll(&mut quiet) {
-            Poll::Ready(answer) => Poll::Ready(exchanged(answer, pooled.take())),
+        if let Poll::Ready(answer) = answer.as_mut().poll(&mut quiet) {
+            return Poll::Ready(exchanged(answer, pooled.take()));
+        }
+        match pooled.as_mut() {
+            Some(connection) => match connection.deadline.as_mut().poll(cx) {
+                // Dropping the connection abandons the request on it.
+                Poll::Ready(()) => Poll::Ready(Exchanged::TimedOut),
+                Poll::Pending => Poll::Pending,
+            },
             // Cannot happen (a dropped connection answers every request
             // it held); wait on the real waker to be safe.
-            Poll::Pending if pooled.is_none() => match answer.as_mut().poll(cx) {
+            None => match answer.as_mut().poll(cx) {
                 Poll::Ready(answer) => Poll::Ready(exchanged(answer, None)),
                 Poll::Pending => Poll::Pending,
             },
-            Poll::Pending => Poll::Pending,
         }
     })
     .await
@@ -237,18 +266,25 @@ fn turn(pooled: &mut Option<Box<Pooled>>, cx: &mut Context<'_>) {
     }
 }
 
-/// The answer and the connection to read its body from, or the failure
-/// (boxed: it carries the request, and only failures pay for it).
-type Exchanged =
-    Result<(Response<Incoming>, Option<Box<Pooled>>), Box<TrySendError<Request<Body>>>>;
+/// How an exchange ended.
+enum Exchanged {
+    /// The answer's head, and the connection to read its body from
+    /// (`None` if it ended).
+    Answer(Response<Incoming>, Option<Box<Pooled>>),
+    /// The failure (boxed: it carries the request, and only failures pay
+    /// for it).
+    Failed(Box<TrySendError<Request<Body>>>),
+    /// No head in time.
+    TimedOut,
+}
 
 fn exchanged(
     answer: Result<Response<Incoming>, TrySendError<Request<Body>>>,
     pooled: Option<Box<Pooled>>,
 ) -> Exchanged {
     match answer {
-        Ok(answer) => Ok((answer, pooled)),
-        Err(error) => Err(Box::new(error)),
+        Ok(answer) => Exchanged::Answer(answer, pooled),
+        Err(error) => Exchanged::Failed(Box::new(error)),
     }
 }
 
