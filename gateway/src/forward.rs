@@ -20,7 +20,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
@@ -271,7 +271,7 @@ impl Upstream {
         // Kept for the failure's log line; both clones share their bytes.
         let method = request.method().clone();
         let uri = request.uri().clone();
-        let (result, response) = self.exchange(request, client, guarded, keep).await;
+        let (result, response) = self.exchange(request, client, guarded, keep, started).await;
         let elapsed = started.elapsed();
         metrics.counters[result as usize].increment(1);
         metrics.duration.record(elapsed);
@@ -287,6 +287,7 @@ impl Upstream {
         client: Option<&ClientAddress>,
         guarded: bool,
         keep: usize,
+        started: Instant,
     ) -> (Exchange, Response<Body>) {
         let Some(outgoing) = self.outgoing(request, client) else {
             // Not sent: nothing ran upstream.
@@ -298,7 +299,7 @@ impl Upstream {
             );
             return (Exchange::BadTarget, response);
         };
-        let answer = match self.send(outgoing).await {
+        let answer = match self.send(outgoing, started).await {
             Ok(answer) => answer,
             Err(SendError::Connect(error)) => {
                 tracing::warn!(error = %error, "upstream: cannot connect");
@@ -388,11 +389,15 @@ impl Upstream {
     }
 
     /// Sends `outgoing` and waits for the answer's head, at most
-    /// `proxy.timeout_seconds`.
-    async fn send(&self, outgoing: Request<Body>) -> Result<Response<Body>, SendError> {
+    /// `proxy.timeout_seconds` from `started`.
+    async fn send(
+        &self,
+        outgoing: Request<Body>,
+        started: Instant,
+    ) -> Result<Response<Body>, SendError> {
         match &self.transport {
             // The pool keeps a timer per connection.
-            Transport::Http1(pool) => pool.send(outgoing).await,
+            Transport::Http1(pool) => pool.send(outgoing, started).await,
             Transport::Http2(client) => {
                 match tokio::time::timeout(self.timeout, client.request(outgoing)).await {
                     Ok(Ok(answer)) => Ok(answer.map(Body::new)),
@@ -413,12 +418,6 @@ impl Upstream {
         client: Option<&ClientAddress>,
     ) -> Option<Request<Body>> {
         let (mut parts, body) = request.into_parts();
-        let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
         let target = match parts.uri.path_and_query() {
             // Without a prefix the target is the client's, bytes shared.
             Some(path) if self.prefix.is_empty() => path.clone(),
@@ -431,6 +430,32 @@ impl Upstream {
                 PathAndQuery::try_from(target).ok()?
             }
         };
+        strip_hop_by_hop(&mut parts.headers);
+        // Room for the four forwarding headers: one growth, not several.
+        parts.headers.reserve(4);
+        // The client's `Host` (or its target's authority) for the
+        // forwarding headers; replaced by the upstream's in the same
+        // lookup when so configured.
+        let client_host = match (self.host, &self.upstream_host) {
+            (HostHeader::Upstream, Some(upstream)) => {
+                parts.headers.insert(header::HOST, upstream.clone())
+            }
+            _ => parts.headers.get(header::HOST).cloned(),
+        };
+        let original_host = client_host.or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        if self.host == HostHeader::Keep
+            && let Some(value) = &original_host
+            && !parts.headers.contains_key(header::HOST)
+        {
+            // An absolute-form target's authority becomes `Host`.
+            parts.headers.insert(header::HOST, value.clone());
+        }
+        add_forwarding(&mut parts.headers, client, original_host.as_ref());
         if self.http2 {
             // HTTP/2 carries the scheme and authority in the URI.
             let mut uri = http::uri::Parts::default();
@@ -443,22 +468,6 @@ impl Upstream {
             // HTTP/1.1 sends the origin form; the authority is `Host`.
             parts.uri = Uri::from(target);
             parts.version = Version::HTTP_11;
-        }
-        strip_hop_by_hop(&mut parts.headers);
-        // Room for the four forwarding headers: one growth, not several.
-        parts.headers.reserve(4);
-        add_forwarding(&mut parts.headers, client, original_host.as_ref());
-        match self.host {
-            HostHeader::Upstream => {
-                if let Some(value) = &self.upstream_host {
-                    parts.headers.insert(header::HOST, value.clone());
-                }
-            }
-            HostHeader::Keep => {
-                if let Some(value) = original_host {
-                    parts.headers.insert(header::HOST, value);
-                }
-            }
         }
         if self.http2 {
             // HTTP/2 carries the authority in the URI.
@@ -542,23 +551,26 @@ fn add_forwarding(
     host: Option<&HeaderValue>,
 ) {
     let mut forwarded = String::with_capacity(96);
-    if let Some(earlier) = headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-        forwarded.push_str(earlier);
-        forwarded.push_str(", ");
-    }
     if let Some(client) = client {
-        let listed = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(earlier) => {
-                let mut list = String::with_capacity(earlier.len() + 2 + client.listed.len());
-                list.push_str(earlier);
-                list.push_str(", ");
-                list.push_str(client.listed.to_str().unwrap_or_default());
-                HeaderValue::try_from(list).ok()
+        // One lookup reads an earlier proxy's list and writes the new one.
+        match headers.entry(X_FORWARDED_FOR) {
+            Entry::Occupied(mut earlier) => {
+                if let Ok(text) = earlier.get().to_str() {
+                    let listed = client.listed.to_str().unwrap_or_default();
+                    let mut list = String::with_capacity(text.len() + 2 + listed.len());
+                    list.push_str(text);
+                    list.push_str(", ");
+                    list.push_str(listed);
+                    if let Ok(value) = HeaderValue::try_from(list) {
+                        earlier.insert(value);
+                    }
+                } else {
+                    earlier.insert(client.listed.clone());
+                }
             }
-            None => Some(client.listed.clone()),
-        };
-        if let Some(listed) = listed {
-            headers.insert(X_FORWARDED_FOR, listed);
+            Entry::Vacant(entry) => {
+                entry.insert(client.listed.clone());
+            }
         }
         forwarded.push_str(&client.forwarded_for);
     }
@@ -576,8 +588,27 @@ fn add_forwarding(
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     forwarded.push_str("proto=http");
-    if let Ok(value) = HeaderValue::try_from(forwarded) {
-        headers.insert(header::FORWARDED, value);
+    match headers.entry(header::FORWARDED) {
+        Entry::Occupied(mut earlier) => {
+            let value = match earlier.get().to_str() {
+                Ok(text) => {
+                    let mut list = String::with_capacity(text.len() + 2 + forwarded.len());
+                    list.push_str(text);
+                    list.push_str(", ");
+                    list.push_str(&forwarded);
+                    HeaderValue::try_from(list)
+                }
+                Err(_) => HeaderValue::try_from(forwarded),
+            };
+            if let Ok(value) = value {
+                earlier.insert(value);
+            }
+        }
+        Entry::Vacant(entry) => {
+            if let Ok(value) = HeaderValue::try_from(forwarded) {
+                entry.insert(value);
+            }
+        }
     }
 }
 

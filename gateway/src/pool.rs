@@ -126,19 +126,22 @@ impl Http1Pool {
     }
 
     /// Sends `request` (its URI in origin form, its `Host` set) and waits
-    /// for the answer's head, at most the timeout once a connection is
-    /// there (opening one has its own); the answer's body drives the
-    /// connection and returns it to the pool at its end.
+    /// for the answer's head, at most the timeout from `started` (when the
+    /// request came; opening a connection also has its own); the answer's
+    /// body drives the connection and returns it to the pool at its end.
     pub(crate) async fn send(
         self: &Arc<Self>,
         mut request: Request<Body>,
+        started: Instant,
     ) -> Result<Response<Body>, SendError> {
+        // From the caller's clock reading: one fewer per request.
+        let deadline = tokio::time::Instant::from_std(started) + self.timeout;
         loop {
-            let (pooled, reused) = match self.checkout() {
+            let (pooled, reused) = match self.checkout(started) {
                 Some(pooled) => (pooled, true),
                 None => (self.connect().await?, false),
             };
-            match exchange(pooled, request, self.timeout).await {
+            match exchange(pooled, request, deadline).await {
                 Exchanged::TimedOut => return Err(SendError::Timeout),
                 Exchanged::Answer(answer, pooled) => {
                     let (parts, body) = answer.into_parts();
@@ -165,11 +168,12 @@ impl Http1Pool {
 
     /// The newest idle connection young enough to use, closing those
     /// idle too long (the oldest are at the bottom of the list).
-    fn checkout(&self) -> Option<Box<Pooled>> {
+    fn checkout(&self, now: Instant) -> Option<Box<Pooled>> {
+        let young =
+            |pooled: &Pooled| now.saturating_duration_since(pooled.idle_since) < self.idle_timeout;
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let oldest = idle.first()?;
-        if oldest.idle_since.elapsed() >= self.idle_timeout {
-            idle.retain(|pooled| pooled.idle_since.elapsed() < self.idle_timeout);
+        if !young(idle.first()?) {
+            idle.retain(|pooled| young(pooled));
         }
         idle.pop()
     }
@@ -209,13 +213,14 @@ impl Http1Pool {
 }
 
 /// Sends `request` on `pooled`, polling its connection until the answer's
-/// head arrives or `timeout` passes; the connection comes back with the
+/// head arrives or `deadline` passes; the connection comes back with the
 /// answer unless it ended.
-async fn exchange(mut pooled: Box<Pooled>, request: Request<Body>, timeout: Duration) -> Exchanged {
-    pooled
-        .deadline
-        .as_mut()
-        .reset(tokio::time::Instant::now() + timeout);
+async fn exchange(
+    mut pooled: Box<Pooled>,
+    request: Request<Body>,
+    deadline: tokio::time::Instant,
+) -> Exchanged {
+    pooled.deadline.as_mut().reset(deadline);
     let mut answer = std::pin::pin!(pooled.sender.try_send_request(request));
     let mut pooled = Some(pooled);
     let mut first = true;
