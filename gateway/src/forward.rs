@@ -654,6 +654,42 @@ mod tests {
         assert_eq!(left, ["content-type"]);
     }
 
+    /// The request `outgoing` makes of `GET /items?x=1` with `Host:
+    /// api.example` (or none), under `host = <mode>`.
+    fn outgoing_host(mode: &str, client_host: Option<&'static str>) -> (Uri, HeaderMap) {
+        let config = Config::from_toml(&format!(
+            "upstream = \"http://127.0.0.1:9000\"\nstore = \"sqlite::memory:\"\n[[routes]]\npath = \"/payments\"\n[proxy]\nhost = \"{mode}\"\n"
+        ))
+        .expect("a configuration");
+        let upstream = Upstream::new(&config).expect("an upstream");
+        let mut request = Request::get("/items?x=1");
+        if let Some(host) = client_host {
+            request = request.header(header::HOST, host);
+        }
+        let request = request.body(Body::empty()).expect("a request");
+        let outgoing = upstream.outgoing(request, None).expect("forwarded");
+        (outgoing.uri().clone(), outgoing.headers().clone())
+    }
+
+    #[tokio::test]
+    async fn host_is_the_upstreams_or_the_clients_and_the_target_is_in_origin_form() {
+        let (uri, headers) = outgoing_host("upstream", Some("api.example"));
+        assert_eq!(uri, "/items?x=1");
+        assert_eq!(headers[header::HOST], "127.0.0.1:9000");
+        assert_eq!(headers[X_FORWARDED_HOST], "api.example");
+        assert_eq!(headers.get_all(header::HOST).iter().count(), 1);
+
+        let (_, headers) = outgoing_host("keep", Some("api.example"));
+        assert_eq!(headers[header::HOST], "api.example");
+        assert_eq!(headers[X_FORWARDED_HOST], "api.example");
+
+        // HTTP/1.1 needs a `Host`: a client's HTTP/1.0 request without one
+        // gets the upstream's.
+        let (_, headers) = outgoing_host("keep", None);
+        assert_eq!(headers[header::HOST], "127.0.0.1:9000");
+        assert!(!headers.contains_key(X_FORWARDED_HOST));
+    }
+
     #[test]
     fn forwarding_headers_append_to_earlier_proxies() {
         let mut headers = HeaderMap::new();
