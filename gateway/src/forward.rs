@@ -13,13 +13,14 @@
 //! gateway never runs it again blindly.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
@@ -30,6 +31,7 @@ use idempotency_guard::OutcomeUnknown;
 use idempotency_guard::problem::Problem;
 
 use crate::config::{Config, ConfigError, HostHeader, seconds};
+use crate::pool::{Http1Pool, SendError};
 
 /// The proxy metrics' names.
 pub const UPSTREAM_REQUESTS_TOTAL: &str = "idempotency_gateway_upstream_requests_total";
@@ -37,8 +39,10 @@ pub const UPSTREAM_REQUESTS_TOTAL: &str = "idempotency_gateway_upstream_requests
 pub const UPSTREAM_DURATION_SECONDS: &str = "idempotency_gateway_upstream_duration_seconds";
 
 /// The headers that belong to one connection, never forwarded (RFC 9110
-/// section 7.6.1), beside those the `Connection` header names.
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// section 7.6.1), beside those the `Connection` header names. `Upgrade`
+/// is one too: upgrades (WebSocket) are not proxied. (A `static`: a
+/// `const` array would be built and dropped at every use.)
+static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -47,6 +51,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -83,7 +88,7 @@ impl ClientAddress {
 /// The upstream and the pooled client that reaches it.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Body>,
+    transport: Transport,
     scheme: Scheme,
     authority: Authority,
     /// A path prefix (without the trailing slash), or empty.
@@ -94,6 +99,17 @@ pub struct Upstream {
     http2: bool,
     timeout: Duration,
     connect_timeout: Duration,
+}
+
+/// How requests reach the upstream.
+#[derive(Debug, Clone)]
+enum Transport {
+    /// HTTP/1.1 keep-alive connections, each driven by the request using
+    /// it (see [`crate::pool`]).
+    Http1(Arc<Http1Pool>),
+    /// HTTP/2 with prior knowledge: hyper-util's client, whose one
+    /// connection multiplexes the requests.
+    Http2(Box<Client<HttpConnector, Body>>),
 }
 
 /// What happened to one forwarded request, counted once.
@@ -168,20 +184,32 @@ impl Upstream {
             "proxy.connect_timeout_seconds",
             proxy.connect_timeout_seconds,
         )?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(connect_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(proxy.pool_max_idle)
-            .pool_idle_timeout(seconds("proxy.pool_idle_seconds", proxy.pool_idle_seconds)?)
-            .http2_only(proxy.http2)
-            .build(connector);
+        let idle_timeout = seconds("proxy.pool_idle_seconds", proxy.pool_idle_seconds)?;
         let (scheme, authority) = match (uri.scheme(), uri.authority()) {
             (Some(s), Some(a)) => (s.clone(), a.clone()),
             _ => return Err(ConfigError::Invalid("upstream".to_owned())),
         };
+        let transport = if proxy.http2 {
+            let mut connector = HttpConnector::new();
+            connector.set_nodelay(true);
+            connector.set_connect_timeout(Some(connect_timeout));
+            let client = Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(proxy.pool_max_idle)
+                .pool_idle_timeout(idle_timeout)
+                .http2_only(true)
+                .build(connector);
+            Transport::Http2(Box::new(client))
+        } else {
+            Transport::Http1(Arc::new(Http1Pool::new(
+                &authority,
+                proxy.pool_max_idle,
+                idle_timeout,
+                connect_timeout,
+                seconds("proxy.timeout_seconds", proxy.timeout_seconds)?,
+            )))
+        };
         Ok(Self {
-            client,
+            transport,
             scheme,
             upstream_host: HeaderValue::from_str(authority.as_str()).ok(),
             authority,
@@ -243,7 +271,7 @@ impl Upstream {
         // Kept for the failure's log line; both clones share their bytes.
         let method = request.method().clone();
         let uri = request.uri().clone();
-        let (result, response) = self.exchange(request, client, guarded, keep).await;
+        let (result, response) = self.exchange(request, client, guarded, keep, started).await;
         let elapsed = started.elapsed();
         metrics.counters[result as usize].increment(1);
         metrics.duration.record(elapsed);
@@ -259,6 +287,7 @@ impl Upstream {
         client: Option<&ClientAddress>,
         guarded: bool,
         keep: usize,
+        started: Instant,
     ) -> (Exchange, Response<Body>) {
         let Some(outgoing) = self.outgoing(request, client) else {
             // Not sent: nothing ran upstream.
@@ -270,9 +299,9 @@ impl Upstream {
             );
             return (Exchange::BadTarget, response);
         };
-        let answer = match tokio::time::timeout(self.timeout, self.client.request(outgoing)).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(error)) if error.is_connect() => {
+        let answer = match self.send(outgoing, started).await {
+            Ok(answer) => answer,
+            Err(SendError::Connect(error)) => {
                 tracing::warn!(error = %error, "upstream: cannot connect");
                 let mut response = problem(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -285,8 +314,8 @@ impl Upstream {
                     .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
                 return (Exchange::Unavailable, response);
             }
-            Ok(Err(error)) => {
-                tracing::warn!(error = %error, source = ?std::error::Error::source(&error), "upstream: failed after sending");
+            Err(SendError::Failed(error)) => {
+                tracing::warn!(error = %error, source = ?error.source(), "upstream: failed after sending");
                 return (
                     Exchange::Failed,
                     unknown(
@@ -296,7 +325,7 @@ impl Upstream {
                     ),
                 );
             }
-            Err(_) => {
+            Err(SendError::Timeout) => {
                 return (
                     Exchange::Timeout,
                     unknown(
@@ -310,10 +339,7 @@ impl Upstream {
         let (mut parts, body) = answer.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         if !guarded {
-            return (
-                Exchange::Answered,
-                Response::from_parts(parts, Body::new(body)),
-            );
+            return (Exchange::Answered, Response::from_parts(parts, body));
         }
         // A guarded answer is read before it is handed to the guard, so a
         // body that breaks off is known now (an unknown outcome).
@@ -362,6 +388,27 @@ impl Upstream {
         )
     }
 
+    /// Sends `outgoing` and waits for the answer's head, at most
+    /// `proxy.timeout_seconds` from `started`.
+    async fn send(
+        &self,
+        outgoing: Request<Body>,
+        started: Instant,
+    ) -> Result<Response<Body>, SendError> {
+        match &self.transport {
+            // The pool keeps a timer per connection.
+            Transport::Http1(pool) => pool.send(outgoing, started).await,
+            Transport::Http2(client) => {
+                match tokio::time::timeout(self.timeout, client.request(outgoing)).await {
+                    Ok(Ok(answer)) => Ok(answer.map(Body::new)),
+                    Ok(Err(error)) if error.is_connect() => Err(SendError::Connect(error.into())),
+                    Ok(Err(error)) => Err(SendError::Failed(error.into())),
+                    Err(_) => Err(SendError::Timeout),
+                }
+            }
+        }
+    }
+
     /// The request as the upstream gets it: its URI, headers without
     /// hop-by-hop ones, the forwarding headers, `Host` per configuration;
     /// `None` when the target cannot be forwarded.
@@ -371,12 +418,6 @@ impl Upstream {
         client: Option<&ClientAddress>,
     ) -> Option<Request<Body>> {
         let (mut parts, body) = request.into_parts();
-        let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
         let target = match parts.uri.path_and_query() {
             // Without a prefix the target is the client's, bytes shared.
             Some(path) if self.prefix.is_empty() => path.clone(),
@@ -389,60 +430,115 @@ impl Upstream {
                 PathAndQuery::try_from(target).ok()?
             }
         };
-        let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(self.scheme.clone());
-        uri.authority = Some(self.authority.clone());
-        uri.path_and_query = Some(target);
-        parts.uri = Uri::from_parts(uri).ok()?;
-        parts.version = if self.http2 {
-            Version::HTTP_2
-        } else {
-            Version::HTTP_11
-        };
         strip_hop_by_hop(&mut parts.headers);
+        // Room for the four forwarding headers: one growth, not several.
+        parts.headers.reserve(4);
+        // The client's `Host` (or its target's authority) for the
+        // forwarding headers; replaced by the upstream's in the same
+        // lookup when so configured.
+        let client_host = match (self.host, &self.upstream_host) {
+            (HostHeader::Upstream, Some(upstream)) => {
+                parts.headers.insert(header::HOST, upstream.clone())
+            }
+            _ => parts.headers.get(header::HOST).cloned(),
+        };
+        let original_host = client_host.or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        if self.host == HostHeader::Keep
+            && let Some(value) = &original_host
+            && !parts.headers.contains_key(header::HOST)
+        {
+            // An absolute-form target's authority becomes `Host`.
+            parts.headers.insert(header::HOST, value.clone());
+        }
         add_forwarding(&mut parts.headers, client, original_host.as_ref());
-        match self.host {
-            HostHeader::Upstream => {
-                if let Some(value) = &self.upstream_host {
-                    parts.headers.insert(header::HOST, value.clone());
-                }
-            }
-            HostHeader::Keep => {
-                if let Some(value) = original_host {
-                    parts.headers.insert(header::HOST, value);
-                }
-            }
+        if self.http2 {
+            // HTTP/2 carries the scheme and authority in the URI.
+            let mut uri = http::uri::Parts::default();
+            uri.scheme = Some(self.scheme.clone());
+            uri.authority = Some(self.authority.clone());
+            uri.path_and_query = Some(target);
+            parts.uri = Uri::from_parts(uri).ok()?;
+            parts.version = Version::HTTP_2;
+        } else {
+            // HTTP/1.1 sends the origin form; the authority is `Host`.
+            parts.uri = Uri::from(target);
+            parts.version = Version::HTTP_11;
         }
         if self.http2 {
             // HTTP/2 carries the authority in the URI.
             parts.headers.remove(header::HOST);
+        } else if !parts.headers.contains_key(header::HOST) {
+            // HTTP/1.1 requires one (a client's HTTP/1.0 request may have
+            // none to keep): the upstream's.
+            if let Some(value) = &self.upstream_host {
+                parts.headers.insert(header::HOST, value.clone());
+            }
         }
         Some(Request::from_parts(parts, body))
     }
 }
 
+/// The index in [`HOP_BY_HOP`] of a hop-by-hop header's name (a match on
+/// the text: cheaper than comparing the names one by one).
+fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
+    Some(match name.as_str() {
+        "connection" => 0,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "te" => 5,
+        "trailer" => 6,
+        "transfer-encoding" => 7,
+        "upgrade" => 8,
+        _ => return None,
+    })
+}
+
 /// Removes the hop-by-hop headers, and those the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages have none: one pass over the names is cheaper than a
-    // hashed removal of each.
-    if !headers
-        .keys()
-        .any(|name| HOP_BY_HOP.contains(name) || name == header::UPGRADE)
-    {
+    // Most requests have none, most answers only `Connection: keep-alive`:
+    // one pass over the headers notes which are there (a bit each), so
+    // only those pay for a hashed removal.
+    let mut present = 0u16;
+    // Whether a `Connection` value may name other headers (anything but
+    // the usual `keep-alive` or `close`).
+    let mut names_others = false;
+    for (name, value) in headers.iter() {
+        if let Some(index) = hop_by_hop_index(name) {
+            present |= 1 << index;
+            if index == 0 {
+                let value = value.as_bytes();
+                names_others |= !(value.eq_ignore_ascii_case(b"keep-alive")
+                    || value.eq_ignore_ascii_case(b"close"));
+            }
+        }
+    }
+    if present == 0 {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(name);
+    if names_others {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+            .collect();
+        for name in &named {
+            headers.remove(name);
+        }
     }
-    // `Upgrade` is hop-by-hop too; upgrades (WebSocket) are not proxied.
-    headers.remove(header::UPGRADE);
+    for (index, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << index) != 0 {
+            headers.remove(name);
+        }
+    }
 }
 
 /// Adds `X-Forwarded-For` (appended), `X-Forwarded-Host`,
@@ -455,23 +551,26 @@ fn add_forwarding(
     host: Option<&HeaderValue>,
 ) {
     let mut forwarded = String::with_capacity(96);
-    if let Some(earlier) = headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-        forwarded.push_str(earlier);
-        forwarded.push_str(", ");
-    }
     if let Some(client) = client {
-        let listed = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(earlier) => {
-                let mut list = String::with_capacity(earlier.len() + 2 + client.listed.len());
-                list.push_str(earlier);
-                list.push_str(", ");
-                list.push_str(client.listed.to_str().unwrap_or_default());
-                HeaderValue::try_from(list).ok()
+        // One lookup reads an earlier proxy's list and writes the new one.
+        match headers.entry(X_FORWARDED_FOR) {
+            Entry::Occupied(mut earlier) => {
+                if let Ok(text) = earlier.get().to_str() {
+                    let listed = client.listed.to_str().unwrap_or_default();
+                    let mut list = String::with_capacity(text.len() + 2 + listed.len());
+                    list.push_str(text);
+                    list.push_str(", ");
+                    list.push_str(listed);
+                    if let Ok(value) = HeaderValue::try_from(list) {
+                        earlier.insert(value);
+                    }
+                } else {
+                    earlier.insert(client.listed.clone());
+                }
             }
-            None => Some(client.listed.clone()),
-        };
-        if let Some(listed) = listed {
-            headers.insert(X_FORWARDED_FOR, listed);
+            Entry::Vacant(entry) => {
+                entry.insert(client.listed.clone());
+            }
         }
         forwarded.push_str(&client.forwarded_for);
     }
@@ -479,14 +578,37 @@ fn add_forwarding(
         headers.insert(X_FORWARDED_HOST, host.clone());
         if let Ok(text) = host.to_str() {
             forwarded.push_str("host=\"");
-            forwarded.extend(text.chars().filter(|c| !matches!(c, '"' | '\\')));
+            if text.contains(['"', '\\']) {
+                forwarded.extend(text.chars().filter(|c| !matches!(c, '"' | '\\')));
+            } else {
+                forwarded.push_str(text);
+            }
             forwarded.push_str("\";");
         }
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     forwarded.push_str("proto=http");
-    if let Ok(value) = HeaderValue::try_from(forwarded) {
-        headers.insert(header::FORWARDED, value);
+    match headers.entry(header::FORWARDED) {
+        Entry::Occupied(mut earlier) => {
+            let value = match earlier.get().to_str() {
+                Ok(text) => {
+                    let mut list = String::with_capacity(text.len() + 2 + forwarded.len());
+                    list.push_str(text);
+                    list.push_str(", ");
+                    list.push_str(&forwarded);
+                    HeaderValue::try_from(list)
+                }
+                Err(_) => HeaderValue::try_from(forwarded),
+            };
+            if let Ok(value) = value {
+                earlier.insert(value);
+            }
+        }
+        Entry::Vacant(entry) => {
+            if let Ok(value) = HeaderValue::try_from(forwarded) {
+                entry.insert(value);
+            }
+        }
     }
 }
 
@@ -530,6 +652,42 @@ mod tests {
         strip_hop_by_hop(&mut headers);
         let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["content-type"]);
+    }
+
+    /// The request `outgoing` makes of `GET /items?x=1` with `Host:
+    /// api.example` (or none), under `host = <mode>`.
+    fn outgoing_host(mode: &str, client_host: Option<&'static str>) -> (Uri, HeaderMap) {
+        let config = Config::from_toml(&format!(
+            "upstream = \"http://127.0.0.1:9000\"\nstore = \"sqlite::memory:\"\n[[routes]]\npath = \"/payments\"\n[proxy]\nhost = \"{mode}\"\n"
+        ))
+        .expect("a configuration");
+        let upstream = Upstream::new(&config).expect("an upstream");
+        let mut request = Request::get("/items?x=1");
+        if let Some(host) = client_host {
+            request = request.header(header::HOST, host);
+        }
+        let request = request.body(Body::empty()).expect("a request");
+        let outgoing = upstream.outgoing(request, None).expect("forwarded");
+        (outgoing.uri().clone(), outgoing.headers().clone())
+    }
+
+    #[tokio::test]
+    async fn host_is_the_upstreams_or_the_clients_and_the_target_is_in_origin_form() {
+        let (uri, headers) = outgoing_host("upstream", Some("api.example"));
+        assert_eq!(uri, "/items?x=1");
+        assert_eq!(headers[header::HOST], "127.0.0.1:9000");
+        assert_eq!(headers[X_FORWARDED_HOST], "api.example");
+        assert_eq!(headers.get_all(header::HOST).iter().count(), 1);
+
+        let (_, headers) = outgoing_host("keep", Some("api.example"));
+        assert_eq!(headers[header::HOST], "api.example");
+        assert_eq!(headers[X_FORWARDED_HOST], "api.example");
+
+        // HTTP/1.1 needs a `Host`: a client's HTTP/1.0 request without one
+        // gets the upstream's.
+        let (_, headers) = outgoing_host("keep", None);
+        assert_eq!(headers[header::HOST], "127.0.0.1:9000");
+        assert!(!headers.contains_key(X_FORWARDED_HOST));
     }
 
     #[test]

@@ -82,6 +82,7 @@
 pub mod app;
 pub mod config;
 pub mod forward;
+mod pool;
 pub mod scope;
 pub mod serve;
 

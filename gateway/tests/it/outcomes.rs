@@ -194,3 +194,38 @@ async fn upstream_500_releases_the_key_and_a_retry_runs() {
         "the proxy's counters: {metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answer_timeout_counts_from_each_request_on_a_pooled_connection() {
+    // Unguarded requests on one pooled upstream connection, whose timer
+    // is moved at each request and passes its deadline while idle.
+    let routes = "[[routes]]\npath = \"/payments\"\n[proxy]\ntimeout_seconds = 1\n";
+    let stack = stack(routes, &[]).await;
+    let http = client();
+    let status = |answer: reqwest::Response| answer.status().as_u16();
+    let echo = || http.get(stack.url("/echo")).send();
+    assert_eq!(status(echo().await.expect("an answer")), 200);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        status(echo().await.expect("an answer")),
+        200,
+        "a timer that passed while idle does not fail the next request"
+    );
+    let slow = |seconds: &str| {
+        http.post(stack.url(&format!("/slow?seconds={seconds}")))
+            .body("{}")
+            .send()
+    };
+    assert_eq!(status(slow("0.5").await.expect("an answer")), 201);
+    let started = std::time::Instant::now();
+    let answer = slow("3").await.expect("an answer");
+    let elapsed = started.elapsed();
+    assert_eq!(
+        problem_of(answer).await,
+        (504, "urn:idempotency:upstream-timeout".to_owned())
+    );
+    assert!(
+        elapsed >= Duration::from_millis(900) && elapsed < Duration::from_millis(2500),
+        "timed out after {elapsed:?}"
+    );
+}

@@ -1,13 +1,17 @@
 //! Unguarded requests pass through byte for byte, streamed both ways, with
 //! hop-by-hop headers dropped and forwarding headers added.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use idempotency_tests::raw_http;
 use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::stack;
+use crate::support::{stack, start_gateway};
 
 const ROUTES: &str = "[[routes]]\npath = \"/payments\"\n";
 
@@ -111,4 +115,70 @@ async fn forwarding_headers_are_added_and_hop_by_hop_ones_dropped() {
         get("forwarded"),
         Some("for=127.0.0.1;host=\"api.example\";proto=http")
     );
+}
+
+/// An upstream that answers one request per connection with keep-alive
+/// (no `Connection: close`), then closes the connection: what a server's
+/// keep-alive timeout does to an idle pooled connection. The answer's body
+/// is the connection's number.
+async fn closing_upstream(connections: Arc<AtomicU64>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let address = listener.local_addr().expect("an address");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let number = connections.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buffer = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let body = number.to_string();
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+                // Closed a little later, once the gateway has pooled the
+                // connection, as a backend's keep-alive timeout does.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            });
+        }
+    });
+    address
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_the_upstream_closed_is_replaced_and_the_request_sent_again() {
+    let connections = Arc::new(AtomicU64::new(0));
+    let upstream = closing_upstream(Arc::clone(&connections)).await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store_url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("gateway.db").display()
+    );
+    let gateway = start_gateway(&dir, upstream, &store_url, ROUTES, &[]).await;
+    let http = reqwest::Client::new();
+    for expected in 1..=3 {
+        let answer = http
+            .get(format!("http://{}/items/{expected}", gateway.address))
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(answer.status(), 200, "request {expected}");
+        assert_eq!(
+            answer.text().await.expect("a body"),
+            expected.to_string(),
+            "request {expected} went on a new connection"
+        );
+        // The upstream's close reaches the gateway while the connection
+        // is idle in its pool.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 3);
 }
