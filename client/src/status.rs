@@ -8,6 +8,7 @@
 //! let client = StatusClient::new("http://127.0.0.1:8080", "token-of-tenant-a");
 //! match client.status("order-42").await? {
 //!     Status::Ran(code) => println!("it ran ({code}): resend with the same key to get the stored response"),
+//!     Status::RanNotStored(code) => println!("it ran ({code}), its answer too large to keep: reconcile"),
 //!     Status::Running(wait) => println!("still running: ask again in {wait:?}"),
 //!     Status::Unknown => println!("outcome unknown: reconcile before resending"),
 //!     Status::NotFound => println!("it never ran: resending with the same key is safe"),
@@ -161,9 +162,12 @@ pub struct MissingKey {
 /// A key's status, reduced to what a retrying caller acts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
-    /// It ran and answered this status; the advice is [`Advice::Replay`]
-    /// (or [`Advice::Reconcile`] when the response was too large to store).
+    /// It ran and answered this status; the advice is [`Advice::Replay`].
     Ran(u16),
+    /// It ran and answered this status, but the answer was too large to
+    /// store: a resend gets 409 `response-not-stored`, never the answer;
+    /// the advice is [`Advice::Reconcile`].
+    RanNotStored(u16),
     /// It is running; ask again after this long.
     Running(Duration),
     /// It started and never finished: the outcome is unknown.
@@ -177,6 +181,7 @@ impl Status {
     pub fn advice(self) -> Advice {
         match self {
             Self::Ran(_) => Advice::Replay,
+            Self::RanNotStored(_) => Advice::Reconcile,
             Self::Running(_) => Advice::Wait,
             Self::Unknown => Advice::Reconcile,
             Self::NotFound => Advice::Retry,
@@ -187,6 +192,9 @@ impl Status {
 impl From<&KeyStatus> for Status {
     fn from(status: &KeyStatus) -> Self {
         match status.state {
+            KeyState::Completed if status.response_stored == Some(false) => {
+                Self::RanNotStored(status.response_status.unwrap_or(0))
+            }
             KeyState::Completed => Self::Ran(status.response_status.unwrap_or(0)),
             KeyState::InFlight => {
                 Self::Running(Duration::from_secs(status.retry_after_seconds.unwrap_or(1)))
@@ -368,6 +376,15 @@ mod tests {
         };
         assert_eq!(Status::from(status), Status::Ran(201));
         assert_eq!(status.advice, Advice::Replay);
+        // The same record whose answer was too large to store: reconcile,
+        // as the service advises.
+        let too_large = KeyStatus {
+            response_stored: Some(false),
+            advice: Advice::Reconcile,
+            ..status.clone()
+        };
+        assert_eq!(Status::from(&too_large), Status::RanNotStored(201));
+        assert_eq!(Status::from(&too_large).advice(), too_large.advice);
         // What is read is written back the same.
         let again: LookupResponse =
             serde_json::from_str(&serde_json::to_string(&answer).unwrap()).unwrap();
@@ -377,6 +394,7 @@ mod tests {
     #[test]
     fn statuses_map_to_advice() {
         assert_eq!(Status::Ran(201).advice(), Advice::Replay);
+        assert_eq!(Status::RanNotStored(201).advice(), Advice::Reconcile);
         assert_eq!(
             Status::Running(Duration::from_secs(1)).advice(),
             Advice::Wait
