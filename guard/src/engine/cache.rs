@@ -9,10 +9,10 @@
 //! published by another process through Redis pub/sub or PostgreSQL
 //! notifications). On a store that does not publish other processes'
 //! changes (SQLite, PostgreSQL without notifications), an operator's
-//! deletion elsewhere is seen here within `max_age`. A store that echoes
-//! every change to every process (Redis) also drops the copy made at a
-//! run's completion when the echo comes back: the first replay after it
-//! reads the store once, and keeps the copy from then on.
+//! deletion elsewhere is seen here within `max_age`. Redis publishes a
+//! run's end only when a waiter watched it; when one did, the echo of the
+//! completion also drops the copy made at the run's end, and the first
+//! replay after it reads the store once.
 //!
 //! The cache is bounded by the bytes it holds; when full, it drops entries
 //! in no particular order (the next replay of a dropped key reads the store).

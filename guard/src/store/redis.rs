@@ -9,9 +9,15 @@
 //! [`Purge::purge`] has nothing to do. The scripts live in
 //! `store/redis/*.lua`.
 //!
-//! Completions, releases and abandonments are published on
-//! `<prefix>:events`; every store subscribes, so a request waiting for an
-//! in-flight key in one process is woken by its completion in another.
+//! Completions, releases and abandonments of *watched* records are
+//! published on `<prefix>:events`; every store subscribes, so a request
+//! waiting for an in-flight key in one process is woken by its completion
+//! in another. A waiter reads the record after it subscribes and before it
+//! waits, and that read (`get.lua`) marks an in-flight record watched
+//! (field `w`), atomically with the read: an end before the read is seen
+//! by the read, an end after it is published. A record nobody read while it
+//! ran (every fresh key without a concurrent duplicate) ends without a
+//! message, so no process receives one per request.
 //!
 //! Claims and completions of concurrent requests are batched on one Redis
 //! ([`crate::store::batch`]): the claims that queue while one script call
@@ -44,6 +50,8 @@ use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
 /// ms, the server's clock), `m` the request (fingerprint, transactional
 /// flag, method and path, packed by [`encode_request`]), `p` the response
 /// (packed by [`encode_response`]) and `c` completion time, once completed.
+/// A record may also hold `w` (watched: its end is published), which is not
+/// part of the record.
 const FIELDS: [&str; 8] = ["t", "s", "l", "e", "n", "m", "p", "c"];
 
 /// A script assembled from the files under `store/redis/`, in order (the

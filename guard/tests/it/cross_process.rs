@@ -6,10 +6,12 @@
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
+use idempotency_guard::store::batch::BatchLimits;
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::tiered::TieredStore;
-use idempotency_guard::{IdempotencyLayer, InFlightPolicy, Store};
+use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord};
+use idempotency_guard::{Fingerprint, IdempotencyLayer, InFlightPolicy, Store, StoredResponse};
 
 use crate::support::{app, call, request, send};
 
@@ -89,4 +91,85 @@ async fn the_tiered_store_wakes_waiters_in_other_processes_even_with_redis_down(
     // Redis is cut off: PostgreSQL notifications carry the wake-up alone.
     partition.cut();
     a_waiter_elsewhere_is_woken_by_the_completion(running, waiting).await;
+}
+
+/// Redis publishes the end of a record (completion, release, abandonment)
+/// only when a reader marked it watched, as a waiter does when it reads the
+/// record before it waits: a fresh key nobody waits for sends no pub/sub
+/// message to every process.
+async fn redis_publishes_only_watched_ends(batching: BatchLimits) {
+    use futures_util::StreamExt;
+    let server = idempotency_tests::RedisServer::start(false).await;
+    let store = RedisStore::connect(&server.url(), "watched")
+        .await
+        .unwrap()
+        .with_batching(batching);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub.subscribe("watched:events").await.unwrap();
+    let mut messages = pubsub.on_message();
+    let fingerprint = Fingerprint::from_bytes([1; 32]);
+    let claim = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            let new = NewRecord {
+                scope: "s",
+                key,
+                fingerprint: &fingerprint,
+                method: "POST",
+                path: "/payments",
+                token: LeaseToken::new(),
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(60),
+                transactional: false,
+            };
+            match store.claim(&new).await.unwrap() {
+                Claim::Acquired(lease) => lease,
+                Claim::Existing(record) => panic!("{key} was taken: {record:?}"),
+            }
+        }
+    };
+    let ok = StoredResponse::from_bytes("ok");
+    let unwatched: Vec<Lease> = vec![claim("quiet-1").await, claim("quiet-2").await];
+    store.complete(&unwatched[0], &ok).await.unwrap();
+    store.release(&unwatched[1]).await.unwrap();
+    let mut watched = Vec::new();
+    for key in ["completed", "released", "abandoned"] {
+        let lease = claim(key).await;
+        let read = store.get("s", key).await.unwrap().unwrap();
+        assert_eq!(read.lease_token, lease.token);
+        watched.push(lease);
+    }
+    store.complete(&watched[0], &ok).await.unwrap();
+    store.release(&watched[1]).await.unwrap();
+    store.renew(&watched[2], Duration::ZERO).await.unwrap();
+    // Messages arrive in the order Redis ran the scripts: had an unwatched
+    // end been published, it would come first.
+    for key in ["completed", "released", "abandoned"] {
+        let message = tokio::time::timeout(Duration::from_secs(2), messages.next())
+            .await
+            .unwrap_or_else(|_| panic!("the end of watched {key} was not published"))
+            .unwrap();
+        let payload: String = message.get_payload().unwrap();
+        assert!(
+            payload.ends_with(&format!(":{key}")),
+            "expected {key}, got {payload} (an unwatched end was published)"
+        );
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), messages.next())
+            .await
+            .is_err(),
+        "a message nobody should have sent"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_publishes_a_records_end_only_when_a_reader_watches_it() {
+    redis_publishes_only_watched_ends(BatchLimits::OFF).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_redis_completions_publish_only_watched_ends() {
+    redis_publishes_only_watched_ends(idempotency_guard::store::redis::DEFAULT_BATCHING).await;
 }
