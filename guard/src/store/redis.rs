@@ -39,6 +39,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
 use time::OffsetDateTime;
 
+mod call;
+
+use call::{RecordKey, ScriptCall};
+
 use crate::record::CorruptRecord;
 use crate::store::batch::{BatchLimits, BatchStats, BatchedStore, Batches, ClaimItem};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
@@ -299,21 +303,43 @@ impl RedisStore {
             .unwrap_or_default()
     }
 
-    /// The Redis key of a record.
-    fn record_key(&self, scope: &str, key: &str) -> Vec<u8> {
-        record_key(&self.prefix, RECORDS, scope, key)
+    async fn invoke(&self, call: &ScriptCall) -> Result<Value, StoreError> {
+        match self.query(call.command()).await {
+            Err(error)
+                if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                // Redis does not know the script yet (or forgot it: a
+                // restart, `SCRIPT FLUSH`): load it and send the call again.
+                match &self.connection {
+                    Connection::Single(connection) => {
+                        call.script().load_async(&mut connection.clone()).await?
+                    }
+                    Connection::Cluster(connection) => {
+                        call.script().load_async(&mut connection.clone()).await?
+                    }
+                };
+                Ok(self.query(call.command()).await?)
+            }
+            answer => Ok(answer?),
+        }
     }
 
-    async fn invoke(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
-        let value = match &self.connection {
-            Connection::Single(connection) => {
-                invocation.invoke_async(&mut connection.clone()).await?
-            }
-            Connection::Cluster(connection) => {
-                invocation.invoke_async(&mut connection.clone()).await?
-            }
-        };
-        Ok(value)
+    /// Sends one command.
+    async fn query(&self, command: &redis::Cmd) -> redis::RedisResult<Value> {
+        match &self.connection {
+            Connection::Single(connection) => command.query_async(&mut connection.clone()).await,
+            Connection::Cluster(connection) => command.query_async(&mut connection.clone()).await,
+        }
+    }
+
+    /// A record's key, to write into a script call.
+    fn key_arg<'a>(&'a self, namespace: &'a str, scope: &'a str, key: &'a str) -> RecordKey<'a> {
+        RecordKey {
+            prefix: &self.prefix,
+            namespace,
+            scope,
+            key,
+        }
     }
 
     /// Reads a cached completed record (tiered store).
@@ -322,9 +348,9 @@ impl RedisStore {
         scope: &str,
         key: &str,
     ) -> Result<Option<Record>, StoreError> {
-        let mut invocation = GET.prepare_invoke();
-        invocation.key(record_key(&self.prefix, CACHED, scope, key));
-        match self.invoke(&invocation).await? {
+        let mut call = ScriptCall::new(&GET, 1, 64);
+        call.arg(self.key_arg(CACHED, scope, key));
+        match self.invoke(&call).await? {
             Value::Array(reply) if reply.len() == 2 => {
                 record_from_fields(scope, key, &reply[1], int(&reply[0])?)
             }
@@ -340,9 +366,8 @@ impl RedisStore {
         let millis_of = |at: OffsetDateTime| {
             i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
         };
-        let mut invocation = CACHE_PUT.prepare_invoke();
-        invocation
-            .key(record_key(&self.prefix, CACHED, &record.scope, &record.key))
+        let mut call = ScriptCall::new(&CACHE_PUT, 1, 256);
+        call.arg(self.key_arg(CACHED, &record.scope, &record.key))
             .arg(millis(ttl).max(1))
             .arg("t")
             .arg(record.lease_token.as_uuid().as_bytes().as_slice())
@@ -365,32 +390,22 @@ impl RedisStore {
             .arg(encode_response(response))
             .arg("c")
             .arg(millis_of(record.completed_at.unwrap_or(record.observed_at)));
-        self.invoke(&invocation).await.map(drop)
+        self.invoke(&call).await.map(drop)
     }
 
     /// Announces that a record changed (tiered store), waking waiters in
     /// every process.
     pub(crate) async fn announce(&self, scope: &str, key: &str) -> Result<(), StoreError> {
-        let message = record_key(&self.prefix, RECORDS, scope, key);
         let mut command = redis::cmd("PUBLISH");
-        command.arg(&*self.channel).arg(message);
-        match &self.connection {
-            Connection::Single(connection) => {
-                command
-                    .query_async::<Value>(&mut connection.clone())
-                    .await?
-            }
-            Connection::Cluster(connection) => {
-                command
-                    .query_async::<Value>(&mut connection.clone())
-                    .await?
-            }
-        };
+        command
+            .arg(&*self.channel)
+            .arg(self.key_arg(RECORDS, scope, key));
+        self.query(&command).await?;
         Ok(())
     }
 
-    async fn fenced(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<(), StoreError> {
-        match self.invoke(invocation).await? {
+    async fn fenced(&self, call: &ScriptCall) -> Result<(), StoreError> {
+        match self.invoke(call).await? {
             Value::Int(1) => Ok(()),
             _ => Err(StoreError::LeaseLost),
         }
@@ -404,7 +419,9 @@ const CACHED: &str = "c";
 
 /// `<prefix>:<namespace>:<scope length>:<scope>:<key>`: the length prefix
 /// makes the encoding injective, so scope `a:b` with key `c` never meets
-/// scope `a` with key `b:c`.
+/// scope `a` with key `b:c`. Commands write it with [`RecordKey`], without
+/// building it first; this builds the same bytes, for the tests.
+#[cfg(test)]
 fn record_key(prefix: &str, namespace: &str, scope: &str, key: &str) -> Vec<u8> {
     // Built by hand: `format!` costs more than the rest of a claim's
     // encoding, and this runs for every store call.
@@ -412,16 +429,15 @@ fn record_key(prefix: &str, namespace: &str, scope: &str, key: &str) -> Vec<u8> 
     for part in [prefix.as_bytes(), b":", namespace.as_bytes(), b":"] {
         out.extend_from_slice(part);
     }
-    push_decimal(&mut out, scope.len());
+    out.extend_from_slice(decimal(scope.len(), &mut [0; 20]));
     for part in [b":".as_slice(), scope.as_bytes(), b":", key.as_bytes()] {
         out.extend_from_slice(part);
     }
     out
 }
 
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut Vec<u8>, n: usize) {
-    let mut digits = [0_u8; 20];
+/// `n` in decimal, written at the end of `digits`.
+fn decimal(n: usize, digits: &mut [u8; 20]) -> &[u8] {
     let mut at = digits.len();
     let mut n = n;
     loop {
@@ -432,7 +448,7 @@ fn push_decimal(out: &mut Vec<u8>, n: usize) {
             break;
         }
     }
-    out.extend_from_slice(&digits[at..]);
+    &digits[at..]
 }
 
 /// The scope and key of a record (or cache) key, if it is one of `prefix`.
@@ -599,11 +615,12 @@ impl BatchedStore for RedisStore {
         if let [item] = items.as_slice() {
             return Ok(vec![self.claim(&item.as_new()).await]);
         }
-        let mut invocation = CLAIM_BATCH.prepare_invoke();
+        let mut call = ScriptCall::new(&CLAIM_BATCH, items.len(), items.len() * 160);
         for item in &items {
-            invocation
-                .key(self.record_key(&item.scope, &item.key))
-                .arg(item.token.as_uuid().as_bytes().as_slice())
+            call.arg(self.key_arg(RECORDS, &item.scope, &item.key));
+        }
+        for item in &items {
+            call.arg(item.token.as_uuid().as_bytes().as_slice())
                 .arg(millis(item.lease))
                 .arg(millis(item.retention))
                 .arg(encode_request(
@@ -614,7 +631,7 @@ impl BatchedStore for RedisStore {
                 ));
         }
         let shape = || CorruptRecord("the batch claim script returned an unexpected shape");
-        let Value::Array(reply) = self.invoke(&invocation).await? else {
+        let Value::Array(reply) = self.invoke(&call).await? else {
             return Err(shape().into());
         };
         let [now, Value::Array(answers)] = reply.as_slice() else {
@@ -643,15 +660,17 @@ impl BatchedStore for RedisStore {
         &self,
         items: Vec<CompleteItem>,
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        let mut invocation = COMPLETE_BATCH.prepare_invoke();
-        invocation.arg(&*self.channel);
+        let size = items.iter().map(|(_, response)| 80 + response.len()).sum();
+        let mut call = ScriptCall::new(&COMPLETE_BATCH, items.len(), size);
+        for (lease, _) in &items {
+            call.arg(self.key_arg(RECORDS, &lease.scope, &lease.key));
+        }
+        call.arg(&*self.channel);
         for (lease, response) in &items {
-            invocation
-                .key(self.record_key(&lease.scope, &lease.key))
-                .arg(lease.token.as_uuid().as_bytes().as_slice())
+            call.arg(lease.token.as_uuid().as_bytes().as_slice())
                 .arg(response.as_slice());
         }
-        let Value::Array(answers) = self.invoke(&invocation).await? else {
+        let Value::Array(answers) = self.invoke(&call).await? else {
             return Err(CorruptRecord("the batch complete script returned no array").into());
         };
         if answers.len() != items.len() {
@@ -672,9 +691,8 @@ impl Store for RedisStore {
         if let Some(batches) = &self.batches {
             return batches.claims.call(ClaimItem::new(new)).await;
         }
-        let mut invocation = CLAIM.prepare_invoke();
-        invocation
-            .key(self.record_key(new.scope, new.key))
+        let mut call = ScriptCall::new(&CLAIM, 1, 160);
+        call.arg(self.key_arg(RECORDS, new.scope, new.key))
             .arg(new.token.as_uuid().as_bytes().as_slice())
             .arg(millis(new.lease))
             .arg(millis(new.retention))
@@ -684,7 +702,7 @@ impl Store for RedisStore {
                 new.method,
                 new.path,
             ));
-        let Value::Array(reply) = self.invoke(&invocation).await? else {
+        let Value::Array(reply) = self.invoke(&call).await? else {
             return Err(CorruptRecord("the claim script returned no array").into());
         };
         match reply.as_slice() {
@@ -703,9 +721,8 @@ impl Store for RedisStore {
         previous: LeaseToken,
         new: &NewRecord<'_>,
     ) -> Result<Option<Lease>, StoreError> {
-        let mut invocation = TAKE_OVER.prepare_invoke();
-        invocation
-            .key(self.record_key(new.scope, new.key))
+        let mut call = ScriptCall::new(&TAKE_OVER, 1, 180);
+        call.arg(self.key_arg(RECORDS, new.scope, new.key))
             .arg(previous.as_uuid().as_bytes().as_slice())
             .arg(new.token.as_uuid().as_bytes().as_slice())
             .arg(millis(new.lease))
@@ -716,7 +733,7 @@ impl Store for RedisStore {
                 new.method,
                 new.path,
             ));
-        let taken = matches!(self.invoke(&invocation).await?, Value::Int(1));
+        let taken = matches!(self.invoke(&call).await?, Value::Int(1));
         Ok(taken.then(|| new.lease()))
     }
 
@@ -727,38 +744,36 @@ impl Store for RedisStore {
                 .call((lease.clone(), encode_response(response)))
                 .await;
         }
-        let mut invocation = COMPLETE.prepare_invoke();
-        invocation
-            .key(self.record_key(&lease.scope, &lease.key))
+        let response = encode_response(response);
+        let mut call = ScriptCall::new(&COMPLETE, 1, 80 + response.len());
+        call.arg(self.key_arg(RECORDS, &lease.scope, &lease.key))
             .arg(lease.token.as_uuid().as_bytes().as_slice())
-            .arg(encode_response(response))
+            .arg(response)
             .arg(&*self.channel);
-        self.fenced(&invocation).await
+        self.fenced(&call).await
     }
 
     async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
-        let mut invocation = RENEW.prepare_invoke();
-        invocation
-            .key(self.record_key(&lease.scope, &lease.key))
+        let mut call = ScriptCall::new(&RENEW, 1, 80);
+        call.arg(self.key_arg(RECORDS, &lease.scope, &lease.key))
             .arg(lease.token.as_uuid().as_bytes().as_slice())
             .arg(millis(duration))
             .arg(&*self.channel);
-        self.fenced(&invocation).await
+        self.fenced(&call).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        let mut invocation = RELEASE.prepare_invoke();
-        invocation
-            .key(self.record_key(&lease.scope, &lease.key))
+        let mut call = ScriptCall::new(&RELEASE, 1, 80);
+        call.arg(self.key_arg(RECORDS, &lease.scope, &lease.key))
             .arg(lease.token.as_uuid().as_bytes().as_slice())
             .arg(&*self.channel);
-        self.fenced(&invocation).await
+        self.fenced(&call).await
     }
 
     async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        let mut invocation = GET.prepare_invoke();
-        invocation.key(self.record_key(scope, key));
-        match self.invoke(&invocation).await? {
+        let mut call = ScriptCall::new(&GET, 1, 64);
+        call.arg(self.key_arg(RECORDS, scope, key));
+        match self.invoke(&call).await? {
             Value::Array(reply) if reply.len() == 2 => {
                 record_from_fields(scope, key, &reply[1], int(&reply[0])?)
             }
@@ -865,19 +880,8 @@ impl RedisStore {
     /// Deletes the cached copy of a record (tiered store), if any.
     pub(crate) async fn cache_forget(&self, scope: &str, key: &str) -> Result<(), StoreError> {
         let mut command = redis::cmd("DEL");
-        command.arg(record_key(&self.prefix, CACHED, scope, key));
-        match &self.connection {
-            Connection::Single(connection) => {
-                command
-                    .query_async::<Value>(&mut connection.clone())
-                    .await?
-            }
-            Connection::Cluster(connection) => {
-                command
-                    .query_async::<Value>(&mut connection.clone())
-                    .await?
-            }
-        };
+        command.arg(self.key_arg(CACHED, scope, key));
+        self.query(&command).await?;
         Ok(())
     }
 }
@@ -931,13 +935,12 @@ impl crate::store::admin::AdminStore for RedisStore {
         use crate::RecordState;
         use crate::store::admin::Forgotten;
         let flag = |state| if rule.allows(state) { "1" } else { "0" };
-        let mut invocation = ADMIN_FORGET.prepare_invoke();
-        invocation
-            .key(self.record_key(scope, key))
+        let mut call = ScriptCall::new(&ADMIN_FORGET, 1, 80);
+        call.arg(self.key_arg(RECORDS, scope, key))
             .arg(flag(RecordState::Completed))
             .arg(flag(RecordState::Abandoned))
             .arg(&*self.channel);
-        let reply: (i64, String) = redis::from_redis_value(self.invoke(&invocation).await?)
+        let reply: (i64, String) = redis::from_redis_value(self.invoke(&call).await?)
             .map_err(|_| CorruptRecord("the forget script returned an unexpected shape"))?;
         let state = match reply.1.as_str() {
             "c" => RecordState::Completed,

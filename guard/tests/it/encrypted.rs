@@ -232,6 +232,29 @@ pub(crate) async fn raw_sqlite(
 }
 
 /// Every field of the record's Redis hash, read with a plain client.
+/// The Redis keys matching `pattern`, with `SCAN` (`KEYS` blocks a shared
+/// Redis that holds many keys, and timed out on one holding 700k).
+async fn scan(connection: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<Vec<u8>> {
+    let mut names = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(connection)
+            .await
+            .unwrap();
+        names.extend(batch);
+        if next == 0 {
+            return names;
+        }
+        cursor = next;
+    }
+}
+
 pub(crate) async fn raw_redis(
     _store: &idempotency_guard::store::redis::RedisStore,
     scope: &str,
@@ -240,11 +263,7 @@ pub(crate) async fn raw_redis(
     let client = redis::Client::open(idempotency_tests::fixtures::redis_url()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     let pattern = format!("*:r:{}:{scope}:{key}", scope.len());
-    let names: Vec<Vec<u8>> = redis::cmd("KEYS")
-        .arg(&pattern)
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    let names = scan(&mut connection, &pattern).await;
     let mut bytes = Vec::new();
     for name in names {
         let fields: Vec<Vec<u8>> = redis::cmd("HGETALL")
@@ -309,11 +328,7 @@ async fn a_redis_store_opened_with_configured_keys_seals_what_the_guard_stores()
 
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let names: Vec<Vec<u8>> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:r:*"))
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    let names = scan(&mut connection, &format!("{prefix}:r:*")).await;
     assert_eq!(names.len(), 1, "one record under the test's prefix");
     let mut raw = Vec::new();
     for name in &names {
@@ -329,11 +344,7 @@ async fn a_redis_store_opened_with_configured_keys_seals_what_the_guard_stores()
     assert!(!contains(&raw, "application/json"), "a header in clear");
     assert!(contains(&raw, "v1 a"), "the key id is stored");
 
-    let mut everything: Vec<Vec<u8>> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    let mut everything = scan(&mut connection, &format!("{prefix}:*")).await;
     everything.extend(names);
     for name in everything {
         let _: redis::RedisResult<i64> = redis::cmd("DEL")

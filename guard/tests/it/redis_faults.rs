@@ -331,3 +331,72 @@ async fn a_claim_whose_reply_comes_too_late_is_released_and_runs_once_later() {
     assert!(replay.replayed());
     assert_eq!(runs.of("late-reply"), 1);
 }
+
+/// Redis forgets its scripts (a restart, a failover, `SCRIPT FLUSH`): each
+/// store call that meets `NOSCRIPT` loads its script and is sent again,
+/// once, and answers as if nothing happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_store_call_loads_its_script_again_after_a_script_flush() {
+    use idempotency_guard::store::batch::BatchLimits;
+    use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
+    use idempotency_guard::{Fingerprint, RecordState, StoredResponse};
+
+    let server = RedisServer::start(false).await;
+    let client = redis::Client::open(server.url()).unwrap();
+    let admin = client.get_multiplexed_async_connection().await.unwrap();
+    let flush = || {
+        let mut admin = admin.clone();
+        async move {
+            let () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+        }
+    };
+    let fingerprint = Fingerprint::from_bytes([9; 32]);
+    for (name, batching) in [
+        ("single", BatchLimits::OFF),
+        ("batched", idempotency_guard::store::redis::DEFAULT_BATCHING),
+    ] {
+        let store = RedisStore::connect(&server.url(), name)
+            .await
+            .unwrap()
+            .with_batching(batching);
+        let new = NewRecord {
+            scope: "s",
+            key: "k",
+            fingerprint: &fingerprint,
+            method: "POST",
+            path: "/payments",
+            token: LeaseToken::new(),
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(60),
+            transactional: false,
+        };
+        flush().await;
+        let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
+            panic!("{name}: the fresh key was taken");
+        };
+        flush().await;
+        store.renew(&lease, Duration::from_secs(30)).await.unwrap();
+        flush().await;
+        let read = store.get("s", "k").await.unwrap().unwrap();
+        assert_eq!(read.lease_token, lease.token, "{name}");
+        flush().await;
+        store
+            .complete(&lease, &StoredResponse::from_bytes("paid"))
+            .await
+            .unwrap();
+        flush().await;
+        let Claim::Existing(record) = store.claim(&new).await.unwrap() else {
+            panic!("{name}: the completed key was claimed again");
+        };
+        assert_eq!(record.state(), RecordState::Completed, "{name}");
+        assert_eq!(
+            record.response.unwrap().body.as_deref(),
+            Some(b"paid".as_slice()),
+            "{name}"
+        );
+    }
+}

@@ -340,11 +340,13 @@ pub(crate) async fn purge_removes_expired_records_and_only_those<
 >(
     store: S,
 ) {
+    // Short enough to wait out, long enough that a completion on a busy
+    // machine still finds its record (100 ms was seen to be too short).
     for i in 0..25 {
         let key = format!("short-{i}");
         let lease = acquire(
             &store,
-            &new_record("s", &key, &FP, LEASE, Duration::from_millis(100)),
+            &new_record("s", &key, &FP, LEASE, Duration::from_millis(400)),
         )
         .await;
         if i % 2 == 0 {
@@ -361,7 +363,7 @@ pub(crate) async fn purge_removes_expired_records_and_only_those<
         )
         .await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
     let purged = idempotency_guard::purge::purge_expired(&store, 10)
         .await
         .unwrap();

@@ -1,0 +1,110 @@
+//! How the Redis store sends its scripts: one command buffer per call.
+//!
+//! redis-rs's `ScriptInvocation` allocates every key and argument on its
+//! own and then copies them all into the command it sends; with a record
+//! key, a token, two durations and a packed request per claim, that was
+//! about nine allocations (and as many copies) per request. A
+//! [`ScriptCall`] writes `EVALSHA <sha1> <number of keys>`, the keys and
+//! the arguments straight into one [`redis::Cmd`], and a [`RecordKey`]
+//! writes its parts into it without building the key first.
+
+use std::io::Write;
+
+use redis::{Cmd, RedisWrite, Script, ToRedisArgs};
+
+/// One call of a script: `EVALSHA`, the script's SHA-1, the number of keys,
+/// then exactly that many keys ([`ScriptCall::arg`]) and then the script's
+/// arguments. The store loads the script and sends the call again when
+/// Redis does not know it (`NOSCRIPT`), as `ScriptInvocation` does.
+pub(super) struct ScriptCall {
+    script: &'static Script,
+    command: Cmd,
+}
+
+impl ScriptCall {
+    /// A call of `script` with `keys` keys; `size` is a guess of the bytes
+    /// of its keys and arguments (the buffer grows past it if needed).
+    pub(super) fn new(script: &'static Script, keys: usize, size: usize) -> Self {
+        let mut command = Cmd::with_capacity(3 + keys * 5, 64 + size);
+        command.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+        Self { script, command }
+    }
+
+    /// Appends a key (the first `keys` calls) or an argument.
+    pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.command.arg(arg);
+        self
+    }
+
+    /// The script, for loading it when Redis does not know it.
+    pub(super) fn script(&self) -> &'static Script {
+        self.script
+    }
+
+    /// The command to send.
+    pub(super) fn command(&self) -> &Cmd {
+        &self.command
+    }
+}
+
+/// `<prefix>:<namespace>:<scope length>:<scope>:<key>`, written into a
+/// command as one argument without being built first (see
+/// [`super::record_key`], which builds the same bytes).
+pub(super) struct RecordKey<'a> {
+    pub(super) prefix: &'a str,
+    pub(super) namespace: &'a str,
+    pub(super) scope: &'a str,
+    pub(super) key: &'a str,
+}
+
+impl ToRedisArgs for RecordKey<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        let mut length = [0; 20];
+        let length = super::decimal(self.scope.len(), &mut length);
+        let mut writer = out.writer_for_next_arg();
+        for part in [
+            self.prefix.as_bytes(),
+            b":",
+            self.namespace.as_bytes(),
+            b":",
+            length,
+            b":",
+            self.scope.as_bytes(),
+            b":",
+            self.key.as_bytes(),
+        ] {
+            // Writing into the command's own buffer cannot fail.
+            let _ = writer.write_all(part);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_key_argument_is_the_record_key() {
+        let mut command = Cmd::new();
+        let arg = RecordKey {
+            prefix: "idem",
+            namespace: "r",
+            scope: "a:b",
+            key: "c d",
+        };
+        command.arg(&arg);
+        let built = super::super::record_key("idem", "r", "a:b", "c d");
+        assert_eq!(built, b"idem:r:3:a:b:c d");
+        let sent: Vec<&[u8]> = command
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes,
+                _ => &b""[..],
+            })
+            .collect();
+        assert_eq!(sent, vec![built.as_slice()]);
+    }
+}
