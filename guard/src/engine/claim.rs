@@ -123,19 +123,24 @@ impl<S: Store> Engine<S> {
                         return refuse(Refusal::InFlight { retry_after });
                     }
                     Decision::OutcomeUnknown => return refuse(Refusal::OutcomeUnknown),
-                    Decision::Wait => match self.wait_for_change(job, &record, wait_left).await {
-                        Ok(Some(changed)) => record = changed,
-                        Ok(None) => break, // released meanwhile: claim again
-                        Err(error) => {
-                            tracing::warn!(error = %error, "idempotency store failed while waiting");
-                            return Acquired::StoreFailed;
+                    // The rare paths (waiting, taking over) are boxed, so
+                    // that their futures do not enlarge every request's.
+                    Decision::Wait => {
+                        match Box::pin(self.wait_for_change(job, &record, wait_left)).await {
+                            Ok(Some(changed)) => record = changed,
+                            Ok(None) => break, // released meanwhile: claim again
+                            Err(error) => {
+                                tracing::warn!(error = %error, "idempotency store failed while waiting");
+                                return Acquired::StoreFailed;
+                            }
                         }
-                    },
+                    }
                     Decision::TakeOver => {
                         let pending = PendingClaim::arm(self, &new);
-                        let taken = self
-                            .timed("take_over", self.store.take_over(record.lease_token, &new))
-                            .await;
+                        let taken = Box::pin(
+                            self.timed("take_over", self.store.take_over(record.lease_token, &new)),
+                        )
+                        .await;
                         pending.disarm();
                         match taken {
                             Ok(Some(lease)) => return Acquired::Lease(lease),

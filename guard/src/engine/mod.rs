@@ -72,6 +72,7 @@ mod drain;
 mod handoff;
 mod settle;
 mod supervise;
+mod timed;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -82,6 +83,7 @@ use futures_util::FutureExt;
 use tokio_util::task::TaskTracker;
 
 pub use drain::Drain;
+pub(crate) use timed::timed;
 
 use crate::decision::{AbandonedPolicy, InFlightPolicy, Policy};
 use crate::store::{Lease, Store, StoreError};
@@ -574,25 +576,35 @@ impl<S: Store> Engine<S> {
     /// while its claim is still on its way leaves the claim to be released
     /// in the background. A panic in the work releases the key and answers
     /// [`Refusal::Failed`].
-    #[cfg_attr(feature = "otel", tracing::instrument(
-        name = "idempotency.run",
-        skip_all,
-        fields(
-            idempotency.route = %job.route,
-            idempotency.key_hash = %crate::telemetry::otel::key_hash(&job.scope, &job.key),
-            idempotency.outcome = tracing::field::Empty,
-        ),
-    ))]
-    pub async fn run<F, Fut, T>(&self, job: Job, work: F) -> Answer<T>
+    ///
+    /// (Not an `async fn`: one would keep `job` and `work` a second time in
+    /// its state, in every request's future.)
+    pub fn run<F, Fut, T>(&self, job: Job, work: F) -> impl Future<Output = Answer<T>>
     where
         F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Settle<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let answer = self.run_once(job, work).await;
+        #[cfg(not(feature = "otel"))]
+        {
+            self.run_once(job, work)
+        }
         #[cfg(feature = "otel")]
-        tracing::Span::current().record(crate::telemetry::otel::OUTCOME, answer.outcome().as_str());
-        answer
+        {
+            let span = tracing::info_span!(
+                "idempotency.run",
+                idempotency.route = %job.route,
+                idempotency.key_hash = %crate::telemetry::otel::key_hash(&job.scope, &job.key),
+                idempotency.outcome = tracing::field::Empty,
+            );
+            // Recorded inside the span (an `async` block awaiting the run
+            // would hold it twice).
+            let run = self.run_once(job, work).inspect(|answer| {
+                tracing::Span::current()
+                    .record(crate::telemetry::otel::OUTCOME, answer.outcome().as_str());
+            });
+            tracing::Instrument::instrument(run, span)
+        }
     }
 
     /// [`Engine::run`], steps 1 to 6.
@@ -683,7 +695,9 @@ impl<S: Store> Engine<S> {
         #[cfg(feature = "otel")]
         let work =
             tracing::Instrument::instrument(work, tracing::info_span!("idempotency.handler"));
-        self.supervise_and_settle(&job, lease, transaction, work)
+        // Boxed before it is handed on: the work's future (the handler's)
+        // is then never copied along with the run's.
+        self.supervise_and_settle(&job, lease, transaction, Box::pin(work))
             .await
     }
 
@@ -717,45 +731,21 @@ impl<S: Store> Engine<S> {
     }
 
     /// Runs a store operation under the store timeout and records its latency.
-    pub(crate) async fn timed<R>(
-        &self,
+    pub(crate) fn timed<'a, R, F>(
+        &'a self,
         operation: &'static str,
-        future: impl Future<Output = Result<R, StoreError>>,
-    ) -> Result<R, StoreError> {
-        timed(&self.metrics, operation, self.config.store_timeout, future).await
+        future: F,
+    ) -> impl Future<Output = Result<R, StoreError>> + use<'a, R, F, S>
+    where
+        F: Future<Output = Result<R, StoreError>>,
+    {
+        timed(&self.metrics, operation, self.config.store_timeout, future)
     }
 
     /// The handles of the engine's per-request metrics.
     pub(crate) fn metrics(&self) -> &Arc<MetricHandles> {
         &self.metrics
     }
-}
-
-/// Runs a store operation under `timeout` and records its latency.
-#[cfg_attr(feature = "otel", tracing::instrument(
-    name = "idempotency.store",
-    skip_all,
-    fields(idempotency.store.operation = operation),
-))]
-pub(crate) async fn timed<R>(
-    metrics: &MetricHandles,
-    operation: &'static str,
-    timeout: Duration,
-    future: impl Future<Output = Result<R, StoreError>>,
-) -> Result<R, StoreError> {
-    let started = std::time::Instant::now();
-    let result = tokio::time::timeout(timeout, future)
-        .await
-        .unwrap_or(Err(StoreError::Timeout(timeout)));
-    metrics.observe_store(
-        operation,
-        started,
-        !matches!(
-            result,
-            Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
-        ),
-    );
-    result
 }
 
 #[cfg(feature = "postgres")]

@@ -67,8 +67,9 @@ impl<S: Store> Engine<S> {
         if let Some(slot) = &transaction.0 {
             match slot.take() {
                 Ok(Some(open)) => {
-                    return self
-                        .settle_in_transaction(lease, open, ending)
+                    // Boxed: its PostgreSQL futures would otherwise enlarge
+                    // every run's future, transactional or not.
+                    return Box::pin(self.settle_in_transaction(lease, open, ending))
                         .await
                         .map(|()| true);
                 }

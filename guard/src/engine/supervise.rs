@@ -3,6 +3,7 @@
 
 use std::any::Any;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
@@ -39,7 +40,7 @@ impl<S: Store> Engine<S> {
         job: &Job,
         lease: Lease,
         transaction: Transaction,
-        work: Fut,
+        mut work: Pin<Box<Fut>>,
     ) -> Answer<T>
     where
         Fut: Future<Output = Result<Settle<T>, Box<dyn Any + Send>>> + Send,
@@ -47,7 +48,6 @@ impl<S: Store> Engine<S> {
         let started = Instant::now();
         let max = self.config.max_handler_time;
         let first = (self.config.lease / 3).min(max);
-        let mut work = Box::pin(work);
         let mut renewals = None;
         let ended = match tokio::time::timeout(first, &mut work).await {
             Ok(ended) => Some(ended),
@@ -76,7 +76,7 @@ impl<S: Store> Engine<S> {
             Some(Err(_panic)) => {
                 tracing::error!(key = %job.key, "the work panicked; its key is released");
                 let ending = Ending::Release { keep_writes: false };
-                self.settle_logged(job, &lease, &transaction, ending).await;
+                Box::pin(self.settle_logged(job, &lease, &transaction, ending)).await;
                 Answer::Refused(Refusal::Failed)
             }
             None => {
@@ -85,9 +85,8 @@ impl<S: Store> Engine<S> {
                 if let Some(renewals) = renewals.take() {
                     renewals.stop().await;
                 }
-                let rolled_back = self
-                    .settle_logged(job, &lease, &transaction, Ending::CutOff)
-                    .await;
+                let rolled_back =
+                    Box::pin(self.settle_logged(job, &lease, &transaction, Ending::CutOff)).await;
                 Answer::Refused(Refusal::TimedOut { rolled_back })
             }
         };
@@ -115,7 +114,7 @@ impl<S: Store> Engine<S> {
             Settle::Complete { response, reply } => (response, reply),
             Settle::Release { reply, keep_writes } => {
                 let ending = Ending::Release { keep_writes };
-                self.settle_logged(job, lease, transaction, ending).await;
+                Box::pin(self.settle_logged(job, lease, transaction, ending)).await;
                 let answer = Answer::Ran {
                     reply,
                     settled: Settled::Released,
@@ -123,9 +122,8 @@ impl<S: Store> Engine<S> {
                 return (answer, None);
             }
             Settle::Abandon { reply } => {
-                let rolled_back = self
-                    .settle_logged(job, lease, transaction, Ending::CutOff)
-                    .await;
+                let rolled_back =
+                    Box::pin(self.settle_logged(job, lease, transaction, Ending::CutOff)).await;
                 let settled = if rolled_back {
                     Settled::Released
                 } else {
