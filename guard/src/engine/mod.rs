@@ -691,7 +691,15 @@ impl<S: Store> Engine<S> {
         let transaction = settle::Transaction(slot);
         #[cfg(not(feature = "postgres"))]
         let transaction = settle::Transaction;
-        let work = AssertUnwindSafe(async move { work(context).await }).catch_unwind();
+        // The work's future is made here, not inside an `async` block that
+        // would hold the closure and its future both; a panic while making
+        // it is caught as one while it runs.
+        let work = match std::panic::catch_unwind(AssertUnwindSafe(|| work(context))) {
+            Ok(future) => {
+                futures_util::future::Either::Left(AssertUnwindSafe(future).catch_unwind())
+            }
+            Err(panic) => futures_util::future::Either::Right(std::future::ready(Err(panic))),
+        };
         #[cfg(feature = "otel")]
         let work =
             tracing::Instrument::instrument(work, tracing::info_span!("idempotency.handler"));

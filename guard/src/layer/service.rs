@@ -11,6 +11,7 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use axum::extract::{MatchedPath, OriginalUri};
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::{HeaderMap, Request, Response, header, request::Parts};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -115,22 +116,23 @@ where
         let service = self.clone();
         #[cfg(feature = "otel")]
         let span = crate::telemetry::otel::request_span(&request);
-        let guarded = async move {
-            let route = request
-                .extensions()
-                .get::<MatchedPath>()
-                .map_or("unmatched", MatchedPath::as_str)
-                .to_owned();
-            let attempt = attempt_label(request.headers());
-            let metrics = Arc::clone(service.engine.metrics());
-            let counted = service.handle(request, &route).await;
+        let route = request
+            .extensions()
+            .get::<MatchedPath>()
+            .map_or("unmatched", MatchedPath::as_str)
+            .to_owned();
+        let attempt = attempt_label(request.headers());
+        let metrics = Arc::clone(service.engine.metrics());
+        // `handle`'s own future, mapped, goes into the box: an `async`
+        // block awaiting it would hold the request and the service twice.
+        let guarded = service.handle(request, route.clone()).map(move |counted| {
             if let Some(outcome) = counted.outcome {
                 metrics.count_request(&route, outcome, attempt);
                 #[cfg(feature = "otel")]
                 tracing::Span::current().record(crate::telemetry::otel::OUTCOME, outcome.as_str());
             }
             counted.result
-        };
+        });
         #[cfg(feature = "otel")]
         let guarded = tracing::Instrument::instrument(guarded, span);
         ResponseFuture {
@@ -148,7 +150,7 @@ where
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    async fn handle(self, request: Request<Body>, route: &str) -> Counted<I::Error> {
+    async fn handle(self, request: Request<Body>, route: String) -> Counted<I::Error> {
         if !self.config.methods.contains(request.method()) {
             return Counted {
                 outcome: None,
@@ -184,7 +186,7 @@ where
             fingerprint,
             method: parts.method.as_str().to_owned(),
             path,
-            route: route.to_owned(),
+            route,
         };
         let request = Request::from_parts(parts, Body::from(body));
         let (inner, config) = (self.inner, Arc::clone(&self.config));

@@ -44,6 +44,7 @@ macro_rules! engine_suite {
                 an_unknown_outcome_abandons_the_key,
                 status_only_routes_never_replay_the_body,
                 nested_mounts_have_their_own_fingerprints,
+                a_work_that_panics_before_its_future_releases_the_key,
             );
         }
     };
@@ -548,5 +549,44 @@ pub(crate) async fn nested_mounts_have_their_own_fingerprints<S: Store>(db: Test
         "key-reused",
         "two mounts shared one fingerprint"
     );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A work closure that panics while it makes its future (before any
+/// `await`) is caught like a panic inside the future: the caller gets
+/// `Failed`, the key is released, and a retry runs.
+pub(crate) async fn a_work_that_panics_before_its_future_releases_the_key<S: Store>(db: TestDb<S>) {
+    let engine = Engine::new(db.store.clone());
+    let job = Job::new("engine", key("panics-early"), Fingerprint::of_bytes(b"x"));
+    let answer = engine
+        .run(job.clone(), |_run| -> std::future::Ready<Settle<()>> {
+            panic!("the work failed before its future existed")
+        })
+        .await;
+    assert!(
+        matches!(answer, Answer::Refused(Refusal::Failed)),
+        "{answer:?}"
+    );
+    let mut record = db.store.get("engine", &job.key).await.unwrap();
+    for _ in 0..50 {
+        if record.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        record = db.store.get("engine", &job.key).await.unwrap();
+    }
+    assert!(record.is_none(), "the key was not released: {record:?}");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let retried = engine
+        .run(job, move |_run| async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Settle::Complete {
+                response: StoredResponse::from_bytes("ok"),
+                reply: (),
+            }
+        })
+        .await;
+    assert!(matches!(retried, Answer::Ran { .. }), "{retried:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
