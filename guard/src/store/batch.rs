@@ -200,7 +200,7 @@ impl Slots {
 }
 
 /// A slot held by one batch until it is dropped (answered, or given up).
-struct OnItsWay(Arc<Slots>);
+pub(crate) struct OnItsWay(Arc<Slots>);
 
 impl Drop for OnItsWay {
     fn drop(&mut self) {
@@ -242,17 +242,7 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// Sends `item` by itself when nothing is on its way, or queues it for
     /// the next batch; waits for its result.
     pub(crate) async fn call(&self, item: I) -> Result<O, StoreError> {
-        // Nothing on its way or queued (no load): the item goes by itself,
-        // now. Only outside any tracing span: sqlx keeps the span current
-        // at a query in the query's stream, and SQLite's connections were
-        // seen to hold such spans (and their parents, the request's) open
-        // long after the request ended; the worker's task has no span.
-        let slots = &self.shared.slots;
-        if slots.queued.load(Ordering::Acquire) == 0
-            && tracing::Span::current().is_none()
-            && let Some(_on_its_way) = slots.take(1)
-        {
-            self.shared.counters.record(self.shared.op, 1);
+        if let Some(_on_its_way) = self.lone() {
             return match (self.shared.send)(vec![item]).await {
                 Ok(mut results) if results.len() == 1 => results.remove(0),
                 Ok(_) => Err(StoreError::Unavailable(
@@ -261,6 +251,32 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                 Err(error) => Err(error),
             };
         }
+        self.queue_and_wait(item).await
+    }
+
+    /// A slot for a call that goes by itself, now, from the caller's task,
+    /// counted as a batch of one: when nothing of this operation is on its
+    /// way or queued (no load). The caller sends it while it holds the slot
+    /// (a store can then send what it borrows, with no item to build).
+    ///
+    /// Only outside any tracing span: sqlx keeps the span current at a
+    /// query in the query's stream, and SQLite's connections were seen to
+    /// hold such spans (and their parents, the request's) open long after
+    /// the request ended; the worker's task has no span.
+    pub(crate) fn lone(&self) -> Option<OnItsWay> {
+        let slots = &self.shared.slots;
+        if slots.queued.load(Ordering::Acquire) != 0 || !tracing::Span::current().is_none() {
+            return None;
+        }
+        let on_its_way = slots.take(1)?;
+        self.shared.counters.record(self.shared.op, 1);
+        Some(on_its_way)
+    }
+
+    /// Queues `item` for the next batch and waits for its result (the
+    /// worker owns it once queued).
+    pub(crate) async fn queue_and_wait(&self, item: I) -> Result<O, StoreError> {
+        let slots = &self.shared.slots;
         let (reply, result) = oneshot::channel();
         let mut queued = Queued { item, reply };
         // At most two tries: the second one after starting a new worker

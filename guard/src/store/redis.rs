@@ -709,9 +709,15 @@ impl BatchedStore for RedisStore {
 
 impl Store for RedisStore {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
-        if let Some(batches) = &self.batches {
-            return batches.claims.call(ClaimItem::new(new)).await;
-        }
+        // A lone claim (no load) goes by itself with what it borrows; under
+        // load it is queued for the next batch.
+        let _lone = match &self.batches {
+            Some(batches) => match batches.claims.lone() {
+                Some(lone) => Some(lone),
+                None => return batches.claims.queue_and_wait(ClaimItem::new(new)).await,
+            },
+            None => None,
+        };
         let mut call = ScriptCall::new(&CLAIM, 1, 160);
         call.arg(self.key_arg(RECORDS, new.scope, new.key))
             .arg(new.token.as_uuid().as_bytes().as_slice())
@@ -759,13 +765,20 @@ impl Store for RedisStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        if let Some(batches) = &self.batches {
-            return batches
-                .completions
-                .call((lease.clone(), encode_response(response)))
-                .await;
-        }
         let response = encode_response(response);
+        // As for claims: by itself when alone, else in the next batch.
+        let _lone = match &self.batches {
+            Some(batches) => match batches.completions.lone() {
+                Some(lone) => Some(lone),
+                None => {
+                    return batches
+                        .completions
+                        .queue_and_wait((lease.clone(), response))
+                        .await;
+                }
+            },
+            None => None,
+        };
         let mut call = ScriptCall::new(&COMPLETE, 1, 80 + response.len());
         call.arg(self.key_arg(RECORDS, &lease.scope, &lease.key))
             .arg(lease.token.as_uuid().as_bytes().as_slice())
