@@ -132,6 +132,27 @@ type Undelivered<O> = dyn Fn(O) + Send + Sync;
 struct Queued<I, O> {
     item: I,
     reply: oneshot::Sender<Result<O, StoreError>>,
+    /// Counts the item in [`Slots::queued`] until it is sent or dropped.
+    counted: CountedAsQueued,
+}
+
+/// One item counted in [`Slots::queued`]: uncounted when dropped, whether
+/// the worker sent it or it was lost unsent (the worker's runtime shut down
+/// with items in its queue). Otherwise the count would stay above zero and
+/// no call would go by itself again.
+struct CountedAsQueued(Arc<Slots>);
+
+impl CountedAsQueued {
+    fn new(slots: &Arc<Slots>) -> Self {
+        slots.queued.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(slots))
+    }
+}
+
+impl Drop for CountedAsQueued {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// One batched operation of one store. Clones share the queue.
@@ -278,12 +299,15 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     pub(crate) async fn queue_and_wait(&self, item: I) -> Result<O, StoreError> {
         let slots = &self.shared.slots;
         let (reply, result) = oneshot::channel();
-        let mut queued = Queued { item, reply };
+        let mut queued = Queued {
+            item,
+            reply,
+            counted: CountedAsQueued::new(slots),
+        };
         // At most two tries: the second one after starting a new worker
         // when the old one's runtime is gone.
         for _ in 0..2 {
             let queue = self.queue();
-            slots.queued.fetch_add(1, Ordering::AcqRel);
             match queue.send(queued) {
                 Ok(()) => {
                     return result.await.unwrap_or_else(|_| {
@@ -293,7 +317,6 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                     });
                 }
                 Err(mpsc::error::SendError(back)) => {
-                    slots.queued.fetch_sub(1, Ordering::AcqRel);
                     queued = back;
                     self.forget_queue(&queue);
                 }
@@ -384,7 +407,7 @@ async fn work<I, O>(
             }
         }
         counters.record(op, batch.len());
-        slots.queued.fetch_sub(batch.len(), Ordering::AcqRel);
+        // Each item's `counted` is dropped here: sent, no longer queued.
         let (items, replies): (Vec<I>, Vec<_>) = batch
             .into_iter()
             .map(|queued| (queued.item, queued.reply))
@@ -567,5 +590,63 @@ impl<C: Send + 'static> Batches<C> {
             claims: self.claims.counts(),
             completions: self.completions.counts(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    }
+
+    /// A batcher whose batches answer each item with itself.
+    fn echo() -> Batcher<u32, u32> {
+        Batcher::new(
+            "test",
+            BatchLimits {
+                max_batch: 8,
+                max_in_flight: 1,
+            },
+            |items: Vec<u32>| -> BatchFuture<u32> {
+                Box::pin(async move { Ok(items.into_iter().map(Ok).collect()) })
+            },
+            |_| {},
+        )
+    }
+
+    #[test]
+    fn items_lost_with_their_workers_runtime_are_no_longer_counted_as_queued() {
+        let batcher = echo();
+        let first = runtime();
+        let slot = first.block_on(async {
+            // Hold the only slot, so that the queued item waits in the worker.
+            let slot = batcher.lone().expect("nothing is on its way yet");
+            let caller = batcher.clone();
+            tokio::spawn(async move { caller.queue_and_wait(1).await });
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(batcher.shared.slots.queued.load(Ordering::Acquire), 1);
+            slot
+        });
+        // The worker, its caller and the item they hold go with the runtime.
+        drop(first);
+        drop(slot);
+        assert_eq!(batcher.shared.slots.queued.load(Ordering::Acquire), 0);
+
+        runtime().block_on(async {
+            assert!(
+                batcher.lone().is_some(),
+                "a call goes by itself again once nothing is queued"
+            );
+            // And queued calls reach a new worker on this runtime.
+            assert_eq!(batcher.queue_and_wait(7).await.expect("answered"), 7);
+            assert_eq!(batcher.call(8).await.expect("answered"), 8);
+        });
     }
 }
