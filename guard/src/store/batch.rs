@@ -133,7 +133,7 @@ struct Queued<I, O> {
     item: I,
     reply: oneshot::Sender<Result<O, StoreError>>,
     /// Counts the item in [`Slots::queued`] until it is sent or dropped.
-    counted: CountedAsQueued,
+    _counted: CountedAsQueued,
 }
 
 /// One item counted in [`Slots::queued`]: uncounted when dropped, whether
@@ -302,7 +302,7 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
         let mut queued = Queued {
             item,
             reply,
-            counted: CountedAsQueued::new(slots),
+            _counted: CountedAsQueued::new(slots),
         };
         // At most two tries: the second one after starting a new worker
         // when the old one's runtime is gone.
@@ -407,7 +407,7 @@ async fn work<I, O>(
             }
         }
         counters.record(op, batch.len());
-        // Each item's `counted` is dropped here: sent, no longer queued.
+        // Each item's `_counted` is dropped here: sent, no longer queued.
         let (items, replies): (Vec<I>, Vec<_>) = batch
             .into_iter()
             .map(|queued| (queued.item, queued.reply))
