@@ -29,6 +29,7 @@ mod metrics_probe;
 mod migrations;
 #[cfg(feature = "otel")]
 mod otel;
+mod postgres_faults;
 mod redis_faults;
 mod slow_store;
 mod transactional;

@@ -20,14 +20,14 @@ use crate::metrics_probe;
 
 /// Runs per key, and a handler that counts them.
 #[derive(Clone, Default)]
-struct Runs(Arc<Mutex<HashMap<String, usize>>>);
+pub(crate) struct Runs(Arc<Mutex<HashMap<String, usize>>>);
 
 impl Runs {
-    fn of(&self, key: &str) -> usize {
+    pub(crate) fn of(&self, key: &str) -> usize {
         self.0.lock().unwrap().get(key).copied().unwrap_or(0)
     }
 
-    fn total(&self) -> usize {
+    pub(crate) fn total(&self) -> usize {
         self.0.lock().unwrap().values().sum()
     }
 }
@@ -55,14 +55,14 @@ async fn handler(
     (StatusCode::CREATED, format!("{key} ran on {layer}"))
 }
 
-fn app<S: Store>(layer: IdempotencyLayer<S>, runs: &Runs, name: &'static str) -> Router {
+pub(crate) fn app<S: Store>(layer: IdempotencyLayer<S>, runs: &Runs, name: &'static str) -> Router {
     Router::new()
         .route("/faults", post(handler))
         .route_layer(layer)
         .with_state((runs.clone(), name))
 }
 
-fn request(key: &str, delay_ms: u64) -> Request<Body> {
+pub(crate) fn request(key: &str, delay_ms: u64) -> Request<Body> {
     Request::post("/faults")
         .header("idempotency-key", key)
         .header("x-delay-ms", delay_ms.to_string())
