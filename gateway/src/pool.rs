@@ -26,12 +26,17 @@
 //!    another request, it goes back to the pool; an answer dropped before
 //!    its end (the client left) closes its connection.
 //!
-//! An idle connection is not polled, so an upstream's close is noticed at
-//! the next checkout (step 2), not when it happens.
+//! 5. **Sweep.** Once a second a task (started with the first connection
+//!    returned, ended with the pool) closes the idle connections that the
+//!    upstream closed (each polled once, quietly) or that were idle longer
+//!    than the idle timeout, so a quiet gateway holds no socket in
+//!    `CLOSE_WAIT` and no idle connection past its timeout. Between sweeps,
+//!    an upstream's close is noticed at checkout (step 2).
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -90,7 +95,12 @@ pub(crate) struct Http1Pool {
     connect_timeout: Duration,
     /// How long the answer's head may take.
     timeout: Duration,
+    /// Whether the sweep task runs (started with the first return).
+    sweeping: AtomicBool,
 }
+
+/// How often idle connections are swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for Http1Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -122,6 +132,7 @@ impl Http1Pool {
             idle_timeout,
             connect_timeout,
             timeout,
+            sweeping: AtomicBool::new(false),
         }
     }
 
@@ -180,12 +191,43 @@ impl Http1Pool {
 
     /// Puts a connection ready for another request back, unless the pool
     /// is full (then it closes).
-    fn give_back(&self, mut pooled: Box<Pooled>) {
+    fn give_back(self: &Arc<Self>, mut pooled: Box<Pooled>) {
         pooled.idle_since = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < self.max_idle {
-            idle.push(pooled);
+        {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.len() < self.max_idle {
+                idle.push(pooled);
+            }
         }
+        // Started from within a runtime only (an answer's body may be
+        // dropped outside one); until then the checkout closes what ended.
+        if !self.sweeping.load(Ordering::Relaxed)
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && !self.sweeping.swap(true, Ordering::AcqRel)
+        {
+            runtime.spawn(sweep(Arc::downgrade(self)));
+        }
+    }
+
+    /// Closes the idle connections the upstream closed or that were idle
+    /// too long; returns how many.
+    fn close_ended(&self, now: Instant) -> usize {
+        let mut quiet = Context::from_waker(Waker::noop());
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let before = idle.len();
+        idle.retain_mut(|pooled| {
+            now.saturating_duration_since(pooled.idle_since) < self.idle_timeout
+                && Pin::new(&mut pooled.connection)
+                    .poll(&mut quiet)
+                    .is_pending()
+        });
+        before - idle.len()
+    }
+
+    /// How many connections are idle in the pool.
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Opens a connection and makes the HTTP/1.1 handshake (which sends
@@ -209,6 +251,24 @@ impl Http1Pool {
             idle_since: Instant::now(),
             deadline: Box::pin(tokio::time::sleep(self.timeout)),
         }))
+    }
+}
+
+/// Sweeps `pool`'s idle connections every [`SWEEP_EVERY`] until the pool
+/// is dropped.
+async fn sweep(pool: Weak<Http1Pool>) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    every.tick().await;
+    loop {
+        every.tick().await;
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        let closed = pool.close_ended(Instant::now());
+        if closed > 0 {
+            tracing::debug!(closed, "closed idle upstream connections");
+        }
     }
 }
 
@@ -367,5 +427,86 @@ impl Drop for PooledBody {
         if self.inner.is_end_stream() {
             self.finish();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// An upstream on a free port that answers one request on one
+    /// connection with keep-alive, then, if `close_after` is given, closes
+    /// the connection that long after.
+    async fn upstream(close_after: Option<Duration>) -> Authority {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut buffer = [0_u8; 1024];
+            while !request.ends_with(b"\r\n\r\n") {
+                let read = socket.read(&mut buffer).await.unwrap();
+                assert!(read > 0, "the request ended early");
+                request.extend_from_slice(&buffer[..read]);
+            }
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            match close_after {
+                Some(after) => tokio::time::sleep(after).await,
+                None => std::future::pending().await,
+            }
+        });
+        Authority::try_from(address.to_string()).unwrap()
+    }
+
+    fn pool(authority: &Authority) -> Arc<Http1Pool> {
+        Arc::new(Http1Pool::new(
+            authority,
+            8,
+            Duration::from_secs(60),
+            Duration::from_secs(2),
+            Duration::from_secs(5),
+        ))
+    }
+
+    /// Sends one request and reads its answer to the end (which returns
+    /// the connection to the pool).
+    async fn exchange_once(pool: &Arc<Http1Pool>, authority: &Authority) {
+        let request = Request::get("/")
+            .header(http::header::HOST, authority.as_str())
+            .body(Body::empty())
+            .unwrap();
+        let answer = pool.send(request, Instant::now()).await.unwrap();
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "ok");
+    }
+
+    #[tokio::test]
+    async fn the_sweep_closes_an_idle_connection_the_upstream_closed() {
+        let authority = upstream(Some(Duration::from_millis(100))).await;
+        let pool = pool(&authority);
+        exchange_once(&pool, &authority).await;
+        assert_eq!(pool.idle_count(), 1, "the connection was kept alive");
+        tokio::time::sleep(SWEEP_EVERY * 2 + Duration::from_millis(300)).await;
+        assert_eq!(
+            pool.idle_count(),
+            0,
+            "the connection the upstream closed is no longer pooled (not left in CLOSE_WAIT)"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_sweep_keeps_an_idle_connection_that_is_still_open() {
+        let authority = upstream(None).await;
+        let pool = pool(&authority);
+        exchange_once(&pool, &authority).await;
+        tokio::time::sleep(SWEEP_EVERY * 2 + Duration::from_millis(300)).await;
+        assert_eq!(pool.idle_count(), 1, "an open connection stays pooled");
     }
 }
