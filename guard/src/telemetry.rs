@@ -201,10 +201,47 @@ pub const STORE_DURATION_BUCKETS: &[f64] = &[
     5.0,
 ];
 
-/// Installs a Prometheus recorder for the guard's metrics (with the store
-/// latency buckets of [`STORE_DURATION_BUCKETS`]) and returns its handle:
-/// serve `handle.render()` at `/metrics`. Histograms are compacted by a
-/// background task every 5 seconds.
+/// The histogram buckets, in seconds, of every other latency histogram
+/// (the key-status service's requests, the gateway's upstream requests).
+pub const REQUEST_DURATION_BUCKETS: &[f64] = &[
+    0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// The histogram buckets of `idempotency_store_batch_size` (items per batch).
+pub const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// The Prometheus exporter's configuration: every histogram exported as a
+/// Prometheus histogram (`_bucket`, `_sum`, `_count`, which dashboards
+/// aggregate across instances with `histogram_quantile`), never as a
+/// summary: store latency with [`STORE_DURATION_BUCKETS`], batch sizes with
+/// [`BATCH_SIZE_BUCKETS`], any other with [`REQUEST_DURATION_BUCKETS`]. (A
+/// summary's quantiles cannot be aggregated, and each of its samples costs
+/// a sketch insertion.)
+///
+/// # Errors
+///
+/// Never for these buckets (the exporter refuses empty ones).
+#[cfg(feature = "prometheus")]
+pub fn prometheus_builder()
+-> Result<metrics_exporter_prometheus::PrometheusBuilder, metrics_exporter_prometheus::BuildError> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    PrometheusBuilder::new()
+        .set_buckets(REQUEST_DURATION_BUCKETS)?
+        .set_buckets_for_metric(
+            Matcher::Full(STORE_DURATION_SECONDS.to_owned()),
+            STORE_DURATION_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full(crate::store::batch::BATCH_SIZE.to_owned()),
+            BATCH_SIZE_BUCKETS,
+        )
+}
+
+/// Installs a Prometheus recorder for the guard's metrics (configured by
+/// [`prometheus_builder`]) and returns its handle: serve `handle.render()`
+/// at `/metrics`. Histograms are compacted by a background task every 5
+/// seconds.
 ///
 /// # Errors
 ///
@@ -212,13 +249,7 @@ pub const STORE_DURATION_BUCKETS: &[f64] = &[
 #[cfg(feature = "prometheus")]
 pub fn install_prometheus()
 -> Result<metrics_exporter_prometheus::PrometheusHandle, metrics_exporter_prometheus::BuildError> {
-    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full(STORE_DURATION_SECONDS.to_owned()),
-            STORE_DURATION_BUCKETS,
-        )?
-        .install_recorder()?;
+    let handle = prometheus_builder()?.install_recorder()?;
     describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {
@@ -235,6 +266,38 @@ pub fn install_prometheus()
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    #[cfg(feature = "prometheus")]
+    #[test]
+    fn every_histogram_is_exported_as_a_prometheus_histogram() {
+        let recorder = prometheus_builder().unwrap().build_recorder();
+        let handle = recorder.handle();
+        let names = [
+            STORE_DURATION_SECONDS,
+            crate::store::batch::BATCH_SIZE,
+            "idempotency_status_request_duration_seconds",
+            "idempotency_gateway_upstream_duration_seconds",
+        ];
+        metrics::with_local_recorder(&recorder, || {
+            for name in names {
+                metrics::histogram!(name).record(0.003);
+            }
+        });
+        let text = handle.render();
+        for name in names {
+            assert!(
+                text.contains(&format!("# TYPE {name} histogram")),
+                "{name} is a histogram:\n{text}"
+            );
+            assert!(
+                text.contains(&format!("{name}_bucket{{le=")),
+                "{name} has buckets"
+            );
+        }
+        assert!(!text.contains("quantile="), "no summary:\n{text}");
+        assert!(text.contains("idempotency_store_batch_size_bucket{le=\"4\"} 1"));
+        assert!(text.contains("idempotency_store_duration_seconds_bucket{le=\"0.005\"} 1"));
+    }
 
     #[test]
     fn attempt_labels_are_bounded() {

@@ -57,6 +57,9 @@ impl BatchLimits {
     }
 }
 
+/// The histogram of batch sizes, by `op` (`claim` or `complete`).
+pub const BATCH_SIZE: &str = "idempotency_store_batch_size";
+
 /// How many batches, and items in them, one operation has sent (for tests
 /// and benchmarks; also exported as the histogram
 /// `idempotency_store_batch_size{op}`).
@@ -106,7 +109,7 @@ impl Counters {
         self.items.fetch_add(size, Ordering::Relaxed);
         self.largest.fetch_max(size, Ordering::Relaxed);
         self.histogram
-            .get_or_init(|| metrics::histogram!("idempotency_store_batch_size", "op" => op))
+            .get_or_init(|| metrics::histogram!(BATCH_SIZE, "op" => op))
             .record(size as f64);
     }
 
