@@ -105,6 +105,16 @@ enum Breaker {
 }
 
 impl<S> TestDb<S> {
+    /// The key prefix of a Redis (or Redis Cluster, or tiered) store, whose
+    /// keys are deleted with this value: hand it to a process under test
+    /// so that what it writes is deleted too.
+    pub fn redis_prefix(&self) -> Option<&str> {
+        self.cleanup.iter().find_map(|cleanup| match cleanup {
+            Cleanup::RedisPrefix { prefix, .. } => Some(prefix.as_str()),
+            _ => None,
+        })
+    }
+
     /// Makes the store unreachable for good, as if its server went away:
     /// closes its pool, or cuts its network path.
     ///

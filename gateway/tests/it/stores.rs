@@ -8,10 +8,17 @@ use crate::support::{pay, stack};
 
 const ROUTES: &str = "[[routes]]\npath = \"/payments\"\n";
 
+/// The configuration for a Redis store under `redis`'s prefix, whose keys
+/// are deleted when `redis` is dropped (the test leaves nothing behind).
+fn under_prefix<S>(redis: &idempotency_tests::TestDb<S>) -> String {
+    let prefix = redis.redis_prefix().expect("a Redis fixture");
+    format!("redis_prefix = \"{prefix}\"\n{ROUTES}")
+}
+
 /// Runs a payment once, replays it, refuses another body under its key;
 /// returns the key and the first answer's body.
-async fn once_then_replay(env: &[(&str, &str)]) -> (String, bytes::Bytes) {
-    let stack = stack(ROUTES, env).await;
+async fn once_then_replay(config: &str, env: &[(&str, &str)]) -> (String, bytes::Bytes) {
+    let stack = stack(config, env).await;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -57,14 +64,18 @@ async fn once_then_replay(env: &[(&str, &str)]) -> (String, bytes::Bytes) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgres() {
     let database = idempotency_tests::postgres_database().await;
-    once_then_replay(&[("DATABASE_URL", database.url.as_str())]).await;
+    once_then_replay(ROUTES, &[("DATABASE_URL", database.url.as_str())]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis() {
-    drop(idempotency_tests::redis().await); // fails with what to start when Redis is down
+    let redis = idempotency_tests::redis().await; // fails with what to start when Redis is down
     let url = idempotency_tests::fixtures::redis_url();
-    once_then_replay(&[("STORE_KIND", "redis"), ("REDIS_URL", url.as_str())]).await;
+    once_then_replay(
+        &under_prefix(&redis),
+        &[("STORE_KIND", "redis"), ("REDIS_URL", url.as_str())],
+    )
+    .await;
 }
 
 /// Encryption at rest by configuration (`IDEMPOTENCY_ENCRYPTION_KEYS`):
@@ -74,21 +85,25 @@ async fn on_redis_with_encryption_at_rest() {
     use idempotency_guard::Store as _;
     use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
 
-    drop(idempotency_tests::redis().await);
+    let redis = idempotency_tests::redis().await;
     let url = idempotency_tests::fixtures::redis_url();
-    let (key, first_body) = once_then_replay(&[
-        ("STORE_KIND", "redis"),
-        ("REDIS_URL", url.as_str()),
-        (
-            "IDEMPOTENCY_ENCRYPTION_KEYS",
-            "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
-        ),
-    ])
+    let (key, first_body) = once_then_replay(
+        &under_prefix(&redis),
+        &[
+            ("STORE_KIND", "redis"),
+            ("REDIS_URL", url.as_str()),
+            (
+                "IDEMPOTENCY_ENCRYPTION_KEYS",
+                "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+            ),
+        ],
+    )
     .await;
     // Read the record without the key: sealed, no plaintext of the body.
     let mut options = StoreOptions::sql("");
     options.kind = StoreKind::Redis;
     options.redis_url = Some(&url);
+    options.redis_prefix = redis.redis_prefix().expect("a Redis fixture");
     let plain = AnyStore::open(&options).await.expect("Redis");
     let record = plain
         .get("default", &key)
@@ -112,20 +127,27 @@ async fn on_redis_with_encryption_at_rest() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_cluster() {
-    drop(idempotency_tests::redis_cluster().await);
+    let cluster = idempotency_tests::redis_cluster().await;
     let urls = idempotency_tests::fixtures::redis_cluster_urls().join(",");
-    once_then_replay(&[("STORE_KIND", "redis"), ("REDIS_URL", urls.as_str())]).await;
+    once_then_replay(
+        &under_prefix(&cluster),
+        &[("STORE_KIND", "redis"), ("REDIS_URL", urls.as_str())],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_tiered_store() {
-    drop(idempotency_tests::redis().await);
+    let redis = idempotency_tests::redis().await;
     let database = idempotency_tests::postgres_database().await;
     let url = idempotency_tests::fixtures::redis_url();
-    once_then_replay(&[
-        ("STORE_KIND", "tiered"),
-        ("DATABASE_URL", database.url.as_str()),
-        ("REDIS_URL", url.as_str()),
-    ])
+    once_then_replay(
+        &under_prefix(&redis),
+        &[
+            ("STORE_KIND", "tiered"),
+            ("DATABASE_URL", database.url.as_str()),
+            ("REDIS_URL", url.as_str()),
+        ],
+    )
     .await;
 }
