@@ -233,6 +233,12 @@ pub(crate) struct ServeArgs {
     /// (guard apps).
     #[arg(long)]
     pub(crate) metrics: bool,
+    /// Guard apps: the guarded handler forwards each request's body to
+    /// this URL (POST, a pooled HTTP/1.1 client) and answers with the
+    /// upstream's answer, instead of answering itself: the axum layer in
+    /// front of a backend, for the gateway's like-for-like comparison.
+    #[arg(long)]
+    pub(crate) forward_to: Option<String>,
     /// The binary of `bench/peer2` (`--app peer2`).
     #[arg(long, env = "BENCH_PEER2_BIN", default_value = crate::peer2::DEFAULT_BIN)]
     pub(crate) peer2_bin: PathBuf,

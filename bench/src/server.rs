@@ -1,6 +1,7 @@
 //! The server under test: a trivial write handler (201 with a small JSON
 //! body), bare, behind our guard (its stored responses sealed or not), or
-//! behind a peer. Started as a child process; prints `listening <address>`
+//! behind a peer; or, with `--forward-to`, the guarded handler forwarding to
+//! an upstream (the axum layer as a reverse proxy). Started as a child process; prints `listening <address>`
 //! on its first line of stdout. With `--metrics`, a guard's server also
 //! installs a Prometheus recorder and serves its text at `GET /metrics`
 //! (outside the guard).
@@ -10,10 +11,15 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::sqlite::SqliteStore;
@@ -50,6 +56,44 @@ async fn create_order_tx(_tx: Tx, _body: Bytes) -> impl IntoResponse {
     )
 }
 
+/// The handler of `--forward-to`: the guarded route as a reverse proxy,
+/// as a Rust team would write it with the axum layer in front of a backend
+/// in another language: the body POSTed to the upstream through a pooled
+/// HTTP/1.1 client, the upstream's answer (status, headers, body) returned.
+#[derive(Clone)]
+struct Forward {
+    client: Client<HttpConnector, Full<Bytes>>,
+    uri: http::Uri,
+}
+
+impl Forward {
+    fn new(url: &str) -> anyhow::Result<Self> {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        Ok(Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            uri: url.parse().context("--forward-to is not a URL")?,
+        })
+    }
+}
+
+async fn forward_order(State(forward): State<Forward>, body: Bytes) -> Response {
+    let request = http::Request::post(forward.uri.clone())
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body));
+    let Ok(request) = request else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let Ok(answer) = forward.client.request(request).await else {
+        return StatusCode::BAD_GATEWAY.into_response();
+    };
+    let (parts, body) = answer.into_parts();
+    match body.collect().await {
+        Ok(body) => Response::from_parts(parts, Body::from(body.to_bytes())),
+        Err(_) => StatusCode::BAD_GATEWAY.into_response(),
+    }
+}
+
 fn bare() -> Router {
     Router::new().route(PATH, post(create_order))
 }
@@ -61,22 +105,35 @@ const BENCH_KEYS: &str = "bench:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 /// The replay cache of the `guard-cached` app, in MiB (at least).
 const GUARD_CACHED_MIB: usize = 64;
 
-/// The guarded app over `store`, its responses sealed when `keys` is given.
-fn guarded<S: Store>(store: S, keys: Option<&EncryptionKeys>, replay_cache_mib: usize) -> Router {
-    match keys {
-        Some(keys) => guarded_over(EncryptedStore::new(store, keys.clone()), replay_cache_mib),
-        None => guarded_over(store, replay_cache_mib),
-    }
+/// How a guarded app answers: by itself, or through an upstream.
+#[derive(Clone)]
+struct Guarded {
+    keys: Option<EncryptionKeys>,
+    replay_cache_mib: usize,
+    forward: Option<Forward>,
 }
 
-fn guarded_over<S: Store>(store: S, replay_cache_mib: usize) -> Router {
-    let mut layer = IdempotencyLayer::new(store);
-    if replay_cache_mib > 0 {
-        layer = layer.with_replay_cache(replay_cache_mib << 20, Duration::from_secs(60));
+impl Guarded {
+    /// The guarded app over `store`, its responses sealed when keys are
+    /// given.
+    fn over<S: Store>(&self, store: S) -> Router {
+        match &self.keys {
+            Some(keys) => self.route(EncryptedStore::new(store, keys.clone())),
+            None => self.route(store),
+        }
     }
-    Router::new()
-        .route(PATH, post(create_order))
-        .route_layer(layer)
+
+    fn route<S: Store>(&self, store: S) -> Router {
+        let mut layer = IdempotencyLayer::new(store);
+        if self.replay_cache_mib > 0 {
+            layer = layer.with_replay_cache(self.replay_cache_mib << 20, Duration::from_secs(60));
+        }
+        let handler = match &self.forward {
+            Some(forward) => post(forward_order).with_state(forward.clone()),
+            None => post(create_order),
+        };
+        Router::new().route(PATH, handler).route_layer(layer)
+    }
 }
 
 /// Where a server started with `--metrics` serves its Prometheus text.
@@ -99,29 +156,24 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         App::Bare => bare(),
         App::Guard | App::GuardEncrypted | App::GuardCached => {
             let store = args.store.context("--store is needed with the guard")?;
-            let keys = (args.app == App::GuardEncrypted)
-                .then(|| EncryptionKeys::parse(BENCH_KEYS))
-                .transpose()?;
-            let keys = keys.as_ref();
+            let guarded = Guarded {
+                keys: (args.app == App::GuardEncrypted)
+                    .then(|| EncryptionKeys::parse(BENCH_KEYS))
+                    .transpose()?,
+                replay_cache_mib: cache,
+                forward: args.forward_to.as_deref().map(Forward::new).transpose()?,
+            };
             match store {
-                StoreName::Postgres => guarded(postgres(&args).await?, keys, cache),
-                StoreName::Sqlite => {
-                    guarded(SqliteStore::connect(&args.database_url).await?, keys, cache)
+                StoreName::Postgres => guarded.over(postgres(&args).await?),
+                StoreName::Sqlite => guarded.over(SqliteStore::connect(&args.database_url).await?),
+                StoreName::Redis => {
+                    guarded.over(RedisStore::connect(&args.redis_url, &args.prefix).await?)
                 }
-                StoreName::Redis => guarded(
+                StoreName::RedisCluster => guarded.over(cluster(&args).await?),
+                StoreName::Tiered => guarded.over(TieredStore::new(
+                    postgres(&args).await?,
                     RedisStore::connect(&args.redis_url, &args.prefix).await?,
-                    keys,
-                    cache,
-                ),
-                StoreName::RedisCluster => guarded(cluster(&args).await?, keys, cache),
-                StoreName::Tiered => guarded(
-                    TieredStore::new(
-                        postgres(&args).await?,
-                        RedisStore::connect(&args.redis_url, &args.prefix).await?,
-                    ),
-                    keys,
-                    cache,
-                ),
+                )),
             }
         }
         App::GuardTx => Router::new()
