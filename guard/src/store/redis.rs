@@ -548,32 +548,33 @@ fn decimal_value(bytes: &[u8]) -> Option<i64> {
     Some(value)
 }
 
-/// A record from the fields packed by `pack.lua` (each field as its length,
-/// `:` and its bytes, or `~` when missing), read at `now`; `None` when the
-/// record does not exist.
+/// A missing field's length in a packed record.
+const MISSING: u32 = u32::MAX;
+
+/// A record from the fields packed by `pack.lua` (the eight lengths as
+/// 4-byte big-endian numbers, [`MISSING`] for a missing field, then the
+/// present fields' bytes in order), read at `now`; `None` when the record
+/// does not exist.
 fn record_from_packed(
     scope: &str,
     key: &str,
-    mut packed: &[u8],
+    packed: &[u8],
     now: i64,
 ) -> Result<Option<Record>, StoreError> {
     let corrupt = CorruptRecord("the packed record is invalid");
+    let (lengths, mut values) = packed.split_at_checked(4 * FIELDS.len()).ok_or(corrupt)?;
     let mut fields = [None; FIELDS.len()];
-    for field in &mut fields {
-        if let Some(rest) = packed.strip_prefix(b"~") {
-            packed = rest;
+    for (field, length) in fields.iter_mut().zip(lengths.chunks_exact(4)) {
+        let length = u32::from_be_bytes(length.try_into().map_err(|_| corrupt)?);
+        if length == MISSING {
             continue;
         }
-        let colon = packed.iter().position(|&b| b == b':').ok_or(corrupt)?;
-        let length = decimal_value(&packed[..colon])
-            .and_then(|length| usize::try_from(length).ok())
-            .ok_or(corrupt)?;
-        let rest = &packed[colon + 1..];
-        let value = rest.get(..length).ok_or(corrupt)?;
+        let length = usize::try_from(length).map_err(|_| corrupt)?;
+        let (value, rest) = values.split_at_checked(length).ok_or(corrupt)?;
         *field = Some(value);
-        packed = &rest[length..];
+        values = rest;
     }
-    if !packed.is_empty() {
+    if !values.is_empty() {
         return Err(corrupt.into());
     }
     record_from(scope, key, &fields, now)
@@ -1029,13 +1030,11 @@ mod tests {
     fn pack(fields: &[Option<&[u8]>]) -> Vec<u8> {
         let mut packed = Vec::new();
         for field in fields {
-            match field {
-                Some(value) => {
-                    packed.extend_from_slice(format!("{}:", value.len()).as_bytes());
-                    packed.extend_from_slice(value);
-                }
-                None => packed.push(b'~'),
-            }
+            let length = field.map_or(MISSING, |value| u32::try_from(value.len()).unwrap());
+            packed.extend_from_slice(&length.to_be_bytes());
+        }
+        for value in fields.iter().flatten() {
+            packed.extend_from_slice(value);
         }
         packed
     }
@@ -1045,7 +1044,7 @@ mod tests {
         let token = uuid::Uuid::new_v4();
         let request = encode_request(&Fingerprint::from_bytes([7; 32]), false, "POST", "/p:~");
         let response = encode_response(&StoredResponse::from_bytes("12:~ok"));
-        // t s l e n m p c; `:` and `~` inside values are data.
+        // t s l e n m p c; any bytes inside values are data.
         let completed: [Option<&[u8]>; 8] = [
             Some(token.as_bytes()),
             Some(b"c"),
@@ -1089,13 +1088,13 @@ mod tests {
         // No token: no record.
         let gone = pack(&[None; 8]);
         assert_eq!(record_from_packed("s", "k", &gone, 0).unwrap(), None);
-        // Truncated, too long, too few fields, not a length: corrupt.
+        // Truncated, too long, too few fields, lengths cut short: corrupt.
         let whole = pack(&completed);
         for bad in [
             &whole[..whole.len() - 1],
             &[whole.as_slice(), b"~"].concat()[..],
             &pack(&completed[..7])[..],
-            b"x:~~~~~~~",
+            &whole[..30],
         ] {
             assert!(record_from_packed("s", "k", bad, 0).is_err(), "{bad:?}");
         }
