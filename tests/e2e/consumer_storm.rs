@@ -370,19 +370,13 @@ async fn consumer_storm_default_mode_on_redis_never_applies_twice() {
             panic!("Redis is not answering at {url} ({error}); start redis-server on 6379")
         });
     let _ = default_mode(&url, &prefix).await;
-    // Leave nothing behind: a blocking connection with no response timeout
-    // (`KEYS` over a busy shared Redis can take longer than the async
-    // client's default).
+    // Leave nothing behind (a blocking connection: `SCAN` over a busy
+    // shared Redis takes a while).
     tokio::task::spawn_blocking(move || {
         let client = redis::Client::open(url.as_str()).unwrap();
         let mut connection = client.get_connection().unwrap();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{prefix}*"))
-            .query(&mut connection)
+        idempotency_tests::fixtures::delete_redis_keys(&mut connection, &format!("{prefix}*"))
             .unwrap();
-        if !keys.is_empty() {
-            let _: () = redis::cmd("DEL").arg(keys).query(&mut connection).unwrap();
-        }
     })
     .await
     .unwrap();

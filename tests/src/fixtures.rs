@@ -373,14 +373,41 @@ fn delete_redis_prefix(nodes: &[String], prefix: &str) {
         let Ok(mut connection) = client.get_connection() else {
             continue;
         };
-        let pattern = format!("{prefix}:*");
-        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
-            .arg(&pattern)
-            .query(&mut connection)
-            .unwrap_or_default();
-        for key in keys {
-            let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(key).query(&mut connection);
+        let _ = delete_redis_keys(&mut connection, &format!("{prefix}:*"));
+    }
+}
+
+/// Deletes the keys matching `pattern` on one Redis node, walking the
+/// keyspace with `SCAN` (a shared Redis may hold many keys: `KEYS` would
+/// block it, and every other test with it, for as long as it reads them
+/// all). Returns how many were deleted.
+///
+/// # Errors
+///
+/// The first Redis error.
+pub fn delete_redis_keys(
+    connection: &mut redis::Connection,
+    pattern: &str,
+) -> redis::RedisResult<usize> {
+    let mut cursor: u64 = 0;
+    let mut deleted = 0;
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query(connection)?;
+        // One key per DEL: on a cluster node, keys of other slots would
+        // fail a DEL naming several.
+        for key in &keys {
+            deleted += redis::cmd("DEL").arg(key).query::<usize>(connection)?;
         }
+        if next == 0 {
+            return Ok(deleted);
+        }
+        cursor = next;
     }
 }
 

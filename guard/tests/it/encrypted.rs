@@ -231,7 +231,6 @@ pub(crate) async fn raw_sqlite(
     [headers.unwrap_or_default(), body.unwrap_or_default()].concat()
 }
 
-/// Every field of the record's Redis hash, read with a plain client.
 /// The Redis keys matching `pattern`, with `SCAN` (`KEYS` blocks a shared
 /// Redis that holds many keys, and timed out on one holding 700k).
 async fn scan(connection: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<Vec<u8>> {
@@ -255,6 +254,7 @@ async fn scan(connection: &mut redis::aio::MultiplexedConnection, pattern: &str)
     }
 }
 
+/// Every field of the record's Redis hash, read with a plain client.
 pub(crate) async fn raw_redis(
     _store: &idempotency_guard::store::redis::RedisStore,
     scope: &str,
