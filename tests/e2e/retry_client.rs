@@ -428,8 +428,25 @@ async fn a_permanent_500_stops_at_the_budget_and_at_the_deadline() {
     // No attempt started without room for it: the call ended within its
     // deadline (plus scheduling slack).
     assert!(elapsed < deadline + 500 * MS, "took {elapsed:?}");
-    let after = stack.guard_requests(&[("outcome", "released")]).await;
-    assert_eq!(after - executions, f64::from(error.attempts()));
+    // Every attempt that reached the handler ran once and released its key.
+    // The last attempt may have been cut by the deadline: then the server
+    // may still be finishing it (wait for it), or it may never have reached
+    // the handler at all (a slow machine), but it never ran twice.
+    let attempts = f64::from(error.attempts());
+    let cut = matches!(error.last(), Some(Failure::Transport(_)));
+    let mut ran = 0.0;
+    for _ in 0..50 {
+        ran = stack.guard_requests(&[("outcome", "released")]).await - executions;
+        if ran == attempts {
+            break;
+        }
+        tokio::time::sleep(100 * MS).await;
+    }
+    assert!(
+        ran == attempts || (cut && ran == attempts - 1.0),
+        "{ran} executions for {attempts} attempts (last failure: {:?})",
+        error.last()
+    );
     assert_eq!(stack.payments().await, 0);
 }
 
