@@ -237,12 +237,18 @@ impl ReplayPolicy {
     /// policy says (the marker is in the record); a stored body is replayed
     /// as stored (redaction happens at storage, never at replay).
     pub fn replay(&self, stored: &StoredResponse, key: &str) -> Response<Body> {
-        let mut response = if is_status_only(stored) {
+        self.replay_owned(stored.clone(), key)
+    }
+
+    /// [`ReplayPolicy::replay`] of a stored response the caller owns: its
+    /// headers and body become the answer's, uncopied.
+    pub(crate) fn replay_owned(&self, stored: StoredResponse, key: &str) -> Response<Body> {
+        let mut response = if is_status_only(&stored) {
             not_replayable(stored.status, key)
         } else {
-            let mut headers = stored.headers.clone();
+            let mut headers = stored.headers;
             headers.retain_allowed(self);
-            let mut response = Response::new(Body::from(stored.body.clone().unwrap_or_default()));
+            let mut response = Response::new(Body::from(stored.body.unwrap_or_default()));
             *response.status_mut() = stored.status;
             *response.headers_mut() = headers;
             response

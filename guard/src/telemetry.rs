@@ -60,6 +60,10 @@ pub enum Outcome {
     Abandoned,
     /// The request ran without the guard (no key on a route where it is optional).
     Unguarded,
+    /// The caller went away (closed the connection, or its request was
+    /// cancelled) before the guard answered. A run that had started goes on
+    /// to its end and settles its record; the status service tells how.
+    CallerGone,
 }
 
 impl Outcome {
@@ -75,6 +79,7 @@ impl Outcome {
             Self::StoreUnavailable => "store-unavailable",
             Self::Abandoned => "abandoned",
             Self::Unguarded => "unguarded",
+            Self::CallerGone => "caller-gone",
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::engine::{Answer, Engine, Job, RunContext, Settle};
 use crate::problem::Rejection;
 use crate::response::{BoxError, Captured, capture, headers_to_store, is_no_store};
 use crate::store::Store;
-use crate::telemetry::{Outcome, attempt_label};
+use crate::telemetry::{MetricHandles, Outcome, attempt_label};
 use crate::{Fingerprint, IdempotencyKey, KeyError, StoredResponse};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a route.
@@ -77,6 +77,40 @@ impl<E> std::fmt::Debug for ResponseFuture<E> {
     }
 }
 
+/// Counts one request's outcome in `idempotency_requests_total` exactly
+/// once: when its answer is ready, or, for a request of a guarded method
+/// whose caller went away first, as [`Outcome::CallerGone`] when it is
+/// dropped.
+struct Tally {
+    metrics: Arc<MetricHandles>,
+    route: String,
+    attempt: &'static str,
+    /// Whether dropping the tally uncounted counts a caller gone.
+    caller_gone: bool,
+}
+
+impl Tally {
+    /// Counts `outcome` (nothing for requests the guard does not count).
+    fn count(mut self, outcome: Option<Outcome>) {
+        self.caller_gone = false;
+        if let Some(outcome) = outcome {
+            self.metrics
+                .count_request(&self.route, outcome, self.attempt);
+            #[cfg(feature = "otel")]
+            tracing::Span::current().record(crate::telemetry::otel::OUTCOME, outcome.as_str());
+        }
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        if self.caller_gone {
+            self.metrics
+                .count_request(&self.route, Outcome::CallerGone, self.attempt);
+        }
+    }
+}
+
 /// What a guarded request ended with, to be counted once.
 struct Counted<E> {
     /// `None` for requests the guard does not count (methods it does not guard).
@@ -121,16 +155,18 @@ where
             .get::<MatchedPath>()
             .map_or("unmatched", MatchedPath::as_str)
             .to_owned();
-        let attempt = attempt_label(request.headers());
-        let metrics = Arc::clone(service.engine.metrics());
+        let tally = Tally {
+            metrics: Arc::clone(service.engine.metrics()),
+            route: route.clone(),
+            attempt: attempt_label(request.headers()),
+            caller_gone: service.config.methods.contains(request.method()),
+        };
         // `handle`'s own future, mapped, goes into the box: an `async`
         // block awaiting it would hold the request and the service twice.
-        let guarded = service.handle(request, route.clone()).map(move |counted| {
-            if let Some(outcome) = counted.outcome {
-                metrics.count_request(&route, outcome, attempt);
-                #[cfg(feature = "otel")]
-                tracing::Span::current().record(crate::telemetry::otel::OUTCOME, outcome.as_str());
-            }
+        // Dropped before it ends (the caller went away), the closure drops
+        // the tally, which counts that.
+        let guarded = service.handle(request, route).map(move |counted| {
+            tally.count(counted.outcome);
             counted.result
         });
         #[cfg(feature = "otel")]
@@ -199,7 +235,7 @@ where
         let outcome = Some(answer.outcome());
         let result = match answer {
             Answer::Ran { reply, .. } => reply,
-            Answer::Replay(stored) => Ok(self.config.replay.replay(&stored, &job_key)),
+            Answer::Replay(stored) => Ok(self.config.replay.replay_owned(stored, &job_key)),
             Answer::Refused(refusal) => {
                 Ok(
                     Rejection::from_refusal(refusal, &job_key, self.config.mismatch_status)

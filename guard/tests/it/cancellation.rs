@@ -77,3 +77,80 @@ async fn client_gone_while_postgres_row_lock_holds_the_claim() {
     assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
     assert_eq!(runs.get(), 1, "the handler ran {} times", runs.get());
 }
+
+/// A caller that goes away before the answer is counted once, as
+/// `caller-gone` (the run it started still ends: its retry replays); a
+/// request the guard does not guard is not counted when its caller goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_goes_away_is_counted_as_caller_gone() {
+    use axum::Router;
+    use axum::routing::post;
+    use idempotency_guard::telemetry::REQUESTS_TOTAL;
+    use tower::ServiceExt;
+
+    crate::metrics_probe::install();
+    let db = idempotency_tests::sqlite().await;
+    let route = "/caller-gone";
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = runs.clone();
+    let router = Router::new()
+        .route(
+            route,
+            post(move || {
+                let runs = counted.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    (StatusCode::CREATED, "made")
+                }
+            })
+            .get(|| async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                "read"
+            }),
+        )
+        .layer(IdempotencyLayer::new(db.store.clone()));
+    let request = |method: &str| {
+        http::Request::builder()
+            .method(method)
+            .uri(route)
+            .header("idempotency-key", "gone-early")
+            .header("x-retry-attempt", "0")
+            .body(axum::body::Body::from("{}"))
+            .unwrap()
+    };
+    let count = |outcome: &str| {
+        crate::metrics_probe::counter(REQUESTS_TOTAL, &[("route", route), ("outcome", outcome)])
+    };
+    let all = || crate::metrics_probe::counter(REQUESTS_TOTAL, &[("route", route)]);
+
+    // Dropping the response future is what hyper does when the client goes away.
+    let gone = tokio::time::timeout(
+        Duration::from_millis(50),
+        router.clone().oneshot(request("POST")),
+    )
+    .await;
+    assert!(gone.is_err(), "the client gave up before the answer");
+    assert_eq!(count("caller-gone"), 1);
+    assert_eq!(all(), 1, "counted once");
+
+    let read = tokio::time::timeout(
+        Duration::from_millis(50),
+        router.clone().oneshot(request("GET")),
+    )
+    .await;
+    assert!(read.is_err(), "the client gave up before the answer");
+    assert_eq!(
+        all(),
+        1,
+        "a request the guard does not guard is not counted"
+    );
+
+    // The run went on; its retry replays its answer, counted as a replay.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let retry = router.clone().oneshot(request("POST")).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(count("replayed"), 1);
+    assert_eq!(all(), 2);
+}

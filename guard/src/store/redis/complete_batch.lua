@@ -6,7 +6,7 @@ local answers = {}
 for i, key in ipairs(KEYS) do
   local held = redis.call('HMGET', key, 't', 's', 'w')
   if held[1] == ARGV[2 * i] and held[2] == 'f' then
-    redis.call('HSET', key, 's', 'c', 'p', ARGV[2 * i + 1], 'c', now)
+    redis.call('HSET', key, 's', 'c', 'p', ARGV[2 * i + 1], 'c', now_text)
     if held[3] then redis.call('PUBLISH', ARGV[1], key) end
     answers[i] = 1
   else

@@ -3,6 +3,6 @@
 -- a zero renewal ends it and is published on ARGV[3] if a reader marked
 -- the record watched (see get.lua).
 if tonumber(held[3]) <= now then return 0 end
-redis.call('HSET', KEYS[1], 'l', now + tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], 'l', string.format('%d', now + tonumber(ARGV[2])))
 if tonumber(ARGV[2]) == 0 and held[4] then redis.call('PUBLISH', ARGV[3], KEYS[1]) end
 return 1
