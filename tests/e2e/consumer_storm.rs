@@ -25,8 +25,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use tokio::process::{Child, Command};
 
 fn amqp_url() -> String {
-    std::env::var("TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+    idempotency_tests::broker_server::amqp_url()
 }
 
 fn setting(name: &str, default: usize) -> usize {
@@ -42,8 +41,8 @@ async fn rabbit() -> Connection {
         .await
         .unwrap_or_else(|error| {
             panic!(
-                "RabbitMQ is not answering at {url} ({error}). Start it with \
-                 `rabbitmq-server -detached` (Debian package rabbitmq-server), or point TEST_AMQP_URL at a broker."
+                "RabbitMQ is not answering at {url} ({error}). Unset \
+                 TEST_AMQP_URL to let the tests start a private broker, or start the one it names."
             )
         })
 }

@@ -42,13 +42,13 @@ const SERVER_ADVICE: &str = "Unset TEST_POSTGRES_URL, TEST_REDIS_URL and TEST_RE
 
 /// Whether `TEST_PRIVATE_SERVERS` asks for private servers even where the
 /// shared defaults answer.
-fn private_servers_forced() -> bool {
+pub(crate) fn private_servers_forced() -> bool {
     std::env::var("TEST_PRIVATE_SERVERS")
         .is_ok_and(|value| matches!(value.as_str(), "1" | "true" | "yes"))
 }
 
 /// Whether something accepts TCP connections on `127.0.0.1:port`.
-fn answers_on(port: u16) -> bool {
+pub(crate) fn answers_on(port: u16) -> bool {
     let address = SocketAddr::from(([127, 0, 0, 1], port));
     TcpStream::connect_timeout(&address, Duration::from_millis(500)).is_ok()
 }

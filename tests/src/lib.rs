@@ -10,6 +10,7 @@
 //! or start.
 
 pub mod answer;
+pub mod broker_server;
 pub mod fixtures;
 pub mod partition;
 pub mod postgres_server;

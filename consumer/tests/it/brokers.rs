@@ -9,15 +9,16 @@ use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties};
 
-/// RabbitMQ's address for tests.
+/// RabbitMQ's address for tests: `TEST_AMQP_URL`, the shared broker on
+/// 5672, or a private one this process starts.
 pub(crate) fn amqp_url() -> String {
-    std::env::var("TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+    idempotency_tests::broker_server::amqp_url()
 }
 
-/// NATS's address for tests.
+/// NATS's address for tests: `TEST_NATS_URL`, the shared server on 4222,
+/// or a private one this process starts.
 pub(crate) fn nats_url() -> String {
-    std::env::var("TEST_NATS_URL").unwrap_or_else(|_| "127.0.0.1:4222".to_owned())
+    idempotency_tests::broker_server::nats_url()
 }
 
 /// A RabbitMQ connection, or a panic that says how to start the broker.
@@ -27,8 +28,8 @@ pub(crate) async fn rabbit() -> Connection {
         .await
         .unwrap_or_else(|error| {
             panic!(
-                "RabbitMQ is not answering at {url} ({error}). Start it with \
-                 `rabbitmq-server -detached` (Debian package rabbitmq-server), or point TEST_AMQP_URL at a broker."
+                "RabbitMQ is not answering at {url} ({error}). Unset \
+                 TEST_AMQP_URL to let the tests start a private broker, or start the one it names."
             )
         })
 }
@@ -38,9 +39,8 @@ pub(crate) async fn nats() -> async_nats::Client {
     let url = nats_url();
     async_nats::connect(&url).await.unwrap_or_else(|error| {
         panic!(
-            "NATS is not answering at {url} ({error}). Start it with \
-             `nats-server -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server` (Debian package nats-server), \
-             or point TEST_NATS_URL at a server."
+            "NATS is not answering at {url} ({error}). Unset \
+             TEST_NATS_URL to let the tests start a private server, or start the one it names."
         )
     })
 }
