@@ -11,6 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, RunContext, Settle, Settled};
 use idempotency_guard::{Fingerprint, IdempotencyKey, Store, StoredResponse};
+use tokio::sync::Semaphore;
+
+use crate::local::{Entry, LocalRuns};
 
 /// The metric counting every message by its verdict (`source`, `verdict`).
 pub const MESSAGES_TOTAL: &str = "idempotency_consumer_messages_total";
@@ -169,6 +172,9 @@ struct InboxConfig {
     /// 1 s: a failing handler is not hammered, a transient failure is
     /// retried soon.
     retry_delay: Duration,
+    /// 60 s (the engine's default lease): past it a twin running here is
+    /// hung, and the copy asks the store like any other.
+    twin_wait: Duration,
 }
 
 impl Default for InboxConfig {
@@ -176,6 +182,7 @@ impl Default for InboxConfig {
         Self {
             max_attempts: 5,
             retry_delay: Duration::from_secs(1),
+            twin_wait: Duration::from_secs(60),
         }
     }
 }
@@ -188,10 +195,15 @@ impl Default for InboxConfig {
 /// [`Engine::with_transactional_claims`]) this is a transactional inbox:
 /// the handler writes through [`RunContext::tx`], and its writes, the
 /// stored outcome and the dedup record commit together.
+///
+/// A copy of a message whose twin runs in this process (on any clone of
+/// the inbox) waits for the twin's end, woken when it ends, and is then
+/// answered from the stored outcome; it holds no handler slot meanwhile.
 #[derive(Debug, Clone)]
 pub struct Inbox<S> {
     engine: Engine<S>,
     config: Arc<InboxConfig>,
+    local: Arc<LocalRuns>,
 }
 
 impl<S: Store> Inbox<S> {
@@ -200,6 +212,7 @@ impl<S: Store> Inbox<S> {
         Self {
             engine,
             config: Arc::new(InboxConfig::default()),
+            local: Arc::default(),
         }
     }
 
@@ -230,6 +243,16 @@ impl<S: Store> Inbox<S> {
         self
     }
 
+    /// Sets how long a copy waits for its twin running in this process
+    /// before it asks the store like any other copy (which answers "in
+    /// flight" while the twin runs).
+    ///
+    /// The default value is 60 seconds (the engine's default lease).
+    pub fn with_twin_wait(mut self, wait: Duration) -> Self {
+        Arc::make_mut(&mut self.config).twin_wait = wait;
+        self
+    }
+
     /// The verdict for a message without a usable key (counted).
     pub(crate) fn no_key(&self, source: &str) -> Verdict {
         let verdict = Verdict::DeadLetter(DeadReason::NoKey);
@@ -245,10 +268,46 @@ impl<S: Store> Inbox<S> {
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Display + Send + 'static,
     {
+        self.process_with(incoming, handler, None).await
+    }
+
+    /// [`Inbox::process`], holding one of `permits` (the adapter's handler
+    /// slots) only while the engine runs: never while the copy waits for
+    /// its twin running here.
+    pub(crate) async fn process_with<H, Fut, E>(
+        &self,
+        incoming: Incoming,
+        handler: &Arc<H>,
+        permits: Option<&Semaphore>,
+    ) -> Verdict
+    where
+        H: Fn(Incoming, RunContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Display + Send + 'static,
+    {
         let source = incoming.source.clone();
         if incoming.key.parse::<IdempotencyKey>().is_err() {
             return self.no_key(&source);
         }
+        // Held until this copy's run has settled: a copy behind it waits.
+        let _running_here = loop {
+            match self.local.enter(&incoming.scope, &incoming.key) {
+                Entry::Mine(here) => break Some(here),
+                Entry::Twin(twin) => {
+                    if tokio::time::timeout(self.config.twin_wait, twin.ended())
+                        .await
+                        .is_err()
+                    {
+                        // Hung: ask the store, which answers "in flight".
+                        break None;
+                    }
+                }
+            }
+        };
+        let _permit = match permits {
+            Some(permits) => permits.acquire().await.ok(),
+            None => None,
+        };
         let attempt = incoming.attempt;
         let job = Job::new(
             incoming.scope.clone(),

@@ -63,6 +63,7 @@
 mod error;
 mod inbox;
 mod key;
+mod local;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]

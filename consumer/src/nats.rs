@@ -8,17 +8,28 @@
 //! and asked about again after the engine's hint, so waiting never uses up
 //! its attempts. Copies drop `Nats-Msg-Id` (a stream would deduplicate
 //! them against the original) and keep it as `Idempotency-Msg-Id`.
+//!
+//! After a crash nothing waits long behind the dead consumer: while a
+//! message is in hand (running, waiting for its twin, or asking again) it
+//! is kept alive with `in_progress` every third of the consumer's ack wait,
+//! so the ack wait can be short; [`JetStreamConsumer::pull_config`] gives
+//! the consumer settings derived from the adapter's (a 5 s ack wait, and at
+//! most [`MESSAGES_PER_SLOT`] messages unacknowledged per handler slot), so
+//! a killed consumer's messages come back within seconds, and the server
+//! never stops sending because a thousand of them wait for a dead process.
 
 use std::fmt::Display;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::{StreamExt, TryStreamExt};
 use idempotency_guard::Store;
 use idempotency_guard::engine::RunContext;
+use tokio::sync::Semaphore;
 
 use crate::error::ConsumerError;
 use crate::inbox::{Inbox, Incoming, Verdict};
@@ -34,6 +45,12 @@ pub const REASON_HEADER: &str = "Idempotency-Reason";
 /// How many times a message whose key is in flight elsewhere is asked
 /// about again before it is nak'ed with a delay.
 const IN_FLIGHT_ROUNDS: u32 = 30;
+/// Messages in hand per handler slot (the pull batch, and the
+/// `max_ack_pending` of [`JetStreamConsumer::pull_config`], are this times
+/// the concurrency): room for copies that wait without running.
+pub const MESSAGES_PER_SLOT: usize = 4;
+/// The shortest interval between two `in_progress` heartbeats.
+const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
 
 fn nats_error(error: impl std::error::Error + Send + Sync + 'static) -> ConsumerError {
     ConsumerError::Nats(Box::new(error))
@@ -64,6 +81,7 @@ pub struct JetStreamConsumer<S> {
     key: KeySource,
     scope: Option<ScopeFn>,
     concurrency: usize,
+    ack_wait: Duration,
     dead_letter_subject: String,
     parked_subject: String,
 }
@@ -93,6 +111,7 @@ impl<S: Store> JetStreamConsumer<S> {
             key: KeySource::MessageId,
             scope: None,
             concurrency: 16,
+            ack_wait: Duration::from_secs(5),
         }
     }
 
@@ -116,12 +135,42 @@ impl<S: Store> JetStreamConsumer<S> {
         self
     }
 
-    /// Sets how many messages are handled at once.
+    /// Sets how many handlers run at once; at most [`MESSAGES_PER_SLOT`]
+    /// times this many messages are pulled and in hand.
     ///
     /// The default value is 16.
     pub fn with_concurrency(mut self, concurrency: usize) -> Self {
         self.concurrency = concurrency.max(1);
         self
+    }
+
+    /// Sets the ack wait of [`JetStreamConsumer::pull_config`]: how soon
+    /// JetStream sends again what a dead consumer had in hand (a live one
+    /// keeps its messages with `in_progress` heartbeats, whatever its
+    /// handler's time).
+    ///
+    /// The default value is 5 seconds: a killed consumer's messages come
+    /// back well within the 10 s the crash tests allow, and a heartbeat
+    /// every 1.7 s costs one small publish per message in hand.
+    pub fn with_ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait.max(MIN_HEARTBEAT * 3);
+        self
+    }
+
+    /// The pull consumer's settings this adapter is made for, to create it
+    /// with (`stream.get_or_create_consumer(name, consumer.pull_config(name))`):
+    /// explicit acks, the adapter's ack wait, and `max_ack_pending` of
+    /// [`MESSAGES_PER_SLOT`] times the concurrency. Change any field before
+    /// creating the consumer (a filter subject, a `max_deliver`).
+    pub fn pull_config(&self, durable_name: impl Into<String>) -> pull::Config {
+        pull::Config {
+            durable_name: Some(durable_name.into()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.ack_wait,
+            max_ack_pending: i64::try_from(self.concurrency.saturating_mul(MESSAGES_PER_SLOT))
+                .unwrap_or(i64::MAX),
+            ..pull::Config::default()
+        }
     }
 
     /// Sets the subject poison messages (and messages without a key) are
@@ -160,15 +209,24 @@ impl<S: Store> JetStreamConsumer<S> {
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Display + Send + 'static,
     {
-        let messages = consumer.messages().await.map_err(nats_error)?;
+        let in_hand = self.concurrency.saturating_mul(MESSAGES_PER_SLOT);
+        let heartbeat = heartbeat_for(consumer.cached_info().config.ack_wait);
+        let messages = consumer
+            .stream()
+            .max_messages_per_batch(in_hand)
+            .messages()
+            .await
+            .map_err(nats_error)?;
         let handler = Arc::new(handler);
+        let permits = Semaphore::new(self.concurrency);
         let this = &self;
         let handler = &handler;
+        let permits = &permits;
         messages
             .take_until(shutdown)
             .map_err(nats_error)
-            .try_for_each_concurrent(self.concurrency, |message| async move {
-                this.handle(message, handler).await
+            .try_for_each_concurrent(in_hand, |message| async move {
+                this.handle(message, handler, permits, heartbeat).await
             })
             .await
     }
@@ -178,6 +236,8 @@ impl<S: Store> JetStreamConsumer<S> {
         &self,
         message: jetstream::Message,
         handler: &Arc<H>,
+        permits: &Semaphore,
+        heartbeat: Duration,
     ) -> Result<(), ConsumerError>
     where
         H: Fn(Incoming, RunContext) -> Fut + Send + Sync + 'static,
@@ -215,7 +275,13 @@ impl<S: Store> JetStreamConsumer<S> {
         };
         let mut rounds = 0;
         loop {
-            let verdict = self.inbox.process(incoming.clone(), handler).await;
+            let verdict = kept_alive(
+                &message,
+                heartbeat,
+                self.inbox
+                    .process_with(incoming.clone(), handler, Some(permits)),
+            )
+            .await;
             match verdict {
                 Verdict::Ack => return message.double_ack().await.map_err(ConsumerError::Nats),
                 Verdict::Redeliver {
@@ -228,7 +294,7 @@ impl<S: Store> JetStreamConsumer<S> {
                         .ack_with(AckKind::Progress)
                         .await
                         .map_err(ConsumerError::Nats)?;
-                    tokio::time::sleep(delay).await;
+                    kept_alive(&message, heartbeat, tokio::time::sleep(delay)).await;
                 }
                 Verdict::Redeliver { delay, .. } => {
                     return message
@@ -275,5 +341,53 @@ impl<S: Store> JetStreamConsumer<S> {
             .map_err(nats_error)?;
         tracing::warn!(stream = %self.stream, to = %subject, reason = verdict.reason(), "message set aside");
         message.double_ack().await.map_err(ConsumerError::Nats)
+    }
+}
+
+/// The interval of `in_progress` heartbeats for a consumer's ack wait: a
+/// third of it, so that two may be lost before JetStream sends the message
+/// again (JetStream's default ack wait, 30 s, when the server reports none).
+fn heartbeat_for(ack_wait: Duration) -> Duration {
+    let ack_wait = if ack_wait.is_zero() {
+        Duration::from_secs(30)
+    } else {
+        ack_wait
+    };
+    (ack_wait / 3).max(MIN_HEARTBEAT)
+}
+
+/// Runs `work` while telling JetStream every `heartbeat` that `message` is
+/// still in hand, so its ack wait never runs out under a live consumer.
+async fn kept_alive<T>(
+    message: &jetstream::Message,
+    heartbeat: Duration,
+    work: impl Future<Output = T>,
+) -> T {
+    let mut work = std::pin::pin!(work);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = ticks.tick() => {
+                if let Err(error) = message.ack_with(AckKind::Progress).await {
+                    tracing::debug!(%error, "an in-progress heartbeat was not sent");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_come_three_times_per_ack_wait() {
+        assert_eq!(
+            heartbeat_for(Duration::from_secs(6)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(heartbeat_for(Duration::ZERO), Duration::from_secs(10));
+        assert_eq!(heartbeat_for(Duration::from_millis(30)), MIN_HEARTBEAT);
     }
 }

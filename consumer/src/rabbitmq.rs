@@ -9,6 +9,12 @@
 //! reason in `x-idempotency-reason`. Every copy is confirmed by the broker
 //! before the original is acked, so a crash in between leaves a duplicate
 //! delivery, which the guard answers from the stored outcome.
+//!
+//! Handler slots and deliveries in hand are counted apart: at most
+//! `concurrency` handlers run at once, while the prefetch is
+//! [`PREFETCH_PER_SLOT`] times that, so a copy that waits for its twin (in
+//! this process) or for a requeue (its twin runs elsewhere) holds no
+//! handler slot.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -24,6 +30,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
+use tokio::sync::Semaphore;
 
 use crate::error::ConsumerError;
 use crate::inbox::{Inbox, Incoming, Verdict};
@@ -36,6 +43,9 @@ pub use lapin;
 pub const ATTEMPT_HEADER: &str = "x-idempotency-attempt";
 /// The header that says why a message was parked or dead-lettered.
 pub const REASON_HEADER: &str = "x-idempotency-reason";
+/// Deliveries in hand per handler slot (the prefetch is this times the
+/// concurrency): room for copies that wait without running.
+pub const PREFETCH_PER_SLOT: u16 = 4;
 
 /// A RabbitMQ consumer that runs its handler at most once per key.
 ///
@@ -113,7 +123,8 @@ impl<S: Store> RabbitConsumer<S> {
         self
     }
 
-    /// Sets how many messages are handled at once (also the prefetch).
+    /// Sets how many handlers run at once; the prefetch is
+    /// [`PREFETCH_PER_SLOT`] times this.
     ///
     /// The default value is 16.
     pub fn with_concurrency(mut self, concurrency: u16) -> Self {
@@ -170,8 +181,9 @@ impl<S: Store> RabbitConsumer<S> {
                 .queue_declare(queue.as_str().into(), options, FieldTable::default())
                 .await?;
         }
+        let prefetch = self.concurrency.saturating_mul(PREFETCH_PER_SLOT);
         consume
-            .basic_qos(self.concurrency, BasicQosOptions::default())
+            .basic_qos(prefetch, BasicQosOptions::default())
             .await?;
         let deliveries = consume
             .basic_consume(
@@ -182,14 +194,16 @@ impl<S: Store> RabbitConsumer<S> {
             )
             .await?;
         let handler = Arc::new(handler);
+        let permits = Semaphore::new(usize::from(self.concurrency));
         let this = &self;
         let publish = &publish;
         let handler = &handler;
+        let permits = &permits;
         deliveries
             .take_until(shutdown)
             .map_err(ConsumerError::from)
-            .try_for_each_concurrent(usize::from(self.concurrency), |delivery| async move {
-                this.handle(publish, delivery, handler).await
+            .try_for_each_concurrent(usize::from(prefetch), |delivery| async move {
+                this.handle(publish, delivery, handler, permits).await
             })
             .await
     }
@@ -200,6 +214,7 @@ impl<S: Store> RabbitConsumer<S> {
         publish: &Channel,
         delivery: Delivery,
         handler: &Arc<H>,
+        permits: &Semaphore,
     ) -> Result<(), ConsumerError>
     where
         H: Fn(Incoming, RunContext) -> Fut + Send + Sync + 'static,
@@ -226,7 +241,9 @@ impl<S: Store> RabbitConsumer<S> {
                     payload: delivery.data.clone().into(),
                     attempt,
                 };
-                self.inbox.process(incoming, handler).await
+                self.inbox
+                    .process_with(incoming, handler, Some(permits))
+                    .await
             }
         };
         match verdict {
@@ -235,13 +252,21 @@ impl<S: Store> RabbitConsumer<S> {
                 delay,
                 failed: false,
             } => {
-                // Held back, then requeued without counting an attempt.
-                tokio::time::sleep(delay).await;
-                let requeue = BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                };
-                delivery.acker.nack(requeue).await?;
+                // Its twin runs elsewhere: held back, then requeued without
+                // counting an attempt, by a task of its own, so that the
+                // wait holds neither a handler slot nor a delivery slot.
+                // (Should the channel close first, the broker requeues it.)
+                let acker = delivery.acker.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let requeue = BasicNackOptions {
+                        requeue: true,
+                        ..BasicNackOptions::default()
+                    };
+                    if let Err(error) = acker.nack(requeue).await {
+                        tracing::debug!(%error, "a held-back delivery was not requeued; the broker requeues it when the channel closes");
+                    }
+                });
                 return Ok(());
             }
             Verdict::Redeliver {

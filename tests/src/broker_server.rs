@@ -112,8 +112,10 @@ fn start_rabbitmq_until_exit() -> u16 {
     let node = format!("idempotency-test-{}-{port}@localhost", std::process::id());
     let log = std::fs::File::create(dir.join("console.log")).expect("create the console log");
     let mut child = Command::new(program)
-        // Its own Erlang cookie, so the shared node's is never read or changed.
+        // Its own Erlang cookie, so the shared node's is never read or
+        // changed; and any crash dump lands in its directory.
         .env("HOME", &dir)
+        .current_dir(&dir)
         .env("RABBITMQ_NODENAME", &node)
         .env("RABBITMQ_NODE_PORT", port.to_string())
         .env("RABBITMQ_DIST_PORT", dist_port.to_string())

@@ -68,3 +68,15 @@ per_store!(
     webhook_refused,
     crate::webhook::refused_deliveries_store_nothing
 );
+per_store!(
+    rabbit_twin,
+    crate::rabbitmq::a_copy_behind_its_twin_waits_without_holding_a_slot
+);
+per_store!(
+    nats_kept_alive,
+    crate::nats::a_message_in_hand_is_kept_alive_past_its_ack_wait
+);
+per_store!(
+    nats_dead_consumer,
+    crate::nats::a_dead_consumers_messages_come_back_within_the_ack_wait
+);

@@ -314,3 +314,105 @@ pub(crate) async fn a_poison_message_is_dead_lettered_and_the_stream_flows<S: St
     let _ = consumer.1.await;
     stream.delete().await;
 }
+
+pub(crate) async fn a_message_in_hand_is_kept_alive_past_its_ack_wait<S: Store>(store: S) {
+    // JetStream would send the message again after 1 s: the handler takes 3 s.
+    let stream = TestStream::create(Duration::from_secs(1)).await;
+    let effects = Effects::default();
+    let calls = Arc::new(AtomicU32::new(0));
+    let consumer = start(
+        inbox(store.clone()),
+        &stream,
+        effects.clone(),
+        Arc::clone(&calls),
+        Duration::from_secs(3),
+    )
+    .await;
+    stream.publish("order-slow", br#"{"order":"slow"}"#).await;
+    eventually(Duration::from_secs(15), "the message acked", || async {
+        effects.of("order-slow") == 1 && stream.outstanding().await == 0
+    })
+    .await;
+    let info = stream.consumer().await.info().await.unwrap().clone();
+    assert_eq!(
+        info.num_redelivered, 0,
+        "in_progress heartbeats kept the message from being sent again"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    drop(consumer.0);
+    let _ = consumer.1.await;
+    stream.delete().await;
+}
+
+pub(crate) async fn a_dead_consumers_messages_come_back_within_the_ack_wait<S: Store>(store: S) {
+    let stream = TestStream::create(Duration::from_secs(30)).await;
+    let adapter = JetStreamConsumer::new(
+        inbox(store.clone()),
+        stream.name.clone(),
+        stream.context.clone(),
+    )
+    .with_key(KeySource::Header("Order-Id".to_owned()))
+    .with_concurrency(2)
+    .with_ack_wait(Duration::from_secs(1));
+    let config = consumer::pull::Config {
+        filter_subject: format!("{}.in", stream.name),
+        ..adapter.pull_config("derived")
+    };
+    assert_eq!(config.ack_wait, Duration::from_secs(1));
+    assert_eq!(
+        config.max_ack_pending,
+        i64::try_from(2 * idempotency_consumer::nats::MESSAGES_PER_SLOT).unwrap(),
+        "a few messages in hand per handler slot, not JetStream's 1,000"
+    );
+    let js_stream = stream.context.get_stream(&stream.name).await.unwrap();
+    let pull: PullConsumer = js_stream.create_consumer(config).await.unwrap();
+    for n in 0..5 {
+        stream.publish(&format!("order-{n}"), b"{}").await;
+    }
+    // A consumer pulls everything it may and dies before running any of it.
+    let mut dead = pull.fetch().max_messages(10).messages().await.unwrap();
+    let mut pulled = 0;
+    while let Ok(Some(Ok(_message))) = tokio::time::timeout(
+        Duration::from_secs(2),
+        futures_util::StreamExt::next(&mut dead),
+    )
+    .await
+    {
+        pulled += 1;
+    }
+    assert!(
+        pulled >= 4,
+        "the dead consumer had the messages in hand: {pulled}"
+    );
+    drop(dead);
+    let effects = Effects::default();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = {
+        let effects = effects.clone();
+        tokio::spawn(async move {
+            let handler = move |message: Incoming, _run: RunContext| {
+                let effects = effects.clone();
+                async move {
+                    effects.apply(&message.key);
+                    Ok::<(), String>(())
+                }
+            };
+            adapter
+                .run(pull, handler, async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        })
+    };
+    eventually(
+        Duration::from_secs(10),
+        "every message the dead consumer held, sent again after the 1 s ack wait and run",
+        || async { effects.keys() == 5 },
+    )
+    .await;
+    assert!(effects.duplicated().is_empty());
+    drop(stop);
+    let _ = task.await;
+    stream.delete().await;
+}

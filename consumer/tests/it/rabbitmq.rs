@@ -330,3 +330,80 @@ pub(crate) async fn an_abandoned_key_is_parked_not_run<S: Store>(store: S) {
     let _ = consumer.1.await;
     delete_queues(&connection, &queue).await;
 }
+
+pub(crate) async fn a_copy_behind_its_twin_waits_without_holding_a_slot<S: Store>(store: S) {
+    let connection = Arc::new(rabbit().await);
+    let queue = unique("twin");
+    let _cleanup = declare_queue(&connection, &queue).await;
+    let effects = Effects::default();
+    let calls = Arc::new(AtomicU32::new(0));
+    // The engine's "in flight" hint is long: a copy that heard it would
+    // hold its slot for 10 s before being requeued.
+    let inbox = Inbox::new(Engine::new(store.clone()).with_retry_after(Duration::from_secs(10)));
+    let (open_gate, gate) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let consumer = RabbitConsumer::new(inbox, queue.as_str()).with_concurrency(2);
+    let task = {
+        let connection = Arc::clone(&connection);
+        let effects = effects.clone();
+        let calls = Arc::clone(&calls);
+        tokio::spawn(async move {
+            let handler = move |message: Incoming, _run: RunContext| {
+                let effects = effects.clone();
+                let calls = Arc::clone(&calls);
+                let mut gate = gate.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    if message.key == "slow" {
+                        // Runs until the test opens the gate.
+                        let _ = gate.wait_for(|open| *open).await;
+                    }
+                    effects.apply(&message.key);
+                    Ok::<(), String>(())
+                }
+            };
+            consumer
+                .run(&connection, handler, async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        })
+    };
+    publish(&connection, &queue, "slow", b"{\"order\":\"slow\"}").await;
+    eventually(
+        Duration::from_secs(10),
+        "the first copy running",
+        || async { calls.load(Ordering::SeqCst) == 1 },
+    )
+    .await;
+    // Its copy arrives while it runs, then other orders.
+    publish(&connection, &queue, "slow", b"{\"order\":\"slow\"}").await;
+    for n in 0..3 {
+        publish(&connection, &queue, &format!("fast-{n}"), b"{}").await;
+    }
+    eventually(
+        Duration::from_secs(5),
+        "the other orders run while the copy waits for its twin (it holds no slot)",
+        || async { (0..3).all(|n| effects.of(&format!("fast-{n}")) == 1) },
+    )
+    .await;
+    assert_eq!(effects.of("slow"), 0, "the first copy still runs");
+    open_gate.send(true).unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "the first copy's effect",
+        || async { effects.of("slow") == 1 },
+    )
+    .await;
+    // Stopping lets the deliveries in hand finish: the copy is answered
+    // from the stored outcome and acked, not requeued after the hint.
+    drop(stop);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the copy does not sit out the 10 s hint")
+        .unwrap();
+    assert_eq!(ready(&connection, &queue).await, 0, "every copy acked");
+    assert_eq!(effects.of("slow"), 1, "two copies, one effect");
+    assert_eq!(calls.load(Ordering::SeqCst), 4, "the copy ran no handler");
+}
