@@ -1,13 +1,17 @@
 //! A consumer process for the redelivery storm (`tests/e2e/consumer_storm.rs`):
-//! it consumes a RabbitMQ queue, applies one effect per message (a row in
-//! `storm_effects` of a PostgreSQL database), and kills itself with SIGKILL
-//! right after its `CRASH_AT`-th effect, before that message's ack.
+//! it consumes a RabbitMQ queue or a NATS JetStream stream, applies one
+//! effect per message (a row in `storm_effects` of a PostgreSQL database),
+//! and kills itself with SIGKILL right after its `CRASH_AT`-th effect,
+//! before that message's ack.
 //!
-//! Environment: `AMQP_URL`, `QUEUE`, `EFFECTS_URL` (PostgreSQL with the
+//! Environment: `BROKER` (`rabbitmq`, the default, or `nats`), `AMQP_URL`
+//! or `NATS_URL`, `QUEUE` (the queue, or the stream whose durable pull
+//! consumer `storm` the test created), `EFFECTS_URL` (PostgreSQL with the
 //! `storm_effects` table), `MODE` (`transactional`: the inbox on
 //! PostgreSQL, effect in the run's transaction; `default`: the guard,
-//! effect committed at once; `off`: no guard), `STORE_URL` (`postgres://`
-//! or `redis://`), `REDIS_PREFIX`, `CRASH_AT` (0: never).
+//! effect committed at once; `off`: no guard, RabbitMQ only), `STORE_URL`
+//! (`postgres://`, `redis://` or `sqlite:`), `REDIS_PREFIX`, `CRASH_AT`
+//! (0: never), `LEASE_MS` (the engine's lease; default 1,000).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,11 +19,14 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use futures_util::StreamExt;
+use idempotency_consumer::nats::JetStreamConsumer;
+use idempotency_consumer::nats::async_nats::{self, jetstream::consumer::PullConsumer};
 use idempotency_consumer::rabbitmq::RabbitConsumer;
 use idempotency_consumer::{Inbox, Incoming};
 use idempotency_guard::engine::RunContext;
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::store::redis::RedisStore;
+use idempotency_guard::store::sqlite::SqliteStore;
 use idempotency_guard::{Engine, Store};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
@@ -28,8 +35,10 @@ use sqlx::PgPool;
 
 /// The settings, from the environment.
 struct Settings {
-    amqp_url: String,
+    broker: String,
+    broker_url: String,
     queue: String,
+    lease: Duration,
     mode: String,
     store_url: String,
     redis_prefix: String,
@@ -70,9 +79,23 @@ async fn insert(connection: &mut sqlx::PgConnection, key: &str) -> Result<(), sq
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let broker = std::env::var("BROKER").unwrap_or_else(|_| "rabbitmq".to_owned());
+    let broker_url = match broker.as_str() {
+        "rabbitmq" => env("AMQP_URL")?,
+        "nats" => env("NATS_URL")?,
+        other => anyhow::bail!("BROKER must be rabbitmq or nats, not {other}"),
+    };
     let settings = Settings {
-        amqp_url: env("AMQP_URL")?,
+        broker,
+        broker_url,
         queue: env("QUEUE")?,
+        lease: Duration::from_millis(
+            std::env::var("LEASE_MS")
+                .ok()
+                .map(|ms| ms.parse())
+                .transpose()?
+                .unwrap_or(1000),
+        ),
         mode: env("MODE")?,
         store_url: std::env::var("STORE_URL").unwrap_or_default(),
         redis_prefix: std::env::var("REDIS_PREFIX").unwrap_or_default(),
@@ -83,14 +106,20 @@ async fn main() -> anyhow::Result<()> {
         effects: Arc::new(AtomicU64::new(0)),
         at: settings.crash_at,
     };
-    let connection =
-        Connection::connect(&settings.amqp_url, ConnectionProperties::default()).await?;
     match settings.mode.as_str() {
-        "off" => unguarded(&connection, &settings.queue, effects, crash).await,
+        "off" => {
+            anyhow::ensure!(
+                settings.broker == "rabbitmq",
+                "MODE=off is for RabbitMQ only"
+            );
+            let connection =
+                Connection::connect(&settings.broker_url, ConnectionProperties::default()).await?;
+            unguarded(&connection, &settings.queue, effects, crash).await
+        }
         "transactional" => {
             let store = PostgresStore::connect(&settings.store_url, 16).await?;
             store.migrate().await?;
-            let engine = engine(store)
+            let engine = engine(store, settings.lease)
                 .with_transactional_mode(true)
                 .with_transactional_claims(true);
             let handler = move |message: Incoming, run: RunContext| {
@@ -104,7 +133,7 @@ async fn main() -> anyhow::Result<()> {
                     Ok::<(), String>(())
                 }
             };
-            consume(engine, &connection, &settings.queue, handler).await
+            consume(engine, &settings, handler).await
         }
         "default" => {
             let handler = move |message: Incoming, _run: RunContext| {
@@ -123,28 +152,31 @@ async fn main() -> anyhow::Result<()> {
             if settings.store_url.starts_with("redis") {
                 let store =
                     RedisStore::connect(&settings.store_url, &settings.redis_prefix).await?;
-                consume(engine(store), &connection, &settings.queue, handler).await
+                consume(engine(store, settings.lease), &settings, handler).await
+            } else if settings.store_url.starts_with("sqlite") {
+                let store = SqliteStore::connect(&settings.store_url).await?;
+                store.migrate().await?;
+                consume(engine(store, settings.lease), &settings, handler).await
             } else {
                 let store = PostgresStore::connect(&settings.store_url, 16).await?;
                 store.migrate().await?;
-                consume(engine(store), &connection, &settings.queue, handler).await
+                consume(engine(store, settings.lease), &settings, handler).await
             }
         }
         other => anyhow::bail!("MODE must be transactional, default or off, not {other}"),
     }
 }
 
-/// A short lease, so a killed consumer's keys lapse within a second.
-fn engine<S: Store>(store: S) -> Engine<S> {
+/// A short lease (1 s by default), so a killed consumer's keys lapse soon.
+fn engine<S: Store>(store: S, lease: Duration) -> Engine<S> {
     Engine::new(store)
-        .with_lease(Duration::from_secs(1))
+        .with_lease(lease)
         .with_retry_after(Duration::from_millis(200))
 }
 
 async fn consume<S, H, Fut>(
     engine: Engine<S>,
-    connection: &Connection,
-    queue: &str,
+    settings: &Settings,
     handler: H,
 ) -> anyhow::Result<()>
 where
@@ -153,10 +185,27 @@ where
     Fut: Future<Output = Result<(), String>> + Send + 'static,
 {
     let inbox = Inbox::new(engine).with_retry_delay(Duration::from_millis(100));
-    RabbitConsumer::new(inbox, queue)
-        .with_concurrency(16)
-        .run(connection, handler, std::future::pending())
-        .await?;
+    if settings.broker == "nats" {
+        let client = async_nats::connect(&settings.broker_url).await?;
+        let context = async_nats::jetstream::new(client);
+        let pull: PullConsumer = context
+            .get_stream(&settings.queue)
+            .await?
+            .get_consumer("storm")
+            .await
+            .map_err(|error| anyhow::anyhow!("the durable consumer storm: {error}"))?;
+        JetStreamConsumer::new(inbox, settings.queue.as_str(), context)
+            .with_concurrency(16)
+            .run(pull, handler, std::future::pending())
+            .await?;
+    } else {
+        let connection =
+            Connection::connect(&settings.broker_url, ConnectionProperties::default()).await?;
+        RabbitConsumer::new(inbox, settings.queue.as_str())
+            .with_concurrency(16)
+            .run(&connection, handler, std::future::pending())
+            .await?;
+    }
     Ok(())
 }
 
