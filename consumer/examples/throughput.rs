@@ -11,7 +11,14 @@
 //! distinct keys, then one consumer (16 at a time, a handler that does
 //! nothing) from its start until the last message is handled. Needs
 //! RabbitMQ, NATS (JetStream), PostgreSQL and Redis on their usual ports.
+//!
+//! A second table: executions per second on RabbitMQ × PostgreSQL with a
+//! handler that takes 20 ms, when no message has a copy and when 30 % of
+//! the messages have a copy published right behind them (a copy waits for
+//! its twin without holding a handler slot, then is answered from the
+//! stored outcome).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -67,7 +74,34 @@ fn handler(
     }
 }
 
+/// A handler that works for `pause` before it counts the execution.
+fn slow_handler(
+    counter: Counter,
+    pause: Duration,
+) -> impl Fn(Incoming, RunContext) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
++ Send
++ Sync
++ 'static {
+    move |_message, _run| {
+        let counter = counter.clone();
+        Box::pin(async move {
+            tokio::time::sleep(pause).await;
+            counter.handled();
+            Ok(())
+        })
+    }
+}
+
 async fn rabbit_queue(messages: usize) -> anyhow::Result<(Connection, String)> {
+    rabbit_queue_with_copies(messages, 0).await
+}
+
+/// A queue of `messages` distinct keys; the first `percent_copied` of
+/// every hundred have a copy published right behind them.
+async fn rabbit_queue_with_copies(
+    messages: usize,
+    percent_copied: usize,
+) -> anyhow::Result<(Connection, String)> {
     let connection = Connection::connect(
         "amqp://guest:guest@127.0.0.1:5672/%2f",
         ConnectionProperties::default(),
@@ -87,16 +121,19 @@ async fn rabbit_queue(messages: usize) -> anyhow::Result<(Connection, String)> {
         .await?;
     let mut confirms = Vec::with_capacity(messages);
     for n in 0..messages {
-        let confirm = channel
-            .basic_publish(
-                "".into(),
-                queue.as_str().into(),
-                BasicPublishOptions::default(),
-                format!("{{\"order\":{n}}}").as_bytes(),
-                BasicProperties::default().with_message_id(format!("order-{n}").into()),
-            )
-            .await?;
-        confirms.push(confirm);
+        let copies = if n % 100 < percent_copied { 2 } else { 1 };
+        for _ in 0..copies {
+            let confirm = channel
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    format!("{{\"order\":{n}}}").as_bytes(),
+                    BasicProperties::default().with_message_id(format!("order-{n}").into()),
+                )
+                .await?;
+            confirms.push(confirm);
+        }
     }
     for confirm in confirms {
         confirm.await?;
@@ -161,6 +198,30 @@ async fn rabbit<S: Store>(store: Option<S>, messages: usize) -> anyhow::Result<f
                 .await;
         }
     }
+    let rate = messages as f64 / started.elapsed().as_secs_f64();
+    delete_rabbit(&connection, &queue).await?;
+    Ok(rate)
+}
+
+/// Executions per second on RabbitMQ through the guard on `store`, with a
+/// handler that takes `pause`, when `percent_copied` of the messages have
+/// a copy right behind them.
+async fn rabbit_with_copies<S: Store>(
+    store: S,
+    messages: usize,
+    percent_copied: usize,
+    pause: Duration,
+) -> anyhow::Result<f64> {
+    let (connection, queue) = rabbit_queue_with_copies(messages, percent_copied).await?;
+    let counter = Counter::new(messages);
+    let started = Instant::now();
+    let done = counter.done.clone();
+    RabbitConsumer::new(Inbox::new(Engine::new(store)), queue.as_str())
+        .with_concurrency(CONCURRENCY)
+        .run(&connection, slow_handler(counter, pause), async move {
+            done.notified().await
+        })
+        .await?;
     let rate = messages as f64 / started.elapsed().as_secs_f64();
     delete_rabbit(&connection, &queue).await?;
     Ok(rate)
@@ -287,5 +348,21 @@ async fn main() -> anyhow::Result<()> {
             println!("| {broker} | {store} | {rate:.0} | {:.2} |", rate / none);
         }
     }
+    let copied_messages = (messages / 5).max(100);
+    let pause = Duration::from_millis(20);
+    println!();
+    println!(
+        "Copies right behind their first: RabbitMQ x PostgreSQL, {copied_messages} messages, \
+         a 20 ms handler, 16 at a time"
+    );
+    println!();
+    println!("| copies | executions/s | of none copied |");
+    println!("|---|---|---|");
+    let db = idempotency_tests::postgres().await;
+    let none = rabbit_with_copies(db.store.clone(), copied_messages, 0, pause).await?;
+    println!("| none | {none:.0} | 1.00 |");
+    let db = idempotency_tests::postgres().await;
+    let some = rabbit_with_copies(db.store.clone(), copied_messages, 30, pause).await?;
+    println!("| 30 % of the messages | {some:.0} | {:.2} |", some / none);
     Ok(())
 }

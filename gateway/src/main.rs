@@ -6,6 +6,9 @@ use anyhow::Context;
 use clap::Parser;
 use idempotency_gateway::config::Config;
 use idempotency_gateway::{Gateway, serve, shutdown_signal};
+use idempotency_guard::telemetry::logs::{LogFormat, fmt_layer};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// mimalloc: its thread-local free lists make the proxy's per-request
 /// allocations (header maps, bodies, futures) cheaper than glibc's malloc.
@@ -43,13 +46,13 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .json()
-        .with_current_span(false)
-        .with_env_filter(
+    // JSON lines unless LOG_FORMAT=text (coloured only on a terminal).
+    tracing_subscriber::registry()
+        .with(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        .with(fmt_layer(LogFormat::from_env(LogFormat::Json)?))
         .init();
     let cli = Cli::parse();
     let mut config = Config::from_file(&cli.config)

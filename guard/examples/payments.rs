@@ -268,7 +268,11 @@ pub(crate) async fn main() -> anyhow::Result<()> {
         .with(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        .with(tracing_subscriber::fmt::layer());
+        .with(idempotency_guard::telemetry::logs::fmt_layer(
+            idempotency_guard::telemetry::logs::LogFormat::from_env(
+                idempotency_guard::telemetry::logs::LogFormat::Text,
+            )?,
+        ));
     // Traces over OTLP/HTTP when built with `--features otel` and
     // OTEL_EXPORTER_OTLP_ENDPOINT is set (e.g. http://127.0.0.1:4318).
     #[cfg(feature = "otel")]

@@ -19,6 +19,8 @@ use std::collections::HashMap;
 use std::sync::{PoisonError, RwLock};
 use std::time::Instant;
 
+#[cfg(feature = "logs")]
+pub mod logs;
 #[cfg(feature = "otel")]
 pub mod otel;
 

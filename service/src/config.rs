@@ -78,3 +78,84 @@ pub struct Config {
     #[arg(long, env = "LOG_JSON", default_value_t = false, action = clap::ArgAction::Set)]
     pub log_json: bool,
 }
+
+/// A setting that cannot work, found before anything starts: the message
+/// names the variable and what it expects.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `STORE=redis` or `STORE=tiered` without a Redis URL.
+    #[error(
+        "STORE={store} needs REDIS_URL (a redis:// URL, or several comma-separated for a cluster)"
+    )]
+    MissingRedisUrl {
+        /// The store kind asked for.
+        store: &'static str,
+    },
+    /// `REDIS_URL` of another scheme.
+    #[error("REDIS_URL must start with redis:// or rediss:// (it starts with {scheme:?})")]
+    RedisScheme {
+        /// What it starts with (never the whole URL: it may hold a password).
+        scheme: String,
+    },
+    /// `DATABASE_URL` of another scheme.
+    #[error(
+        "DATABASE_URL must start with postgres://, postgresql:// or sqlite: (it starts with {scheme:?})"
+    )]
+    DatabaseScheme {
+        /// What it starts with (never the whole URL: it may hold a password).
+        scheme: String,
+    },
+    /// `STORE=tiered` over a database that is not PostgreSQL.
+    #[error(
+        "STORE=tiered keeps its records in PostgreSQL: DATABASE_URL must start with postgres://"
+    )]
+    TieredNeedsPostgres,
+}
+
+/// The scheme of a URL (up to and including `:`), for messages.
+fn scheme_of(url: &str) -> String {
+    match url.find(':') {
+        Some(end) => url[..=end].to_owned(),
+        None => url.chars().take(12).collect(),
+    }
+}
+
+impl Config {
+    /// Checks the settings that can be checked without a server.
+    ///
+    /// # Errors
+    ///
+    /// The first [`ConfigError`] found.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        use idempotency_guard::store::StoreKind;
+        let postgres = self.database_url.starts_with("postgres://")
+            || self.database_url.starts_with("postgresql://");
+        if !postgres && !self.database_url.starts_with("sqlite:") {
+            return Err(ConfigError::DatabaseScheme {
+                scheme: scheme_of(&self.database_url),
+            });
+        }
+        let store = match self.store {
+            StoreKind::Redis => "redis",
+            StoreKind::Tiered => "tiered",
+            _ => return Ok(()),
+        };
+        let Some(redis_url) = self.redis_url.as_deref().filter(|url| !url.is_empty()) else {
+            return Err(ConfigError::MissingRedisUrl { store });
+        };
+        if let Some(bad) = redis_url
+            .split(',')
+            .map(str::trim)
+            .find(|url| !url.starts_with("redis://") && !url.starts_with("rediss://"))
+        {
+            return Err(ConfigError::RedisScheme {
+                scheme: scheme_of(bad),
+            });
+        }
+        if store == "tiered" && !postgres {
+            return Err(ConfigError::TieredNeedsPostgres);
+        }
+        Ok(())
+    }
+}

@@ -20,10 +20,10 @@ pub enum ServiceError {
     #[error(transparent)]
     Migrate(#[from] idempotency_guard::MigrationError),
     /// The tokens could not be read.
-    #[error("cannot read the tokens")]
+    #[error("cannot read the scope tokens (TOKENS_FILE, TOKENS)")]
     Tokens(#[source] TokensError),
     /// The admin tokens could not be read.
-    #[error("cannot read the admin tokens")]
+    #[error("cannot read the admin tokens (ADMIN_TOKENS_FILE, ADMIN_TOKENS)")]
     AdminTokens(#[source] crate::admin::AdminTokensError),
     /// The metrics recorder could not be installed.
     #[error("cannot install the metrics recorder")]

@@ -12,6 +12,7 @@ mod admin_api;
 mod api_suite;
 mod openapi;
 mod socket;
+mod startup;
 
 api_suite!(postgres_api, idempotency_tests::postgres);
 api_suite!(sqlite_api, idempotency_tests::sqlite);
