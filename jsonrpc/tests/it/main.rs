@@ -1,0 +1,1 @@
+//! The JSON-RPC guard's integration tests (one binary).
