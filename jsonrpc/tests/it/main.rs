@@ -7,4 +7,5 @@
 #[path = "../../examples/mcp-email/email.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod email;
+mod sdk_clients;
 mod tool_calls;
