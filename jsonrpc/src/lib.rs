@@ -17,7 +17,7 @@
 //! # async fn f() -> anyhow::Result<()> {
 //! let store = SqliteStore::connect("sqlite://idempotency.db?mode=rwc").await?;
 //! store.migrate().await?;
-//! let app = Router::new()
+//! let app: Router = Router::new()
 //!     .route("/mcp", post(mcp))
 //!     .route_layer(JsonRpcLayer::new(Engine::new(store)).with_tool("send_email"));
 //! # let _ = app; Ok(()) }

@@ -5,7 +5,6 @@
 #![allow(clippy::unwrap_used)]
 
 #[path = "../../examples/mcp-email/email.rs"]
-#[allow(dead_code, unreachable_pub)]
 mod email;
 mod sdk_clients;
 mod tool_calls;
