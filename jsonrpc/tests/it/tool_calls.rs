@@ -347,3 +347,45 @@ async fn a_result_with_is_error_releases_the_key_so_the_retry_runs() {
     assert!(third.replayed, "the success is stored");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_fails_refuses_store_unavailable_and_sends_nothing() {
+    let db = idempotency_tests::postgres().await;
+    let (address, outbox) = email_server(db.store.clone(), Form::Json).await;
+    db.break_store().await;
+    let answer = post_rpc(
+        address,
+        &send_email(json!(1), "a@example.com", "down-1"),
+        BOTH,
+    )
+    .await;
+    assert_eq!(answer.message["id"], 1);
+    assert_eq!(answer.message["error"]["code"], -32093);
+    let data = &answer.message["error"]["data"];
+    assert_eq!(data["type"], "urn:idempotency:store-unavailable");
+    assert!(data["retry_after"].as_u64().unwrap() >= 1);
+    assert_eq!(outbox.count(), 0, "fail closed: the tool did not run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_refused_before_it_is_read() {
+    let db = idempotency_tests::sqlite().await;
+    let (address, outbox) = email_server(db.store.clone(), Form::Json).await;
+    let body = send_email(json!(1), &"a".repeat(1024 * 1024 + 1), "big-1");
+    let response = reqwest::Client::new()
+        .post(format!("http://{address}/mcp"))
+        .header("content-type", "application/json")
+        .header("accept", BOTH)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "urn:idempotency:body-too-large");
+    assert_eq!(outbox.count(), 0);
+}
