@@ -1,0 +1,141 @@
+//! An MCP server on the official Rust SDK (`rmcp`) with a write tool,
+//! `send_email`, that counts what it sent, and a read-only tool,
+//! `sent_emails`; and the router that puts [`JsonRpcLayer`] in front of it.
+//! Shared by the example (`main.rs`) and the crate's tests.
+
+// Each of the two uses a part of it.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use idempotency_guard::{Engine, Store};
+use idempotency_jsonrpc::JsonRpcLayer;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{ServerCapabilities, ServerConfig};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ServerHandler, schemars, tool, tool_handler, tool_router};
+
+/// The emails sent so far: a count, and one line per email.
+#[derive(Debug, Default)]
+pub(crate) struct Outbox {
+    sent: AtomicU64,
+    lines: std::sync::Mutex<Vec<String>>,
+}
+
+impl Outbox {
+    /// How many emails were sent.
+    pub(crate) fn count(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    /// Every email sent, as `to|subject`.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        self.lines
+            .lock()
+            .map(|lines| lines.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// The arguments of `send_email`.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+pub(crate) struct SendEmail {
+    /// The recipient.
+    pub(crate) to: String,
+    /// The subject line.
+    pub(crate) subject: String,
+    /// The text.
+    #[serde(default)]
+    pub(crate) body: String,
+    /// Reuse it on every retry of this email (the guard reads it, the
+    /// tool does not).
+    #[serde(default)]
+    pub(crate) idempotency_key: Option<String>,
+}
+
+/// The MCP server: its tools write to a shared [`Outbox`].
+#[derive(Debug, Clone)]
+pub(crate) struct EmailServer {
+    outbox: Arc<Outbox>,
+    tool_router: ToolRouter<Self>,
+}
+
+#[tool_router]
+impl EmailServer {
+    /// A server writing to `outbox`.
+    pub(crate) fn new(outbox: Arc<Outbox>) -> Self {
+        Self {
+            outbox,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    #[tool(description = "Send an email. Pass idempotency_key and reuse it on retries.")]
+    async fn send_email(&self, Parameters(email): Parameters<SendEmail>) -> String {
+        // A little work, so that concurrent retries overlap the first call.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let n = self.outbox.sent.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Ok(mut lines) = self.outbox.lines.lock() {
+            lines.push(format!("{}|{}", email.to, email.subject));
+        }
+        format!("sent email #{n} to {} ({})", email.to, email.subject)
+    }
+
+    #[tool(description = "How many emails were sent (read-only).")]
+    async fn sent_emails(&self) -> String {
+        self.outbox.count().to_string()
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for EmailServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_instructions("Sends emails, once per idempotency key.")
+    }
+}
+
+/// How the MCP server answers tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// Stateless, `application/json` answers.
+    Json,
+    /// Stateless, `text/event-stream` answers.
+    EventStream,
+    /// With sessions (`Mcp-Session-Id`), event-stream answers: what the
+    /// MCP SDK clients of protocol versions before 2026-07-28 use.
+    Sessions,
+}
+
+/// The MCP endpoint at `/mcp`, `send_email` guarded by the layer,
+/// `sent_emails` passing through.
+pub(crate) fn router<S: Store>(engine: Engine<S>, outbox: Arc<Outbox>, form: Form) -> Router {
+    let config = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .with_legacy_session_mode(form == Form::Sessions)
+        .with_json_response(form == Form::Json)
+        .with_sse_keep_alive(None);
+    let mcp = StreamableHttpService::new(
+        move || Ok(EmailServer::new(Arc::clone(&outbox))),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let layer = JsonRpcLayer::new(engine)
+        .with_tool("send_email")
+        .with_scope(|parts| {
+            // The principal an authentication layer established; here the
+            // bearer token itself stands in for it (never the MCP session).
+            parts
+                .headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.strip_prefix("Bearer "))
+                .unwrap_or("anonymous")
+                .to_owned()
+        });
+    Router::new().route_service("/mcp", mcp).route_layer(layer)
+}

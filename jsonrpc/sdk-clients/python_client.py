@@ -1,0 +1,70 @@
+"""Sends N emails through an MCP server with the official MCP Python SDK
+(`mcp` on PyPI), each with its own idempotency key, retrying every call
+(a new connection and session each time) until it is answered.
+
+    python_client.py URL N
+
+Prints one JSON line per email: its index, the result's text, whether the
+answer was a replay, and how many attempts it took. Exits non-zero when an
+email is still unanswered after its attempts.
+"""
+
+import asyncio
+import json
+import sys
+
+import httpx2
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+ATTEMPTS = 30
+
+
+async def attempt(url: str, index: int) -> dict:
+    headers = {"Authorization": "Bearer python-sdk"}
+    async with httpx2.AsyncClient(headers=headers, timeout=10) as http:
+        async with streamable_http_client(url, http_client=http, terminate_on_close=False) as streams:
+            read, write = streams[0], streams[1]
+            async with ClientSession(read, write, read_timeout_seconds=5) as session:
+                await session.initialize()
+                result = await session.call_tool(
+                    "send_email",
+                    {
+                        "to": f"user{index}@example.com",
+                        "subject": f"python {index}",
+                        "body": "hello",
+                        "idempotency_key": f"python-email-{index}",
+                    },
+                    read_timeout_seconds=5,
+                )
+                meta = result.meta or {}
+                return {
+                    "index": index,
+                    "text": result.content[0].text,
+                    "is_error": result.is_error,
+                    "replayed": bool(meta.get("io.idempotency/replayed")),
+                }
+
+
+async def main() -> int:
+    url, count = sys.argv[1], int(sys.argv[2])
+    for index in range(count):
+        for tries in range(1, ATTEMPTS + 1):
+            try:
+                answer = await asyncio.wait_for(attempt(url, index), timeout=15)
+            except BaseException as error:  # a dropped answer: retry, same key
+                if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                    raise
+                print(f"email {index} attempt {tries}: {type(error).__name__}: {error}", file=sys.stderr)
+                continue
+            answer["attempts"] = tries
+            print(json.dumps(answer), flush=True)
+            break
+        else:
+            print(f"email {index}: no answer after {ATTEMPTS} attempts", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

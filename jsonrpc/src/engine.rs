@@ -1,0 +1,135 @@
+//! The one module that speaks the guard's engine API: a guarded call in
+//! (scope, key, fingerprint, the work), this crate's own answer out. The
+//! rest of the crate never names `Job`, `Settle` or `Answer`, so a change of
+//! the engine's types touches only this file.
+
+use std::future::Future;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle};
+use idempotency_guard::{Fingerprint, Store, StoredResponse};
+
+use crate::reply::RpcRefusal;
+
+/// How the work ended, as the service tells it.
+pub(crate) enum Ending<T> {
+    /// Store `response` (a JSON-RPC response; `sse` says the server sent it
+    /// as an event stream); hand `reply` to this caller.
+    Store {
+        response: Bytes,
+        sse: bool,
+        reply: T,
+    },
+    /// Store nothing; the key is released.
+    Release { reply: T },
+    /// The outcome is unknown (the answer could not be captured): the key is
+    /// abandoned.
+    Abandon { reply: T },
+}
+
+/// A stored answer to replay.
+pub(crate) struct Stored {
+    /// The JSON-RPC response as stored.
+    pub(crate) response: Bytes,
+    /// Whether the server sent it as an event stream.
+    pub(crate) sse: bool,
+}
+
+/// The engine's answer, in this crate's terms.
+pub(crate) enum Outcome<T> {
+    /// The work ran for this caller.
+    Ran(T),
+    /// The work ran before: its stored answer (`None`: too large to store).
+    Replay(Option<Stored>),
+    /// The work did not run.
+    Refused(RpcRefusal),
+}
+
+/// What identifies one guarded call to the engine.
+pub(crate) struct GuardedCall {
+    pub(crate) scope: String,
+    pub(crate) key: String,
+    pub(crate) fingerprint: Fingerprint,
+    /// The JSON-RPC method (shown by the status service as the method).
+    pub(crate) method: String,
+    /// The tool, or the method again (shown as the path, and the metrics' route).
+    pub(crate) target: String,
+}
+
+/// Runs `work` at most once for the call's key.
+pub(crate) async fn run<S, F, Fut, T>(engine: &Engine<S>, call: GuardedCall, work: F) -> Outcome<T>
+where
+    S: Store,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = Ending<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let job = Job::new(call.scope, call.key, call.fingerprint)
+        .with_request(call.method, call.target.clone())
+        .with_route(call.target);
+    let answer = engine
+        .run(job, move |_context| async move {
+            match work().await {
+                Ending::Store {
+                    response,
+                    sse,
+                    reply,
+                } => Settle::Complete {
+                    response: stored_response(response, sse),
+                    reply,
+                },
+                Ending::Release { reply } => Settle::Release {
+                    reply,
+                    keep_writes: false,
+                },
+                Ending::Abandon { reply } => Settle::Abandon { reply },
+            }
+        })
+        .await;
+    match answer {
+        Answer::Ran { reply, .. } => Outcome::Ran(reply),
+        Answer::Replay(stored) => Outcome::Replay(stored.body.map(|response| Stored {
+            sse: is_sse(&stored.headers),
+            response,
+        })),
+        Answer::Refused(refusal) => Outcome::Refused(refused(refusal)),
+    }
+}
+
+/// The record's response: status 200, the form the server answered in, and
+/// the JSON-RPC response alone (never the notifications around it).
+fn stored_response(response: Bytes, sse: bool) -> StoredResponse {
+    let mut headers = HeaderMap::new();
+    let form = if sse {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(form));
+    StoredResponse {
+        status: StatusCode::OK,
+        headers,
+        body: Some(response),
+    }
+}
+
+fn is_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|form| form.as_bytes().starts_with(b"text/event-stream"))
+}
+
+fn refused(refusal: Refusal) -> RpcRefusal {
+    match refusal {
+        Refusal::KeyReused => RpcRefusal::KeyReused,
+        Refusal::InFlight { retry_after } => RpcRefusal::RequestInFlight { retry_after },
+        Refusal::OutcomeUnknown => RpcRefusal::OutcomeUnknown,
+        Refusal::ResponseNotStored => RpcRefusal::ResponseNotStored,
+        Refusal::StoreUnavailable { retry_after } => RpcRefusal::StoreUnavailable { retry_after },
+        Refusal::TimedOut { .. } => RpcRefusal::HandlerTimeout,
+        Refusal::Failed => RpcRefusal::HandlerFailed,
+        // A refusal added to the engine later: fail closed, as unknown.
+        _ => RpcRefusal::OutcomeUnknown,
+    }
+}

@@ -1,0 +1,117 @@
+//! The idempotency guard for agents' tool calls: JSON-RPC 2.0 over HTTP
+//! POST (MCP's Streamable HTTP transport, A2A's JSON-RPC binding). A
+//! retried `send_email` sends one email.
+//!
+//! Agent runtimes retry a tool call after a timeout or a reconnect, and a
+//! write tool then runs twice. [`JsonRpcLayer`] sits in front of the MCP
+//! (or A2A) endpoint, reads only the envelope of each POST, and runs the
+//! tools and methods it is given through the guard's run-once engine
+//! ([`idempotency_guard::Engine`]).
+//!
+//! ```no_run
+//! use axum::{Router, routing::post};
+//! use idempotency_guard::{Engine, store::sqlite::SqliteStore};
+//! use idempotency_jsonrpc::JsonRpcLayer;
+//!
+//! # async fn mcp() -> &'static str { "" }
+//! # async fn f() -> anyhow::Result<()> {
+//! let store = SqliteStore::connect("sqlite://idempotency.db?mode=rwc").await?;
+//! store.migrate().await?;
+//! let app: Router = Router::new()
+//!     .route("/mcp", post(mcp))
+//!     .route_layer(JsonRpcLayer::new(Engine::new(store)).with_tool("send_email"));
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! # What is guarded
+//!
+//! MCP `tools/call` for the tools named with [`JsonRpcLayer::with_tool`]
+//! (read-only tools are not named: they pass through and are never stored),
+//! and whole methods named with [`JsonRpcLayer::with_method`] (A2A's
+//! `message/send`: [`JsonRpcLayer::with_a2a_message_send`]). Everything else
+//! passes untouched: other methods, notifications, responses, GET and
+//! DELETE, bodies that are not JSON-RPC. A batch holding a guarded call is
+//! refused (`batch-not-guarded`): one key cannot answer for several calls.
+//!
+//! # The key
+//!
+//! From the first of these that is present ([`KeySource`], order and names
+//! configurable with [`JsonRpcLayer::with_key_sources`]):
+//!
+//! 1. the `Idempotency-Key` HTTP header;
+//! 2. `params._meta.idempotencyKey` (SEP-3182's proposal);
+//! 3. the tool argument `idempotency_key`, then `requestKey` (what MCP
+//!    servers use today);
+//! 4. for methods other than `tools/call` (A2A `message/send`),
+//!    `params.message.messageId`.
+//!
+//! A key is 1 to 255 visible ASCII characters and a JSON string; a present
+//! but invalid one is refused (`key-invalid`), never skipped for the next
+//! source. A guarded call without a key is refused (`key-missing`) by
+//! default; [`MissingKey::PassThrough`] lets it run unguarded.
+//!
+//! # The scope
+//!
+//! The authenticated principal, through [`JsonRpcLayer::with_scope`] (for
+//! example the subject of the `Authorization` bearer, as your
+//! authentication established it). Not the `Mcp-Session-Id`: a client that
+//! lost its connection reconnects with a new session and retries there; a
+//! scope per session would run its retry again.
+//!
+//! # The fingerprint
+//!
+//! SHA-256 over the method, the tool name and the guard's canonical JSON
+//! ([`idempotency_guard::fingerprint::canonical_json`]: members sorted,
+//! numbers as written) of the arguments (for `tools/call`) or of `params`
+//! without `_meta` (other methods). Left out: the JSON-RPC `id` (it changes
+//! between retries), `_meta` (progress tokens, the SEP-3182 key) and the
+//! member that carried the key. The same key with other arguments is
+//! refused `key-reused`, and the tool does not run.
+//!
+//! # What is stored, what is replayed
+//!
+//! | the server's answer | kept |
+//! |---|---|
+//! | a `result` | stored |
+//! | a tool result with `isError: true` | released (a retry runs again), unless its `_meta` sets `"io.idempotency/final": true` |
+//! | a JSON-RPC `error` (unknown tool, invalid arguments) | released |
+//! | a non-2xx HTTP status (no session, a server failure) | released |
+//! | an event stream that ends or breaks before the final response, or an answer over the stored-response limit | abandoned: `outcome-unknown`, never run again blindly |
+//!
+//! The server may answer as JSON or as an event stream (`text/event-stream`):
+//! from a stream, the final JSON-RPC response to the call is captured and
+//! stored alone; notifications and progress are passed to the first caller
+//! (once the final response is in) but never stored or replayed.
+//!
+//! A retry gets the stored response under **its own `id`** (clients match
+//! answers by id), with `Idempotent-Replayed: true` on the HTTP response
+//! and `"io.idempotency/replayed": true` in `result._meta`, as JSON or as
+//! one SSE event, as its `Accept` asks (both accepted: the form the server
+//! used).
+//!
+//! # Refusals
+//!
+//! JSON-RPC error objects sent with **HTTP 200** (SDK clients turn other
+//! statuses into transport errors and drop `error.data`), with
+//! `error.data.type` = `urn:idempotency:<name>`; codes in [`RpcRefusal`].
+//! A body over the limit is the one exception: 413 `body-too-large`
+//! (problem+json), before any envelope is read.
+//!
+//! # Limitations
+//!
+//! - The events of a guarded call's stream reach the first caller when its
+//!   final response has arrived, not one by one (it must be captured before
+//!   the outcome is stored).
+//! - A replay answers before the MCP server sees the request, so it does not
+//!   check that the retry's session exists.
+
+mod engine;
+mod envelope;
+mod layer;
+mod reply;
+mod service;
+
+pub use envelope::{KeySource, MESSAGE_SEND, TOOLS_CALL};
+pub use layer::{JsonRpcLayer, MissingKey};
+pub use reply::{FINAL_META, REPLAYED_META, RpcRefusal};
+pub use service::{JsonRpcService, ResponseFuture};

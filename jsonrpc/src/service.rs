@@ -1,0 +1,477 @@
+//! [`JsonRpcService`] and the path a POST takes through it: bounded body
+//! read, envelope, key, scope, then the engine with the work "call the
+//! server, capture its final JSON-RPC response"; and the answer rendered as
+//! JSON or as an event stream, as the client's `Accept` asks.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body::Body as HttpBody;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idempotency_guard::{IDEMPOTENT_REPLAYED, KeyError, Rejection, Store};
+use serde_json::value::RawValue;
+use tower::{Service, ServiceExt};
+
+use crate::engine::{self, Ending, GuardedCall, Outcome, Stored};
+use crate::envelope::{self, Envelope};
+use crate::layer::{Config, MissingKey};
+use crate::reply::{self, Kept, RpcRefusal, SseScanner};
+
+/// The longest scope accepted, in bytes (as the axum layer's).
+const MAX_SCOPE_LEN: usize = 255;
+
+/// The boxed error of a body.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The service [`JsonRpcLayer`](crate::JsonRpcLayer) wraps around an MCP or
+/// A2A endpoint.
+pub struct JsonRpcService<S, I> {
+    inner: I,
+    engine: idempotency_guard::Engine<S>,
+    config: Arc<Config>,
+}
+
+impl<S: Clone, I: Clone> Clone for JsonRpcService<S, I> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            engine: self.engine.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<S, I> std::fmt::Debug for JsonRpcService<S, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonRpcService").finish_non_exhaustive()
+    }
+}
+
+impl<S, I> JsonRpcService<S, I> {
+    pub(crate) fn new(inner: I, engine: idempotency_guard::Engine<S>, config: Arc<Config>) -> Self {
+        Self {
+            inner,
+            engine,
+            config,
+        }
+    }
+}
+
+/// The response future of [`JsonRpcService`].
+pub struct ResponseFuture<E> {
+    inner: Pin<Box<dyn Future<Output = Result<Response<Body>, E>> + Send>>,
+}
+
+impl<E> Future for ResponseFuture<E> {
+    type Output = Result<Response<Body>, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<E> std::fmt::Debug for ResponseFuture<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, I, B> Service<Request<Body>> for JsonRpcService<S, I>
+where
+    S: Store,
+    I: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
+    I::Future: Send + 'static,
+    I::Error: Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = I::Error;
+    type Future = ResponseFuture<I::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service is driven to readiness with `oneshot` on a clone.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        ResponseFuture {
+            inner: Box::pin(self.clone().handle(request)),
+        }
+    }
+}
+
+impl<S, I, B> JsonRpcService<S, I>
+where
+    S: Store,
+    I: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
+    I::Future: Send + 'static,
+    I::Error: Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    async fn handle(self, request: Request<Body>) -> Result<Response<Body>, I::Error> {
+        // Only a POST carries a call; GET (the server's event stream) and
+        // DELETE (end of session) pass untouched.
+        if request.method() != Method::POST {
+            return pass_through(self.inner, request).await;
+        }
+        let (parts, body) = request.into_parts();
+        let body = match read_body(body, &parts.headers, self.config.body_limit).await {
+            Ok(body) => body,
+            Err(rejection) => return Ok(rejection.into_response()),
+        };
+        let config = &self.config;
+        let accept = Accept::of(&parts.headers);
+        let call = match envelope::read(&body, &parts.headers, &config.guarded, &config.key_sources)
+        {
+            Envelope::NotGuarded => {
+                return pass_through(self.inner, Request::from_parts(parts, Body::from(body)))
+                    .await;
+            }
+            Envelope::GuardedBatch => {
+                return Ok(refusal(&RpcRefusal::BatchNotGuarded, None, None, accept));
+            }
+            Envelope::Call(call) => call,
+        };
+        let key = match call.key {
+            Ok(key) => key,
+            Err(KeyError::Missing) if config.missing_key == MissingKey::PassThrough => {
+                return pass_through(self.inner, Request::from_parts(parts, Body::from(body)))
+                    .await;
+            }
+            Err(KeyError::Missing) => {
+                return Ok(refusal(
+                    &RpcRefusal::KeyMissing,
+                    Some(&call.id),
+                    None,
+                    accept,
+                ));
+            }
+            Err(_) => {
+                return Ok(refusal(
+                    &RpcRefusal::KeyInvalid,
+                    Some(&call.id),
+                    None,
+                    accept,
+                ));
+            }
+        };
+        let scope = (config.scope)(&parts);
+        if scope.is_empty() || scope.len() > MAX_SCOPE_LEN {
+            return Ok(refusal(
+                &RpcRefusal::ScopeInvalid,
+                Some(&call.id),
+                None,
+                accept,
+            ));
+        }
+        let guarded = GuardedCall {
+            scope,
+            key: key.as_str().to_owned(),
+            fingerprint: call.fingerprint,
+            target: call.tool.clone().unwrap_or_else(|| call.method.clone()),
+            method: call.method,
+        };
+        let request = Request::from_parts(parts, Body::from(body));
+        let (inner, id, limit) = (self.inner, call.id.clone(), config.stored_response_limit);
+        let outcome = engine::run(&self.engine, guarded, move || {
+            call_server(inner, request, id, limit)
+        })
+        .await;
+        Ok(match outcome {
+            Outcome::Ran(reply) => return reply,
+            Outcome::Replay(Some(stored)) => replay(&stored, &call.id, key.as_str(), accept),
+            Outcome::Replay(None) => refusal(
+                &RpcRefusal::ResponseNotStored,
+                Some(&call.id),
+                Some(key.as_str()),
+                accept,
+            ),
+            Outcome::Refused(refused) => {
+                refusal(&refused, Some(&call.id), Some(key.as_str()), accept)
+            }
+        })
+    }
+}
+
+/// The work the engine runs for a claimed call: call the server, then
+/// capture its final JSON-RPC response (from a JSON body or an event
+/// stream) and say whether it is kept.
+async fn call_server<I, B>(
+    inner: I,
+    request: Request<Body>,
+    id: Box<RawValue>,
+    limit: usize,
+) -> Ending<Result<Response<Body>, I::Error>>
+where
+    I: Service<Request<Body>, Response = Response<B>> + Send + 'static,
+    I::Future: Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let response = match inner.oneshot(request).await {
+        Ok(response) => response,
+        Err(error) => return Ending::Release { reply: Err(error) },
+    };
+    let (parts, body) = response.into_parts();
+    let body = Body::new(body);
+    // Not a JSON-RPC answer (a 4xx for a missing session, a 5xx): the call
+    // did not complete; a retry may run it.
+    if !parts.status.is_success() {
+        return Ending::Release {
+            reply: Ok(Response::from_parts(parts, body)),
+        };
+    }
+    if is_event_stream(&parts.headers) {
+        capture_stream(parts, body, &id, limit).await
+    } else {
+        capture_json(parts, body, &id, limit).await
+    }
+}
+
+/// A JSON answer: read up to `limit`, kept by [`reply::kept`].
+async fn capture_json<E>(
+    parts: http::response::Parts,
+    mut body: Body,
+    id: &RawValue,
+    limit: usize,
+) -> Ending<Result<Response<Body>, E>> {
+    let mut buffer = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Ending::Abandon {
+                reply: Ok(Response::from_parts(parts, Body::from(buffer.freeze()))),
+            };
+        };
+        if let Ok(data) = frame.into_data() {
+            buffer.extend_from_slice(&data);
+            if buffer.len() > limit {
+                return Ending::Abandon {
+                    reply: Ok(Response::from_parts(parts, resume(buffer.freeze(), body))),
+                };
+            }
+        }
+    }
+    let bytes = buffer.freeze();
+    let reply = Ok(Response::from_parts(parts, Body::from(bytes.clone())));
+    if reply::is_response_to(&bytes, id) && reply::kept(&bytes) == Kept::Stored {
+        Ending::Store {
+            response: bytes,
+            sse: false,
+            reply,
+        }
+    } else {
+        Ending::Release { reply }
+    }
+}
+
+/// An event stream: read until the event holding the final response (or
+/// `limit`), notifications passed on to this caller but never stored. The
+/// stream's events reach the first caller once the final response is in.
+async fn capture_stream<E>(
+    mut parts: http::response::Parts,
+    mut body: Body,
+    id: &RawValue,
+    limit: usize,
+) -> Ending<Result<Response<Body>, E>> {
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let mut sent = BytesMut::new();
+    let mut scanner = SseScanner::default();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else { break };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        sent.extend_from_slice(&data);
+        if let Some(response) = scanner.push(&data, id) {
+            let reply = Ok(Response::from_parts(parts, Body::from(sent.freeze())));
+            return match reply::kept(&response) {
+                Kept::Stored => Ending::Store {
+                    response,
+                    sse: true,
+                    reply,
+                },
+                Kept::Released => Ending::Release { reply },
+            };
+        }
+        if sent.len() > limit {
+            return Ending::Abandon {
+                reply: Ok(Response::from_parts(parts, resume(sent.freeze(), body))),
+            };
+        }
+    }
+    // The stream ended (or broke) before the final response: the tool may
+    // have run, nobody knows its result.
+    Ending::Abandon {
+        reply: Ok(Response::from_parts(parts, Body::from(sent.freeze()))),
+    }
+}
+
+/// A body that sends `prefix`, then the rest of `rest`.
+fn resume(prefix: Bytes, rest: Body) -> Body {
+    let head = futures_util::stream::iter([Ok::<_, axum::Error>(prefix)]);
+    Body::from_stream(futures_util::StreamExt::chain(
+        head,
+        rest.into_data_stream(),
+    ))
+}
+
+/// The stored answer under the retry's own `id`, marked replayed, in the
+/// form the retry accepts.
+fn replay(stored: &Stored, id: &RawValue, key: &str, accept: Accept) -> Response<Body> {
+    let Ok(response) = reply::replayed(&stored.response, id) else {
+        tracing::error!("a stored JSON-RPC answer does not parse; not replayed");
+        return refusal(&RpcRefusal::HandlerFailed, Some(id), Some(key), accept);
+    };
+    let mut response = render(&response, accept.wants_sse(stored.sse));
+    response
+        .headers_mut()
+        .insert(&IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+/// A refusal as a JSON-RPC error, with HTTP 200 (see [`RpcRefusal`]).
+fn refusal(
+    refusal: &RpcRefusal,
+    id: Option<&RawValue>,
+    key: Option<&str>,
+    accept: Accept,
+) -> Response<Body> {
+    render(&refusal.to_json(id, key), accept.wants_sse(false))
+}
+
+/// One JSON-RPC message as an HTTP 200 answer, JSON or an event stream.
+fn render(message: &Bytes, sse: bool) -> Response<Body> {
+    let (body, form) = if sse {
+        (reply::sse_event(message), "text/event-stream")
+    } else {
+        (message.clone(), "application/json")
+    };
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = StatusCode::OK;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(form));
+    if sse {
+        response
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    }
+    response
+}
+
+/// Which forms of answer the client's `Accept` allows.
+#[derive(Debug, Clone, Copy)]
+struct Accept {
+    json: bool,
+    sse: bool,
+}
+
+impl Accept {
+    fn of(headers: &HeaderMap) -> Self {
+        let mut accept = Self {
+            json: false,
+            sse: false,
+        };
+        let mut any = false;
+        for value in headers.get_all(header::ACCEPT) {
+            let Ok(value) = value.to_str() else { continue };
+            for range in value.split(',') {
+                let media = range.split(';').next().unwrap_or("").trim();
+                any = true;
+                match media.to_ascii_lowercase().as_str() {
+                    "application/json" | "application/*" => accept.json = true,
+                    "text/event-stream" | "text/*" => accept.sse = true,
+                    "*/*" => {
+                        accept.json = true;
+                        accept.sse = true;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if !any {
+            return Self {
+                json: true,
+                sse: true,
+            };
+        }
+        accept
+    }
+
+    /// Whether to answer as an event stream, given the form the server chose.
+    fn wants_sse(self, server_sent_sse: bool) -> bool {
+        match (self.json, self.sse) {
+            (true, false) => false,
+            (false, true) => true,
+            _ => server_sent_sse,
+        }
+    }
+}
+
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
+        })
+}
+
+/// Calls the server without the guard.
+async fn pass_through<I, B>(inner: I, request: Request<Body>) -> Result<Response<Body>, I::Error>
+where
+    I: Service<Request<Body>, Response = Response<B>>,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    inner.oneshot(request).await.map(|r| r.map(Body::new))
+}
+
+/// Reads a request body up to `limit` bytes: a `Content-Length` over the
+/// limit is refused before any byte is read.
+async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, Rejection> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(Rejection::BodyTooLarge { limit });
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => Err(Rejection::BodyTooLarge { limit }),
+        Err(_) => Err(Rejection::BodyUnreadable),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answers_form_follows_accept() {
+        let accept = |value: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert(header::ACCEPT, value.parse().unwrap());
+            }
+            Accept::of(&headers)
+        };
+        let both = accept(Some("application/json, text/event-stream"));
+        assert!(both.wants_sse(true));
+        assert!(!both.wants_sse(false));
+        assert!(accept(Some("text/event-stream")).wants_sse(false));
+        assert!(!accept(Some("application/json")).wants_sse(true));
+        assert!(accept(None).wants_sse(true));
+        assert!(!accept(Some("*/*;q=0.8")).wants_sse(false));
+    }
+}
