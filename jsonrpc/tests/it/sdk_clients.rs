@@ -7,7 +7,9 @@
 //! another id would never reach them).
 //!
 //! The SDKs are installed by `scripts/mcp-sdk-clients` (pinned versions,
-//! into `jsonrpc/sdk-clients/`); a missing one fails the test, naming it.
+//! into `jsonrpc/sdk-clients/`), which the first test that misses one runs
+//! (it needs python3 with venv, and npm); one still missing after it fails
+//! the test, naming it.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -28,8 +30,21 @@ fn sdk_clients() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk-clients")
 }
 
-/// Fails with what to run when an SDK is not installed.
+/// Installs the SDKs (once per test process) when `path` is missing, then
+/// fails with what to run when it is still not there.
 fn installed(path: PathBuf, what: &str) -> PathBuf {
+    static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    if !path.exists() {
+        INSTALLED.get_or_init(|| {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/mcp-sdk-clients");
+            let status = std::process::Command::new(&script).status();
+            assert!(
+                status.as_ref().is_ok_and(|status| status.success()),
+                "{} failed ({status:?}): it needs python3 with venv (Debian: python3-venv) and npm (Debian: npm)",
+                script.display()
+            );
+        });
+    }
     assert!(
         path.exists(),
         "{what} is not installed ({} is missing): run scripts/mcp-sdk-clients",
