@@ -11,6 +11,7 @@
 //! STORM_MESSAGES=10000 STORM_KILLS=10 cargo test -p idempotency-tests --test e2e consumer_storm -- --nocapture
 //! ```
 
+use idempotency_tests::programs::{self, Program};
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
 use std::time::Duration;
@@ -115,7 +116,7 @@ async fn storm(mode: &str, store_url: &str, redis_prefix: &str) -> Outcome {
             .unwrap();
     }
     let start = |crash_at: usize| -> Child {
-        Command::new(env!("CARGO_BIN_EXE_storm-consumer"))
+        Command::new(programs::path(Program::StormConsumer))
             .env("AMQP_URL", amqp_url())
             .env("QUEUE", &queue)
             .env("EFFECTS_URL", &database.url)
@@ -329,7 +330,7 @@ async fn consumer_storm_default_mode_on_postgres_never_applies_twice() {
         ("MIGRATE_ON_START", "false"),
     ];
     let service =
-        idempotency_tests::Process::start(env!("CARGO_BIN_EXE_status-service"), &env, "/readyz")
+        idempotency_tests::Process::start(&programs::path(Program::StatusService), &env, "/readyz")
             .await;
     let http = reqwest::Client::new();
     let ask = |key: String| {
