@@ -1,0 +1,162 @@
+//! Transactional mode, the engine's half (PostgreSQL): the run's
+//! transaction, begun on first use by the work, and what the engine tells
+//! the store once a completion committed in it. This is the engine's only
+//! `cfg(feature = "postgres")` code; its axum half (the [`Tx`] extractor and
+//! [`TxRejection`]'s response) is in `layer/tx.rs`.
+//!
+//! A handler on a route in transactional mode takes a [`Tx`] and writes
+//! through it. The guard commits that transaction only together with the
+//! completion of the record, so a crash, a timeout or a lost lease rolls both
+//! back: a retry then runs exactly once and no outcome is ever unknown.
+//!
+//! ```no_run
+//! use axum::{Json, http::StatusCode};
+//! use idempotency_guard::Tx;
+//!
+//! async fn create_payment(mut tx: Tx, Json(amount): Json<i64>) -> Result<StatusCode, StatusCode> {
+//!     sqlx::query("insert into payments (amount) values ($1)")
+//!         .bind(amount)
+//!         .execute(&mut *tx)
+//!         .await
+//!         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+//!     Ok(StatusCode::CREATED) // committed by the guard, with the stored response
+//! }
+//! ```
+
+use std::sync::Arc;
+
+use sqlx::{PgConnection, Postgres, Transaction};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+
+use crate::store::Lease;
+use crate::store::postgres::PostgresStore;
+
+/// The handler's share of the guard's transaction: derefs to the
+/// [`PgConnection`] of the transaction that will also commit the stored
+/// response. Use `&mut *tx` wherever sqlx wants an executor.
+///
+/// Only one `Tx` exists per request at a time; drop it before the handler
+/// returns (a `Tx` moved into a spawned task makes the request fail and
+/// roll back).
+pub struct Tx(OwnedMappedMutexGuard<SlotState, PgConnection>);
+
+impl std::ops::Deref for Tx {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Tx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.0
+    }
+}
+
+impl std::fmt::Debug for Tx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tx")
+    }
+}
+
+/// Why a [`Tx`] could not be extracted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxRejection {
+    /// The route is not guarded in transactional mode.
+    #[error("this route is not guarded by an idempotency layer in transactional mode")]
+    NotTransactional,
+    /// A `Tx` was already extracted for this request and is still alive.
+    #[error("the transaction of this request is already in use")]
+    InUse,
+    /// The transaction could not begin.
+    #[error("the transaction could not begin")]
+    Begin(#[source] sqlx::Error),
+    /// The record could not be marked transactional (the store failed, or
+    /// the run no longer holds its lease).
+    #[error("the record could not be marked transactional")]
+    Mark(#[source] crate::StoreError),
+}
+
+/// The transaction of one run, begun on first use by the work.
+#[derive(Clone)]
+pub(crate) struct TransactionSlot(Arc<Mutex<SlotState>>);
+
+impl std::fmt::Debug for TransactionSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TransactionSlot")
+    }
+}
+
+/// Where the run's transaction is: not begun yet, open, or handed back.
+pub(crate) enum SlotState {
+    Unused(PostgresStore, Lease),
+    Open(Transaction<'static, Postgres>),
+    Taken,
+}
+
+/// The handler still holds its [`Tx`] after it returned.
+#[derive(Debug)]
+pub(crate) struct TxStillInUse;
+
+impl TransactionSlot {
+    pub(crate) fn new(postgres: PostgresStore, lease: Lease) -> Self {
+        Self(Arc::new(Mutex::new(SlotState::Unused(postgres, lease))))
+    }
+
+    /// Hands out the run's transaction, beginning it on first use. Before it
+    /// begins, the record is marked transactional (fenced, committed on its
+    /// own): from then on a lapsed lease means the writes were rolled back.
+    pub(crate) async fn tx(&self) -> Result<Tx, TxRejection> {
+        let mut state = Arc::clone(&self.0)
+            .try_lock_owned()
+            .map_err(|_| TxRejection::InUse)?;
+        if let SlotState::Unused(postgres, lease) = &*state {
+            postgres
+                .mark_transactional(lease)
+                .await
+                .map_err(TxRejection::Mark)?;
+            let transaction = postgres.pool().begin().await.map_err(TxRejection::Begin)?;
+            *state = SlotState::Open(transaction);
+        }
+        OwnedMutexGuard::try_map(state, |state| match state {
+            SlotState::Open(transaction) => Some(&mut **transaction),
+            _ => None,
+        })
+        .map(Tx)
+        .map_err(|_| TxRejection::InUse)
+    }
+
+    /// Takes the transaction back after the work returned: `None` when the
+    /// work never began one.
+    pub(crate) fn take(&self) -> Result<Option<Transaction<'static, Postgres>>, TxStillInUse> {
+        let mut state = self.0.try_lock().map_err(|_| TxStillInUse)?;
+        match std::mem::replace(&mut *state, SlotState::Taken) {
+            SlotState::Open(transaction) => Ok(Some(transaction)),
+            SlotState::Unused(..) | SlotState::Taken => Ok(None),
+        }
+    }
+}
+
+/// Transactional mode: the PostgreSQL store whose transactions carry the
+/// work's writes, and what to tell the store after one commits.
+#[derive(Clone)]
+pub(crate) struct Transactions {
+    pub(crate) postgres: PostgresStore,
+    pub(crate) committed:
+        Arc<dyn Fn(Lease) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>,
+}
+
+impl Transactions {
+    /// Tells the store that a completion committed in a run's transaction.
+    pub(crate) async fn committed(&self, lease: &Lease) {
+        (self.committed)(lease.clone()).await;
+    }
+}
+
+impl std::fmt::Debug for Transactions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transactions").finish_non_exhaustive()
+    }
+}
