@@ -13,8 +13,9 @@ use idempotency_guard::store::postgres::PostgresStore;
 use sqlx::Connection as _;
 
 use crate::cli::{App, StoreName};
+use crate::harness::Bench;
 use crate::load::{self, Keys, Load};
-use crate::orchestrate::Bench;
+use crate::results::GrowthRow;
 use crate::stats::Summary;
 
 /// Rows inserted by one statement while seeding.
@@ -22,27 +23,6 @@ const CHUNK: u64 = 1_000_000;
 /// Records deleted by one purge statement (as `purge_expired` is called
 /// with by the service).
 const PURGE_BATCH: u32 = 1000;
-
-/// The figures of one table size.
-#[derive(Debug, Clone)]
-pub(crate) struct GrowthRow {
-    /// Records seeded before the runs.
-    pub(crate) rows: u64,
-    /// Of them, past their retention.
-    pub(crate) expired: u64,
-    pub(crate) seed_seconds: f64,
-    /// Table and indexes after seeding, in MiB.
-    pub(crate) table_mib: f64,
-    pub(crate) concurrency: usize,
-    /// The guard on fresh keys, no purge running.
-    pub(crate) alone: Summary,
-    /// The guard on fresh keys while the purge runs.
-    pub(crate) purging: Summary,
-    /// Records the purge deleted, and how long it took to delete all
-    /// expired ones (it starts with the second run's warm-up).
-    pub(crate) purged: u64,
-    pub(crate) purge_seconds: f64,
-}
 
 /// Measures every size of `--growth-rows` and an empty table.
 pub(crate) async fn run(bench: &mut Bench) -> anyhow::Result<Vec<GrowthRow>> {

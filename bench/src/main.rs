@@ -25,6 +25,7 @@
 mod batches;
 mod cli;
 mod growth;
+mod harness;
 mod load;
 mod machine;
 mod orchestrate;
@@ -33,6 +34,7 @@ mod peer2;
 mod plot;
 mod raw;
 mod report;
+mod results;
 mod server;
 mod setup;
 mod stats;

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use crate::orchestrate::{Results, Scenario};
+use crate::results::{Results, Scenario};
 
 /// The series of each panel, and their colors (the peers have a Redis
 /// store only, so they appear in the Redis panel).

@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::orchestrate::{Results, Row, Scenario};
+use crate::results::{Results, Row, Scenario};
 
 const GROWTH_BEGIN: &str = "<!-- growth:begin -->";
 const GROWTH_END: &str = "<!-- growth:end -->";

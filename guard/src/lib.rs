@@ -182,7 +182,13 @@ pub mod response;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "postgres")]
-pub mod transaction;
+pub mod transaction {
+    //! Transactional mode (PostgreSQL): the handler's writes and its stored
+    //! response commit in one transaction (see [`Tx`]). The engine's half is
+    //! `engine/transaction.rs`, the axum extractor's `layer/tx.rs`.
+
+    pub use crate::engine::transaction::{Tx, TxRejection};
+}
 
 pub use decision::{AbandonedPolicy, InFlightPolicy};
 pub use engine::{Drain, Engine, FailureMode};

@@ -16,12 +16,13 @@
 //! STORM_MESSAGES=10000 STORM_KILLS=10 cargo test -p idempotency-tests --test e2e consumer_storm -- --nocapture
 //! ```
 
+use idempotency_tests::programs::{self, Program};
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
 use std::time::Duration;
 
+use async_nats::jetstream;
 use futures_util::StreamExt;
-use idempotency_consumer::nats::async_nats::{self, jetstream};
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
     QueueDeleteOptions,
@@ -301,7 +302,8 @@ impl Line {
                 while let Ok(Some(Ok(message))) =
                     tokio::time::timeout(Duration::from_secs(2), messages.next()).await
                 {
-                    let original = idempotency_consumer::nats::ORIGINAL_ID_HEADER;
+                    // The consumer's copies keep the original id in this header.
+                    let original = "Idempotency-Msg-Id";
                     keys.push(
                         message
                             .headers
@@ -398,7 +400,7 @@ async fn storm(broker: Broker, mode: &str, records: Records) -> Outcome {
         line.publish(n).await;
     }
     let start = |crash_at: usize| -> Child {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_storm-consumer"));
+        let mut command = Command::new(programs::path(Program::StormConsumer));
         command
             .envs(line.env())
             .env("QUEUE", &queue)
@@ -624,7 +626,7 @@ async fn consumer_storm_default_mode_on_postgres_never_applies_twice() {
         ("MIGRATE_ON_START", "false"),
     ];
     let service =
-        idempotency_tests::Process::start(env!("CARGO_BIN_EXE_status-service"), &env, "/readyz")
+        idempotency_tests::Process::start(&programs::path(Program::StatusService), &env, "/readyz")
             .await;
     let http = reqwest::Client::new();
     let ask = |key: String| {

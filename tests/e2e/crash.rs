@@ -1,6 +1,7 @@
 //! Crashes and outages, for real: the example app killed with SIGKILL
 //! mid-payment, and its PostgreSQL stopped mid-run.
 
+use idempotency_tests::programs::{self, Program};
 use std::time::Duration;
 
 use idempotency_client::status::{Advice, StatusClient};
@@ -51,7 +52,7 @@ async fn count_payments(database_url: &str) -> i64 {
 /// the app with SIGKILL while they run. Returns the restarted app.
 async fn crash_mid_payment(database_url: &str, http: &reqwest::Client) -> Process {
     let env = [("DATABASE_URL", database_url), ("LEASE_SECS", "1")];
-    let app = Process::start(env!("CARGO_BIN_EXE_payments"), &env, "/metrics").await;
+    let app = Process::start(&programs::path(Program::Payments), &env, "/metrics").await;
     for i in 0..5 {
         let done = pay(http, &app, &format!("done-{i}"), &payment(100 + i, 0))
             .await
@@ -79,7 +80,7 @@ async fn crash_mid_payment(database_url: &str, http: &reqwest::Client) -> Proces
             "no answer comes from a killed process"
         );
     }
-    let restarted = Process::start(env!("CARGO_BIN_EXE_payments"), &env, "/metrics").await;
+    let restarted = Process::start(&programs::path(Program::Payments), &env, "/metrics").await;
     // Let the dead process's leases (1 s) lapse.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     restarted
@@ -95,7 +96,7 @@ async fn after_kill_9_in_transactional_mode_every_retried_payment_exists_once() 
         ("TOKENS", &format!("default {TOKEN}")),
         ("MIGRATE_ON_START", "false"),
     ];
-    let service = Process::start(env!("CARGO_BIN_EXE_status-service"), &env, "/readyz").await;
+    let service = Process::start(&programs::path(Program::StatusService), &env, "/readyz").await;
     let status = StatusClient::new(format!("http://{}", service.address), TOKEN);
 
     // Nothing of a crashed transactional run survives: the status service
@@ -156,7 +157,7 @@ async fn after_kill_9_in_default_mode_abandoned_keys_say_outcome_unknown() {
         ("TOKENS", &format!("default {TOKEN}")),
         ("MIGRATE_ON_START", "false"),
     ];
-    let service = Process::start(env!("CARGO_BIN_EXE_status-service"), &env, "/readyz").await;
+    let service = Process::start(&programs::path(Program::StatusService), &env, "/readyz").await;
     let status = StatusClient::new(format!("http://{}", service.address), TOKEN);
 
     for i in 0..10 {
@@ -207,7 +208,7 @@ async fn postgres_stopped_mid_run_fails_closed_and_the_app_recovers() {
     admin.close().await;
     let url = server.url("payments");
     let env = [("DATABASE_URL", url.as_str()), ("STORE_TIMEOUT_MS", "1000")];
-    let app = Process::start(env!("CARGO_BIN_EXE_payments"), &env, "/metrics").await;
+    let app = Process::start(&programs::path(Program::Payments), &env, "/metrics").await;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -325,7 +326,7 @@ async fn sigterm_lets_an_in_flight_payment_finish() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("payments.db").display());
     let app = Process::start(
-        env!("CARGO_BIN_EXE_payments"),
+        &programs::path(Program::Payments),
         &[("DATABASE_URL", url.as_str())],
         "/metrics",
     )
@@ -379,7 +380,7 @@ async fn sigterm_waits_for_a_payment_whose_client_left() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("payments.db").display());
     let env = [("DATABASE_URL", url.as_str())];
-    let app = Process::start(env!("CARGO_BIN_EXE_payments"), &env, "/metrics").await;
+    let app = Process::start(&programs::path(Program::Payments), &env, "/metrics").await;
     // The client gives up after 300 ms; the payment takes 1.5 s.
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
@@ -412,7 +413,7 @@ async fn sigterm_waits_for_a_payment_whose_client_left() {
     );
     app.kill().await;
     // After a restart, the retry gets the stored answer.
-    let app = Process::start(env!("CARGO_BIN_EXE_payments"), &env, "/metrics").await;
+    let app = Process::start(&programs::path(Program::Payments), &env, "/metrics").await;
     let http = reqwest::Client::new();
     let retry = pay(&http, &app, "left-early", &payment(9, 1500))
         .await

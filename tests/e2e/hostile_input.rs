@@ -3,6 +3,7 @@
 //! parser or the handler answers). Nothing may crash a process, answer
 //! 500, or leave a record behind.
 
+use idempotency_tests::programs::{self, Program};
 use std::net::SocketAddr;
 
 use idempotency_tests::Process;
@@ -101,7 +102,7 @@ async fn hostile_input_gets_clear_errors_and_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("payments.db").display());
     let app = Process::start(
-        env!("CARGO_BIN_EXE_payments"),
+        &programs::path(Program::Payments),
         &[("DATABASE_URL", url.as_str())],
         "/metrics",
     )
@@ -112,7 +113,7 @@ async fn hostile_input_gets_clear_errors_and_leaves_nothing_behind() {
         ("TOKENS", tokens.as_str()),
         ("MIGRATE_ON_START", "false"),
     ];
-    let service = Process::start(env!("CARGO_BIN_EXE_status-service"), &env, "/readyz").await;
+    let service = Process::start(&programs::path(Program::StatusService), &env, "/readyz").await;
     // A key in another scope, to ask about.
     let acme = raw_http::send(
         app.address,

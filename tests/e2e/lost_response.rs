@@ -3,6 +3,7 @@
 //! advice, retries with the same key, gets the stored response, and the
 //! payment exists once.
 
+use idempotency_tests::programs::{self, Program};
 use std::time::Duration;
 
 use idempotency_client::status::{Advice, StatusClient};
@@ -13,7 +14,7 @@ const TOKEN: &str = "token-of-tenant-acme-0123456789";
 
 async fn lost_response_is_recovered(database_url: &str) {
     let app = Process::start(
-        env!("CARGO_BIN_EXE_payments"),
+        &programs::path(Program::Payments),
         &[("DATABASE_URL", database_url)],
         "/metrics",
     )
@@ -24,7 +25,7 @@ async fn lost_response_is_recovered(database_url: &str) {
         ("TOKENS", tokens.as_str()),
         ("MIGRATE_ON_START", "false"),
     ];
-    let service = Process::start(env!("CARGO_BIN_EXE_status-service"), &env, "/readyz").await;
+    let service = Process::start(&programs::path(Program::StatusService), &env, "/readyz").await;
     let status = StatusClient::new(format!("http://{}", service.address), TOKEN);
     let http = reqwest::Client::new();
     let payments = format!("http://{}/payments", app.address);

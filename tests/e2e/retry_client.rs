@@ -11,6 +11,7 @@
 //! The figures are printed:
 //! `cargo test -p idempotency-tests --test e2e retry_client -- --nocapture`.
 
+use idempotency_tests::programs::{self, Program};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -230,7 +231,8 @@ impl Stack {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
         );
-        let app = Process::start(env!("CARGO_BIN_EXE_payments"), &pairs(&env), "/metrics").await;
+        let app =
+            Process::start(&programs::path(Program::Payments), &pairs(&env), "/metrics").await;
         let service = if with_service {
             let tokens = format!("acme {TOKEN}");
             let env = [
@@ -238,7 +240,7 @@ impl Stack {
                 ("TOKENS", tokens.as_str()),
                 ("MIGRATE_ON_START", "false"),
             ];
-            Some(Process::start(env!("CARGO_BIN_EXE_status-service"), &env, "/readyz").await)
+            Some(Process::start(&programs::path(Program::StatusService), &env, "/readyz").await)
         } else {
             None
         };
@@ -313,7 +315,7 @@ impl Stack {
 
     async fn restart_app(&mut self) {
         let app = Process::start_at(
-            env!("CARGO_BIN_EXE_payments"),
+            &programs::path(Program::Payments),
             self.app_address,
             &pairs(&self.app_env),
             "/metrics",

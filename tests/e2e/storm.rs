@@ -2,10 +2,8 @@
 //! and every client ends with its own answer; without it, the same harness
 //! sees the duplicates (so it can see them).
 
+use idempotency_tests::programs::{self, Program};
 use idempotency_tests::storm::{self, StormConfig};
-
-const APP: &str = env!("CARGO_BIN_EXE_payments");
-const SERVICE: &str = env!("CARGO_BIN_EXE_status-service");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_guard_a_retry_storm_runs_every_payment_once() {
@@ -14,7 +12,12 @@ async fn with_the_guard_a_retry_storm_runs_every_payment_once() {
         payments: 25,
         ..StormConfig::default()
     };
-    let report = storm::run(&config, APP, SERVICE).await;
+    let report = storm::run(
+        &config,
+        &programs::path(Program::Payments),
+        &programs::path(Program::StatusService),
+    )
+    .await;
     println!("with the guard:\n{report}");
     assert!(
         report.answers_dropped > 10,
@@ -40,7 +43,12 @@ async fn without_the_guard_the_same_storm_duplicates_payments() {
         guard: false,
         ..StormConfig::default()
     };
-    let report = storm::run(&config, APP, SERVICE).await;
+    let report = storm::run(
+        &config,
+        &programs::path(Program::Payments),
+        &programs::path(Program::StatusService),
+    )
+    .await;
     println!("without the guard:\n{report}");
     assert!(
         report.duplicate_rows > 0,

@@ -15,6 +15,7 @@ pub mod fixtures;
 pub mod partition;
 pub mod postgres_server;
 pub mod process;
+pub mod programs;
 pub mod proxy;
 pub mod raw_http;
 pub mod redis_server;

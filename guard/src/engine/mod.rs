@@ -73,6 +73,8 @@ mod handoff;
 mod settle;
 mod supervise;
 mod timed;
+#[cfg(feature = "postgres")]
+pub(crate) mod transaction;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -278,7 +280,7 @@ impl<T> Answer<T> {
 pub struct RunContext {
     lease: Option<Lease>,
     #[cfg(feature = "postgres")]
-    slot: Option<crate::transaction::TransactionSlot>,
+    slot: Option<transaction::TransactionSlot>,
 }
 
 impl RunContext {
@@ -296,17 +298,17 @@ impl RunContext {
     /// [`crate::transaction::TxRejection`] when the engine is not in
     /// transactional mode, the transaction is in use, or it cannot begin.
     #[cfg(feature = "postgres")]
-    pub async fn tx(&self) -> Result<crate::Tx, crate::transaction::TxRejection> {
+    pub async fn tx(&self) -> Result<transaction::Tx, transaction::TxRejection> {
         match &self.slot {
             Some(slot) => slot.tx().await,
-            None => Err(crate::transaction::TxRejection::NotTransactional),
+            None => Err(transaction::TxRejection::NotTransactional),
         }
     }
 
     /// The transaction slot, for adapters that hand it on (the axum layer
     /// puts it in the request's extensions for the [`crate::Tx`] extractor).
     #[cfg(feature = "postgres")]
-    pub(crate) fn slot(&self) -> Option<&crate::transaction::TransactionSlot> {
+    pub(crate) fn slot(&self) -> Option<&transaction::TransactionSlot> {
         self.slot.as_ref()
     }
 }
@@ -329,35 +331,11 @@ pub(crate) struct EngineConfig {
     pub(crate) store_timeout: Duration,
     /// Off: it needs PostgreSQL and work that writes through a [`crate::Tx`].
     #[cfg(feature = "postgres")]
-    pub(crate) transactions: Option<Transactions>,
+    pub(crate) transactions: Option<transaction::Transactions>,
     /// Off: only work whose every write goes through its transaction may
     /// be taken over before it began one.
     #[cfg(feature = "postgres")]
     pub(crate) transactional_claims: bool,
-}
-
-/// Transactional mode: the PostgreSQL store whose transactions carry the
-/// work's writes, and what to tell the store after one commits.
-#[cfg(feature = "postgres")]
-#[derive(Clone)]
-pub(crate) struct Transactions {
-    pub(crate) postgres: crate::store::postgres::PostgresStore,
-    committed: Arc<dyn Fn(Lease) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>,
-}
-
-#[cfg(feature = "postgres")]
-impl Transactions {
-    /// Tells the store that a completion committed in a run's transaction.
-    pub(crate) async fn committed(&self, lease: &Lease) {
-        (self.committed)(lease.clone()).await;
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl std::fmt::Debug for Transactions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Transactions").finish_non_exhaustive()
-    }
 }
 
 impl Default for EngineConfig {
@@ -680,7 +658,7 @@ impl<S: Store> Engine<S> {
     {
         #[cfg(feature = "postgres")]
         let slot = self.config.transactions.as_ref().map(|transactions| {
-            crate::transaction::TransactionSlot::new(transactions.postgres.clone(), lease.clone())
+            transaction::TransactionSlot::new(transactions.postgres.clone(), lease.clone())
         });
         let context = RunContext {
             lease: Some(lease.clone()),
@@ -778,7 +756,7 @@ impl<S: crate::store::TransactionalStore> Engine<S> {
                 .cloned()
                 .expect("transactional mode needs a PostgreSQL store");
             let store = self.store.clone();
-            Transactions {
+            transaction::Transactions {
                 postgres,
                 committed: Arc::new(move |lease: Lease| {
                     let store = store.clone();

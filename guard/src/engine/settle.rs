@@ -42,7 +42,7 @@ pub(super) struct SettleError {
 
 /// The run's transaction in transactional mode (`None` otherwise).
 #[cfg(feature = "postgres")]
-pub(super) struct Transaction(pub(super) Option<crate::transaction::TransactionSlot>);
+pub(super) struct Transaction(pub(super) Option<super::transaction::TransactionSlot>);
 
 /// No transactions without PostgreSQL.
 #[cfg(not(feature = "postgres"))]
@@ -74,7 +74,7 @@ impl<S: Store> Engine<S> {
                         .map(|()| true);
                 }
                 Ok(None) => {}
-                Err(crate::transaction::TxStillInUse) => {
+                Err(super::transaction::TxStillInUse) => {
                     // A leaked `Tx` keeps the transaction: it rolls back when
                     // dropped. Free the key so a retry runs.
                     tracing::error!(

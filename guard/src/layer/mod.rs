@@ -20,6 +20,8 @@
 //! | nothing before the maximum handler time | no | abandoned (released in transactional mode when the run began its transaction) |
 
 mod service;
+#[cfg(feature = "postgres")]
+mod tx;
 
 use std::sync::Arc;
 use std::time::Duration;

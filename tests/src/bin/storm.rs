@@ -1,7 +1,7 @@
 //! The retry-storm harness (see `idempotency_tests::storm`), as a command.
 //!
 //! ```text
-//! cargo build --release -p idempotency-tests --bins
+//! cargo build --release -p idempotency-tests --bins  # the app and service: built on first run
 //! target/release/storm                                   # 8 clients x 25 payments
 //! target/release/storm --clients 50 --payments 2000      # 100 000 payments
 //! target/release/storm --guard off                       # watch the duplicates
@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use clap::Parser;
+use idempotency_tests::programs::{self, Program};
 use idempotency_tests::storm::{self, StormConfig};
 
 /// Reproduces a retry storm against the payments example behind a
@@ -39,17 +40,6 @@ struct Args {
     seed: u64,
 }
 
-fn sibling(name: &str) -> anyhow::Result<String> {
-    let exe = std::env::current_exe()?;
-    let path = exe.with_file_name(name);
-    anyhow::ensure!(
-        path.is_file(),
-        "{} is missing: build every binary first with `cargo build --release -p idempotency-tests --bins`",
-        path.display()
-    );
-    Ok(path.display().to_string())
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -63,7 +53,12 @@ async fn main() -> anyhow::Result<()> {
         seed: args.seed,
         timeout: Duration::from_secs(5),
     };
-    let report = storm::run(&config, &sibling("payments")?, &sibling("status-service")?).await;
+    let report = storm::run(
+        &config,
+        &programs::path(Program::Payments),
+        &programs::path(Program::StatusService),
+    )
+    .await;
     println!("{report}");
     if config.guard && (report.duplicate_rows > 0 || report.wrong_answers > 0) {
         anyhow::bail!("the guard let a payment run twice, or answered with another payment");

@@ -1,5 +1,5 @@
-//! A consumer process for the redelivery storm (`tests/e2e/consumer_storm.rs`):
-//! it consumes a RabbitMQ queue or a NATS JetStream stream, applies one
+//! A consumer process for the redelivery storm (`tests/e2e/consumer_storm.rs`,
+//! which builds and starts it): it consumes a RabbitMQ queue or a NATS JetStream stream, applies one
 //! effect per message (a row in `storm_effects` of a PostgreSQL database),
 //! and kills itself with SIGKILL right after its `CRASH_AT`-th effect,
 //! before that message's ack.
@@ -22,15 +22,17 @@ use futures_util::StreamExt;
 use idempotency_consumer::nats::JetStreamConsumer;
 use idempotency_consumer::nats::async_nats::{self, jetstream::consumer::PullConsumer};
 use idempotency_consumer::rabbitmq::RabbitConsumer;
+use idempotency_consumer::rabbitmq::lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions,
+};
+use idempotency_consumer::rabbitmq::lapin::types::FieldTable;
+use idempotency_consumer::rabbitmq::lapin::{Connection, ConnectionProperties};
 use idempotency_consumer::{Inbox, Incoming};
 use idempotency_guard::engine::RunContext;
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::sqlite::SqliteStore;
 use idempotency_guard::{Engine, Store};
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
 use sqlx::PgPool;
 
 /// The settings, from the environment.

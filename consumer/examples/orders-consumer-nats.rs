@@ -4,7 +4,7 @@
 //! default).
 //!
 //! ```text
-//! PUBLISH=3 cargo run -p idempotency-guard --example orders-consumer-nats
+//! PUBLISH=3 cargo run -p idempotency-consumer --example orders-consumer-nats
 //! ```
 //!
 //! Environment: `NATS_URL` (default `127.0.0.1:4222`), `STREAM` (default

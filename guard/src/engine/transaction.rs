@@ -1,5 +1,8 @@
-//! Transactional mode (PostgreSQL): the handler's writes and its stored
-//! response commit in one transaction.
+//! Transactional mode, the engine's half (PostgreSQL): the run's
+//! transaction, begun on first use by the work, and what the engine tells
+//! the store once a completion committed in it. This is the engine's only
+//! `cfg(feature = "postgres")` code; its axum half (the [`Tx`] extractor and
+//! [`TxRejection`]'s response) is in `layer/tx.rs`.
 //!
 //! A handler on a route in transactional mode takes a [`Tx`] and writes
 //! through it. The guard commits that transaction only together with the
@@ -22,14 +25,9 @@
 
 use std::sync::Arc;
 
-use axum::extract::FromRequestParts;
-use axum::response::{IntoResponse, Response};
-use http::StatusCode;
-use http::request::Parts;
 use sqlx::{PgConnection, Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
-use crate::problem::Problem;
 use crate::store::Lease;
 use crate::store::postgres::PostgresStore;
 
@@ -79,33 +77,6 @@ pub enum TxRejection {
     /// the run no longer holds its lease).
     #[error("the record could not be marked transactional")]
     Mark(#[source] crate::StoreError),
-}
-
-impl IntoResponse for TxRejection {
-    fn into_response(self) -> Response {
-        let (status, name) = match self {
-            Self::Begin(_) | Self::Mark(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "store-unavailable")
-            }
-            Self::NotTransactional | Self::InUse => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "transaction-unavailable")
-            }
-        };
-        tracing::error!(error = %self, "transactional mode: no transaction for the handler");
-        Problem::new(status, name, "Transaction unavailable", &self.to_string()).into_response()
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for Tx {
-    type Rejection = TxRejection;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let slot = parts
-            .extensions
-            .get::<TransactionSlot>()
-            .ok_or(TxRejection::NotTransactional)?;
-        slot.tx().await
-    }
 }
 
 /// The transaction of one run, begun on first use by the work.
@@ -165,5 +136,27 @@ impl TransactionSlot {
             SlotState::Open(transaction) => Ok(Some(transaction)),
             SlotState::Unused(..) | SlotState::Taken => Ok(None),
         }
+    }
+}
+
+/// Transactional mode: the PostgreSQL store whose transactions carry the
+/// work's writes, and what to tell the store after one commits.
+#[derive(Clone)]
+pub(crate) struct Transactions {
+    pub(crate) postgres: PostgresStore,
+    pub(crate) committed:
+        Arc<dyn Fn(Lease) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>,
+}
+
+impl Transactions {
+    /// Tells the store that a completion committed in a run's transaction.
+    pub(crate) async fn committed(&self, lease: &Lease) {
+        (self.committed)(lease.clone()).await;
+    }
+}
+
+impl std::fmt::Debug for Transactions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transactions").finish_non_exhaustive()
     }
 }

@@ -3,7 +3,7 @@
 //! engine, records in SQLite by default).
 //!
 //! ```text
-//! PUBLISH=3 cargo run -p idempotency-guard --example orders-consumer
+//! PUBLISH=3 cargo run -p idempotency-consumer --example orders-consumer
 //! ```
 //!
 //! Environment: `AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),

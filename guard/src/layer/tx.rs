@@ -1,0 +1,38 @@
+//! Transactional mode, the axum half: the [`Tx`] extractor (the run's
+//! transaction, from the request's extensions) and the problem+json answer
+//! of a [`TxRejection`]. The engine's half is `engine/transaction.rs`.
+
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use http::request::Parts;
+
+use crate::engine::transaction::{TransactionSlot, Tx, TxRejection};
+use crate::problem::Problem;
+
+impl IntoResponse for TxRejection {
+    fn into_response(self) -> Response {
+        let (status, name) = match self {
+            Self::Begin(_) | Self::Mark(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "store-unavailable")
+            }
+            Self::NotTransactional | Self::InUse => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "transaction-unavailable")
+            }
+        };
+        tracing::error!(error = %self, "transactional mode: no transaction for the handler");
+        Problem::new(status, name, "Transaction unavailable", &self.to_string()).into_response()
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Tx {
+    type Rejection = TxRejection;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let slot = parts
+            .extensions
+            .get::<TransactionSlot>()
+            .ok_or(TxRejection::NotTransactional)?;
+        slot.tx().await
+    }
+}

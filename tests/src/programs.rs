@@ -1,0 +1,109 @@
+//! The workspace's own programs, for end-to-end tests that start them as
+//! real processes: the service (`idempotency-service`), the guard's
+//! payments example and the consumer's redelivery-storm example.
+//!
+//! Each stays in its own crate (this crate compiles none of their files);
+//! the first call builds all three with one `cargo build`, in the profile
+//! and target directory of the program asking (a no-op after `cargo test
+//! --workspace`, which builds every binary and example), and returns the
+//! path of the one asked for.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// A program of the workspace that end-to-end tests start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Program {
+    /// `idempotency-service` (the service crate's binary).
+    StatusService,
+    /// The guard's payments example (`guard/examples/payments.rs`).
+    Payments,
+    /// The consumer's redelivery-storm process
+    /// (`consumer/examples/storm-consumer.rs`).
+    StormConsumer,
+}
+
+impl Program {
+    /// The file name cargo gives it, under the profile's directory.
+    fn relative_path(self) -> &'static str {
+        match self {
+            Self::StatusService => "idempotency-service",
+            Self::Payments => "examples/payments",
+            Self::StormConsumer => "examples/storm-consumer",
+        }
+    }
+}
+
+/// The profile directory (`target/debug`, `target/release`) of the running
+/// program: a test binary lives in its `deps/`, a binary in it.
+fn profile_dir() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|error| format!("current_exe: {error}"))?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
+    let dir = if dir.file_name().is_some_and(|name| name == "deps") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    };
+    Ok(dir.to_path_buf())
+}
+
+/// Builds the three programs once per process.
+fn build(profile_dir: &Path) -> Result<(), String> {
+    let target_dir = profile_dir
+        .parent()
+        .ok_or_else(|| format!("{} has no parent directory", profile_dir.display()))?;
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .arg("build")
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(target_dir)
+        .args(["--workspace", "--bin", "idempotency-service"])
+        .args(["--example", "payments", "--example", "storm-consumer"]);
+    if profile_dir
+        .file_name()
+        .is_some_and(|name| name == "release")
+    {
+        command.arg("--release");
+    }
+    let output = command
+        .output()
+        .map_err(|error| format!("cannot run cargo to build the test programs: {error}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "cargo build of the test programs failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+/// The path of `program`, built on first use.
+///
+/// # Panics
+///
+/// When cargo cannot build the programs (its output is in the message).
+pub fn path(program: Program) -> String {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let dir = profile_dir()?;
+        build(&dir)?;
+        Ok(dir)
+    });
+    match built {
+        Ok(dir) => {
+            let path = dir.join(program.relative_path());
+            assert!(path.is_file(), "{} was not built", path.display());
+            path.display().to_string()
+        }
+        Err(message) => panic!("{message}"),
+    }
+}
