@@ -1,0 +1,1 @@
+//! The gRPC adapter's integration tests.
