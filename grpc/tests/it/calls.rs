@@ -189,8 +189,29 @@ pub(crate) async fn each_outcome_row_is_stored_or_released<S: Store>(store: S) {
         assert!(status.metadata().get("idempotency-final").is_none());
     }
     assert_eq!(server.runs.of(account) - before, 1);
-    // The guard's own bound: a run cut off at the maximum handler time is
-    // an unknown outcome, never run again.
+}
+
+/// The guard's own bound: a run cut off at the maximum handler time is an
+/// unknown outcome (`ABORTED` `outcome-unknown`, no `RetryInfo`), and the
+/// key is never run again blindly.
+pub(crate) async fn a_run_cut_off_at_the_maximum_handler_time_is_outcome_unknown<S: Store>(
+    store: S,
+) {
+    let engine = Engine::new(store).with_max_handler_time(Duration::from_millis(300));
+    let server = start(engine).await;
+    let mut client = server.client().await;
+    let (account, key) = ("sleep:2000", fresh("cut"));
+    for _ in 0..2 {
+        let status = client
+            .create_payment(create(account, &key))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Aborted, "{status:?}");
+        assert_eq!(reason(&status), "outcome-unknown");
+        assert!(status.get_details_retry_info().is_none());
+    }
+    // Cut off before it counted its run: it never ran to its end, nor again.
+    assert_eq!(server.runs.of(account), 0);
 }
 
 /// A client deadline shorter than the handler: the client gets its

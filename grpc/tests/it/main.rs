@@ -7,6 +7,7 @@
 
 mod calls;
 mod server;
+mod status;
 
 /// Instantiates a generic test body once per store.
 macro_rules! per_store {
@@ -61,4 +62,12 @@ per_store!(streaming, crate::calls::a_streaming_method_passes_through);
 per_store!(
     request_id,
     crate::calls::an_aip_155_request_id_runs_the_typed_handler_once
+);
+per_store!(
+    cut_off,
+    crate::calls::a_run_cut_off_at_the_maximum_handler_time_is_outcome_unknown
+);
+per_store!(
+    status_service,
+    crate::status::the_status_service_answers_for_grpc_keys
 );
