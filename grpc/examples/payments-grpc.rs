@@ -55,7 +55,9 @@ impl Payments for PaymentsService {
         &self,
         _request: Request<RefundPaymentRequest>,
     ) -> Result<Response<Refund>, Status> {
-        Err(Status::unimplemented("refunds are not part of this example"))
+        Err(Status::unimplemented(
+            "refunds are not part of this example",
+        ))
     }
 
     type ListPaymentsStream = futures_util::stream::Empty<Result<Payment, Status>>;
