@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod calls;
+mod python;
 mod server;
 mod status;
 
@@ -71,3 +72,4 @@ per_store!(
     status_service,
     crate::status::the_status_service_answers_for_grpc_keys
 );
+per_store!(grpcio, crate::python::grpcio_retries_run_each_payment_once);

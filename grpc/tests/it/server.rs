@@ -157,6 +157,26 @@ impl TestServer {
 
 /// Starts the server over `engine`, guarding `CreatePayment`.
 pub(crate) async fn start<S: Store>(engine: Engine<S>) -> TestServer {
+    start_behind(engine, tower::layer::util::Identity::new()).await
+}
+
+/// [`start`] with `outer` in front of the guard.
+pub(crate) async fn start_behind<S, L>(engine: Engine<S>, outer: L) -> TestServer
+where
+    S: Store,
+    L: tower::Layer<idempotency_grpc::GrpcIdempotencyService<S, tonic::service::Routes>>
+        + Clone
+        + Send
+        + 'static,
+    L::Service: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Future: Send,
+{
     let runs = Runs::default();
     let layer = GrpcIdempotencyLayer::new(engine.clone())
         .with_methods([CREATE, "/payments.v1.Payments/ListPayments-not-unary"])
@@ -176,6 +196,7 @@ pub(crate) async fn start<S: Store>(engine: Engine<S>) -> TestServer {
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let task = tokio::spawn(async move {
         tonic::transport::Server::builder()
+            .layer(outer)
             .layer(layer)
             .add_service(service)
             .serve_with_incoming(incoming)
