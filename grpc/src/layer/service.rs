@@ -1,0 +1,345 @@
+//! [`GrpcIdempotencyService`] and the path a call takes through it: scope,
+//! method check, key, bounded message read, then the engine with the work
+//! "call the method, capture its answer". Each guarded call is counted
+//! once, in [`GrpcIdempotencyService::call`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::{HeaderMap, Request, Response};
+use http_body::Body as HttpBody;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use idempotency_guard::{Engine, IdempotencyKey, KeyError, Store};
+use tonic::metadata::MetadataMap;
+use tower::{Service, ServiceExt};
+
+use super::{CallScope, Config};
+use crate::engine::{self, Call, Ended, Ending};
+use crate::exchange::{BoxError, Captured, Exchange, capture};
+use crate::outcome::{Keep, keep};
+use crate::refusal::GrpcRefusal;
+
+/// The longest scope accepted, in bytes (as the HTTP guard's).
+const MAX_SCOPE_LEN: usize = 255;
+
+/// The service [`GrpcIdempotencyLayer`](super::GrpcIdempotencyLayer) wraps
+/// around a tonic server's routes.
+pub struct GrpcIdempotencyService<S, I> {
+    inner: I,
+    engine: Engine<S>,
+    config: Arc<Config>,
+}
+
+impl<S: Clone, I: Clone> Clone for GrpcIdempotencyService<S, I> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            engine: self.engine.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<S, I> std::fmt::Debug for GrpcIdempotencyService<S, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcIdempotencyService")
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, I> GrpcIdempotencyService<S, I> {
+    pub(super) fn new(inner: I, engine: Engine<S>, config: Arc<Config>) -> Self {
+        Self {
+            inner,
+            engine,
+            config,
+        }
+    }
+}
+
+/// The response future of [`GrpcIdempotencyService`].
+pub struct ResponseFuture<E> {
+    inner: Pin<Box<dyn Future<Output = Result<Response<tonic::body::Body>, E>> + Send>>,
+}
+
+impl<E> Future for ResponseFuture<E> {
+    type Output = Result<Response<tonic::body::Body>, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<E> std::fmt::Debug for ResponseFuture<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// Counts one guarded call in `idempotency_requests_total` exactly once:
+/// when its answer is ready, or as `caller-gone` when its future is
+/// dropped first (a run that had started goes on to its end).
+struct Tally {
+    method: String,
+    attempt: &'static str,
+    counted: bool,
+}
+
+impl Tally {
+    fn count(mut self, outcome: &'static str) {
+        self.counted = true;
+        record(&self.method, outcome, self.attempt);
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        if !self.counted {
+            record(&self.method, "caller-gone", self.attempt);
+        }
+    }
+}
+
+fn record(method: &str, outcome: &'static str, attempt: &'static str) {
+    metrics::counter!(
+        idempotency_guard::telemetry::REQUESTS_TOTAL,
+        "route" => method.to_owned(),
+        "outcome" => outcome,
+        "attempt" => attempt,
+    )
+    .increment(1);
+}
+
+/// The attempt label: gRPC's own `grpc-previous-rpc-attempts` (set by a
+/// client's retry policy on every retry), else `x-retry-attempt`; `0` to
+/// `9`, then `10+`; `unknown` when neither is there or valid.
+fn attempt_label(headers: &HeaderMap) -> &'static str {
+    const LABELS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    let value = headers
+        .get("grpc-previous-rpc-attempts")
+        .or_else(|| headers.get(idempotency_guard::telemetry::RETRY_ATTEMPT));
+    match value
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        Some(n) if n < 10 => LABELS[n as usize],
+        Some(_) => "10+",
+        None => "unknown",
+    }
+}
+
+impl<S, I, B> Service<Request<tonic::body::Body>> for GrpcIdempotencyService<S, I>
+where
+    S: Store,
+    I: Service<Request<tonic::body::Body>, Response = Response<B>> + Clone + Send + 'static,
+    I::Future: Send + 'static,
+    I::Error: Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<tonic::body::Body>;
+    type Error = I::Error;
+    type Future = ResponseFuture<I::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service is driven to readiness with `oneshot` on a
+        // clone, after the claim: nothing is reserved here.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: Request<tonic::body::Body>) -> Self::Future {
+        let service = self.clone();
+        let method = request.uri().path().to_owned();
+        // The scope function sees the headers as metadata, moved, not copied.
+        let metadata = MetadataMap::from_headers(std::mem::take(request.headers_mut()));
+        let scope = (service.config.scope)(&metadata, request.extensions());
+        *request.headers_mut() = metadata.into_headers();
+        request
+            .extensions_mut()
+            .insert(CallScope::new(scope.clone(), method.clone()));
+        if !service.config.methods.contains(method.as_str()) {
+            let inner = service.inner;
+            return ResponseFuture {
+                inner: Box::pin(async move {
+                    inner
+                        .oneshot(request)
+                        .await
+                        .map(|r| r.map(tonic::body::Body::new))
+                }),
+            };
+        }
+        let tally = Tally {
+            method: method.clone(),
+            attempt: attempt_label(request.headers()),
+            counted: false,
+        };
+        let guarded = service
+            .guard(request, scope, method)
+            .map(move |(outcome, result)| {
+                tally.count(outcome);
+                result
+            });
+        ResponseFuture {
+            inner: Box::pin(guarded),
+        }
+    }
+}
+
+/// A refusal's answer, with the `outcome` label it is counted under.
+fn refuse<E>(refusal: &GrpcRefusal) -> (&'static str, Result<Response<tonic::body::Body>, E>) {
+    ("rejected", Ok(refusal.to_status().into_http()))
+}
+
+impl<S, I, B> GrpcIdempotencyService<S, I>
+where
+    S: Store,
+    I: Service<Request<tonic::body::Body>, Response = Response<B>> + Clone + Send + 'static,
+    I::Future: Send + 'static,
+    I::Error: Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    async fn guard(
+        self,
+        request: Request<tonic::body::Body>,
+        scope: String,
+        method: String,
+    ) -> (&'static str, Result<Response<tonic::body::Body>, I::Error>) {
+        let key = match read_key(request.headers(), &self.config.key) {
+            Ok(key) => key,
+            Err(KeyError::Missing) => return refuse(&GrpcRefusal::KeyMissing),
+            Err(error) => return refuse(&GrpcRefusal::KeyInvalid(error)),
+        };
+        if scope.is_empty() || scope.len() > MAX_SCOPE_LEN {
+            return refuse(&GrpcRefusal::ScopeInvalid);
+        }
+        let (parts, body) = request.into_parts();
+        let limit = self.config.request_limit;
+        let message = match Limited::new(body, limit).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) if error.is::<LengthLimitError>() => {
+                return refuse(&GrpcRefusal::BodyTooLarge { limit });
+            }
+            Err(_) => return refuse(&GrpcRefusal::BodyUnreadable),
+        };
+        let key = key.into_string();
+        let call = Call {
+            scope,
+            key: key.clone(),
+            method: &method,
+            message: &message,
+        };
+        let request =
+            Request::from_parts(parts, tonic::body::Body::new(Full::new(message.clone())));
+        let (inner, stored_limit) = (self.inner, self.config.stored_response_limit);
+        let work_key = key.clone();
+        let (ended, outcome) = engine::run(&self.engine, call, move || {
+            run_method(inner, request, stored_limit, work_key)
+        })
+        .await;
+        let result = match ended {
+            Ended::Ran(reply) => reply,
+            Ended::Replay(stored) => match Exchange::from_stored(stored) {
+                Some(exchange) => Ok(exchange.into_response(true)),
+                None => {
+                    tracing::error!(method, "a stored answer is not a gRPC answer of this guard");
+                    return refuse(&GrpcRefusal::OutcomeUnknown {
+                        key,
+                        cut_off: false,
+                    });
+                }
+            },
+            Ended::Refused(refusal) => Ok(refusal.to_status().into_http()),
+        };
+        (outcome, result)
+    }
+}
+
+/// Reads the key from the metadata entry `name`: one entry, parsed as the
+/// HTTP guard parses its header.
+fn read_key(headers: &HeaderMap, name: &http::HeaderName) -> Result<IdempotencyKey, KeyError> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next().ok_or(KeyError::Missing)?;
+    if values.next().is_some() {
+        return Err(KeyError::Repeated);
+    }
+    IdempotencyKey::parse_bytes(first.as_bytes())
+}
+
+/// The work the engine runs for a claimed call: call the method, read its
+/// answer whole, and keep or release it by [`keep`].
+async fn run_method<I, B>(
+    inner: I,
+    request: Request<tonic::body::Body>,
+    stored_limit: usize,
+    key: String,
+) -> Ending<Result<Response<tonic::body::Body>, I::Error>>
+where
+    I: Service<Request<tonic::body::Body>, Response = Response<B>> + Send + 'static,
+    I::Future: Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let response = match inner.oneshot(request).await {
+        Ok(response) => response,
+        Err(error) => return Ending::Release { reply: Err(error) },
+    };
+    match capture(response, stored_limit).await {
+        Captured::Whole(mut exchange) => {
+            let marked_final = exchange.take_final_marker();
+            match keep(exchange.code(), marked_final) {
+                Keep::Store => Ending::Keep {
+                    stored: Some(exchange.to_stored()),
+                    reply: Ok(exchange.into_response(false)),
+                },
+                Keep::Release => Ending::Release {
+                    reply: Ok(exchange.into_response(false)),
+                },
+            }
+        }
+        // Its status is still unknown, but the method ran: it is never
+        // run again (replays answer `response-not-stored`).
+        Captured::TooLarge(response) => Ending::Keep {
+            stored: None,
+            reply: Ok(response),
+        },
+        Captured::Broken(error) => {
+            tracing::error!(error = %error, "the method's answer broke off; its key is released");
+            Ending::Release {
+                reply: Ok(GrpcRefusal::HandlerFailed { key }.to_status().into_http()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    #[test]
+    fn the_attempt_label_prefers_grpc_s_own_header() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(attempt_label(&headers), "unknown");
+        headers.insert("x-retry-attempt", HeaderValue::from_static("3"));
+        assert_eq!(attempt_label(&headers), "3");
+        headers.insert("grpc-previous-rpc-attempts", HeaderValue::from_static("12"));
+        assert_eq!(attempt_label(&headers), "10+");
+    }
+
+    #[test]
+    fn the_key_is_one_metadata_entry() {
+        let name = http::HeaderName::from_static("idempotency-key");
+        let mut headers = HeaderMap::new();
+        assert_eq!(read_key(&headers, &name), Err(KeyError::Missing));
+        headers.insert(&name, HeaderValue::from_static("pay-1"));
+        assert_eq!(read_key(&headers, &name).unwrap().as_str(), "pay-1");
+        headers.append(&name, HeaderValue::from_static("pay-2"));
+        assert_eq!(read_key(&headers, &name), Err(KeyError::Repeated));
+    }
+}

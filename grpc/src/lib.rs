@@ -1,0 +1,66 @@
+//! The idempotency guard for tonic gRPC servers: a unary write method runs
+//! at most once per key, and every retry, hedged copy or replayed call with
+//! that key gets the first answer back, byte for byte.
+//!
+//! gRPC clients retry by themselves (a service config's `retryPolicy`
+//! resends on `UNAVAILABLE`; hedging sends several copies at once); without
+//! a guard each such copy of a write runs it again. This crate is an
+//! adapter over the guard's run-once engine ([`idempotency_guard::Engine`]):
+//! the same stores, records, key-status service and metrics as the HTTP
+//! guard.
+//!
+//! - [`GrpcIdempotencyLayer`]: a tower layer for `tonic::transport::Server`
+//!   that guards the unary methods it is given by full name
+//!   (`/pkg.Service/Method`), the key read from the `idempotency-key`
+//!   metadata entry (as Yandex Cloud and Nebius key their writes).
+//!   Streaming methods pass through untouched.
+//! - [`run`]: for a key carried in the request message (Google's AIP-155
+//!   `request_id`), called by the typed handler, on the same engine.
+//!
+//! # What a call gets
+//!
+//! | situation | answer | method runs |
+//! |---|---|---|
+//! | new key | the method's answer, stored before it is sent (if [`outcome::keep`] says so) | yes, once |
+//! | same key, same method and message, answer stored | the stored metadata, message and trailers (`grpc-status`, `grpc-message`, `grpc-status-details-bin`), byte for byte, plus `idempotent-replayed: true` | no |
+//! | same key, another method or message | `FAILED_PRECONDITION` `key-reused` | no |
+//! | same key, first call still running | `ABORTED` `request-in-flight` + `RetryInfo` (or, with the engine set to wait, the replay once the first ends) | no |
+//! | same key, earlier run abandoned or cut off | `ABORTED` `outcome-unknown`, no `RetryInfo` | no |
+//! | store unreachable | `UNAVAILABLE` `store-unavailable` + `RetryInfo` | no (fails closed) |
+//!
+//! The guard's own answers carry `google.rpc.ErrorInfo` (`domain`
+//! `idempotency`, `reason` the problem name); the full mapping is in
+//! [`refusal`]. Which answers are kept is one table, in [`outcome`]:
+//! `OK` and the codes that are a decision are stored; `UNAVAILABLE`,
+//! `RESOURCE_EXHAUSTED`, `ABORTED`, `INTERNAL`, `UNKNOWN`, `CANCELLED` and
+//! a failed decode release the key; a handler marks a status final with
+//! [`mark_final`].
+//!
+//! # Fingerprint
+//!
+//! SHA-256 over the full method name and the request message bytes (the
+//! body's length-prefixed frames as sent; a typed handler's message
+//! encoded). A client that compresses its messages sends the same bytes on
+//! every retry of one call, so its retries match.
+//!
+//! # Records and the key-status service
+//!
+//! A record's method is `POST` and its path the full method name, so the
+//! key-status service answers for gRPC keys as for HTTP ones; its
+//! `response_status` is 200 (gRPC's HTTP status): the gRPC status is in
+//! the stored trailers.
+
+mod engine;
+mod exchange;
+mod layer;
+pub mod outcome;
+pub mod refusal;
+mod request_id;
+
+pub use layer::{
+    CallScope, GrpcIdempotencyLayer, GrpcIdempotencyService, IDEMPOTENCY_KEY_METADATA,
+    ResponseFuture,
+};
+pub use outcome::{FINAL_STATUS, mark_final};
+pub use refusal::{DOMAIN, GrpcRefusal};
+pub use request_id::run;

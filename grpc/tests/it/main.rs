@@ -1,0 +1,75 @@
+//! The gRPC adapter's integration tests, in one binary: a real tonic
+//! server with the layer in front, a real tonic client, and real stores
+//! (PostgreSQL, SQLite and Redis, as the guard's tests find or start them).
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+mod calls;
+mod python;
+mod server;
+mod status;
+
+/// Instantiates a generic test body once per store.
+macro_rules! per_store {
+    ($name:ident, $body:path) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                let db = idempotency_tests::postgres().await;
+                $body(db.store.clone()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                let db = idempotency_tests::sqlite().await;
+                $body(db.store.clone()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn redis() {
+                let db = idempotency_tests::redis().await;
+                $body(db.store.clone()).await;
+            }
+        }
+    };
+}
+
+per_store!(
+    concurrent_calls,
+    crate::calls::concurrent_identical_calls_run_once
+);
+per_store!(
+    replay,
+    crate::calls::a_replay_returns_the_same_message_metadata_and_trailers
+);
+per_store!(
+    key_reused,
+    crate::calls::another_message_under_the_same_key_is_refused
+);
+per_store!(
+    outcome_rows,
+    crate::calls::each_outcome_row_is_stored_or_released
+);
+per_store!(
+    deadline,
+    crate::calls::a_client_deadline_shorter_than_the_handler_gets_the_replay_on_retry
+);
+per_store!(
+    refusals,
+    crate::calls::a_missing_or_invalid_key_is_refused_before_the_method_runs
+);
+per_store!(streaming, crate::calls::a_streaming_method_passes_through);
+per_store!(
+    request_id,
+    crate::calls::an_aip_155_request_id_runs_the_typed_handler_once
+);
+per_store!(
+    cut_off,
+    crate::calls::a_run_cut_off_at_the_maximum_handler_time_is_outcome_unknown
+);
+per_store!(
+    status_service,
+    crate::status::the_status_service_answers_for_grpc_keys
+);
+per_store!(grpcio, crate::python::grpcio_retries_run_each_payment_once);
