@@ -48,7 +48,8 @@ fn each_configuration_error_is_one_line_naming_what_to_set() {
     let missing = dir.path().join("no-such-file").display().to_string();
     let short = short_tokens.display().to_string();
     // (settings, what the one line must name)
-    let rows: Vec<(Vec<(&str, &str)>, &[&str])> = vec![
+    type Row<'a> = (Vec<(&'a str, &'a str)>, &'a [&'a str]);
+    let rows: Vec<Row<'_>> = vec![
         (
             vec![("STORE", "redis"), ("DATABASE_URL", &sqlite)],
             &["STORE=redis", "REDIS_URL"],
