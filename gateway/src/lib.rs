@@ -81,10 +81,12 @@
 
 pub mod app;
 pub mod config;
+pub mod connections;
 pub mod forward;
 mod pool;
 pub mod scope;
 pub mod serve;
+pub mod target;
 
 pub use app::{Gateway, GatewayError, OWN_PATHS};
 pub use config::{Config, ConfigError};
