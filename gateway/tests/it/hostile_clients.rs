@@ -345,3 +345,29 @@ async fn an_unasked_101_is_an_upstream_failure_and_its_key_is_abandoned() {
     assert_eq!(again.problem().as_deref(), Some("outcome-unknown"));
     assert_eq!(stack.executions("/switch").await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_body_slower_than_its_deadline_is_a_408_and_runs_nothing() {
+    let stack = stack(
+        "[[routes]]\npath = \"/payments\"\n[server]\nbody_seconds = 1\n",
+        &[],
+    )
+    .await;
+    // 10 of the 31 bytes announced, then nothing: the deadline ends it.
+    let head = format!(
+        "POST /payments HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\nidempotency-key: slow-body\r\ncontent-length: {}",
+        PAYMENT.len()
+    );
+    let answer = raw_http::send(
+        stack.gateway.address,
+        head.as_bytes(),
+        &PAYMENT.as_bytes()[..10],
+        false,
+    )
+    .await;
+    assert_eq!(answer.status, 408);
+    assert_eq!(answer.problem().as_deref(), Some("body-timeout"));
+    assert_eq!(stack.executions("/payments").await, 0);
+    let retry = raw_pay(stack.gateway.address, "POST", "/payments", "slow-body").await;
+    assert_eq!(retry.status, 201, "nothing was stored: the retry runs");
+}
