@@ -131,10 +131,10 @@ impl Connections {
                 .iter()
                 .find(|(_, entry)| entry.slot.busy.load(Ordering::Acquire) == 0)
                 .map(|(id, _)| *id)?;
-            if let Some(mut entry) = open.remove(&oldest_idle) {
-                if let Some(close) = entry.close.take() {
-                    let _ = close.send(());
-                }
+            if let Some(mut entry) = open.remove(&oldest_idle)
+                && let Some(close) = entry.close.take()
+            {
+                let _ = close.send(());
             }
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
@@ -168,10 +168,8 @@ impl Connections {
         open.retain(|_, entry| {
             let expired = entry.slot.busy.load(Ordering::Acquire) == 0
                 && now.saturating_sub(entry.slot.idle_since.load(Ordering::Acquire)) > idle;
-            if expired {
-                if let Some(close) = entry.close.take() {
-                    let _ = close.send(());
-                }
+            if expired && let Some(close) = entry.close.take() {
+                let _ = close.send(());
             }
             !expired
         });

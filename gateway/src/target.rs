@@ -132,22 +132,22 @@ pub fn normalise(path: &str) -> String {
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' {
-            if let (Some(h), Some(l)) = (
+        if bytes[i] == b'%'
+            && let (Some(h), Some(l)) = (
                 bytes.get(i + 1).copied().and_then(hex),
                 bytes.get(i + 2).copied().and_then(hex),
-            ) {
-                let byte = h * 16 + l;
-                if unreserved(byte) || byte == b'/' || byte == b'\\' {
-                    decoded.push(if byte == b'\\' { b'/' } else { byte });
-                } else {
-                    decoded.push(b'%');
-                    decoded.push(bytes[i + 1].to_ascii_uppercase());
-                    decoded.push(bytes[i + 2].to_ascii_uppercase());
-                }
-                i += 3;
-                continue;
+            )
+        {
+            let byte = h * 16 + l;
+            if unreserved(byte) || byte == b'/' || byte == b'\\' {
+                decoded.push(if byte == b'\\' { b'/' } else { byte });
+            } else {
+                decoded.push(b'%');
+                decoded.push(bytes[i + 1].to_ascii_uppercase());
+                decoded.push(bytes[i + 2].to_ascii_uppercase());
             }
+            i += 3;
+            continue;
         }
         decoded.push(if bytes[i] == b'\\' { b'/' } else { bytes[i] });
         i += 1;
