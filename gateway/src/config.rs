@@ -104,6 +104,85 @@ pub struct Config {
     /// Leases, retention and what to do with in-flight and abandoned keys.
     #[serde(default)]
     pub policy: PolicyConfig,
+    /// Deadlines and caps of client connections.
+    #[serde(default)]
+    pub server: ServerConfig,
+}
+
+/// Deadlines and caps of client connections: slow or idle clients cannot
+/// hold the gateway's descriptors or memory.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// How long a client may take to send a request head (HTTP/1.1); the
+    /// connection is closed past it.
+    #[serde(default = "default_header_read")]
+    pub header_read_seconds: f64,
+    /// How long a connection may stay open without a request being
+    /// answered on it (fresh, between keep-alive requests).
+    #[serde(default = "default_idle")]
+    pub idle_seconds: f64,
+    /// How long a guarded route's request body may take to arrive after
+    /// its head (408 `body-timeout` past it).
+    #[serde(default = "default_body")]
+    pub body_seconds: f64,
+    /// The interval of HTTP/2 keep-alive pings.
+    #[serde(default = "default_http2_ping")]
+    pub http2_ping_seconds: f64,
+    /// How long an HTTP/2 ping may go unanswered before the connection is
+    /// closed.
+    #[serde(default = "default_http2_ping_timeout")]
+    pub http2_ping_timeout_seconds: f64,
+    /// The most client connections open at once; lowered to fit the
+    /// descriptor limit (see [`crate::connections`]). At the cap a new
+    /// connection closes the oldest idle one.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+}
+
+fn default_header_read() -> f64 {
+    // A real client sends its head at once; nginx's client_header_timeout
+    // is 60 s, which lets a trickling client hold a socket for a minute.
+    10.0
+}
+
+fn default_idle() -> f64 {
+    // Above the usual client keep-alive (browsers 60 s would be cut, but
+    // API clients reconnect); nginx's keepalive_timeout is 75 s.
+    60.0
+}
+
+fn default_body() -> f64 {
+    // 1 MiB (the default body limit) at 35 KiB/s.
+    30.0
+}
+
+fn default_http2_ping() -> f64 {
+    20.0
+}
+
+fn default_http2_ping_timeout() -> f64 {
+    // hyper's default.
+    20.0
+}
+
+fn default_max_connections() -> usize {
+    // Far above one gateway's useful concurrency; the descriptor limit
+    // usually lowers it.
+    10_000
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            header_read_seconds: default_header_read(),
+            idle_seconds: default_idle(),
+            body_seconds: default_body(),
+            http2_ping_seconds: default_http2_ping(),
+            http2_ping_timeout_seconds: default_http2_ping_timeout(),
+            max_connections: default_max_connections(),
+        }
+    }
 }
 
 fn default_listen() -> SocketAddr {
@@ -365,6 +444,17 @@ pub struct PolicyConfig {
     /// those only before doing anything.
     #[serde(default = "yes")]
     pub store_client_errors: bool,
+    /// What to do with a request on a guarded method that carries
+    /// `Idempotency-Key` but matches no guarded route: `refuse` (400
+    /// `route-not-guarded`: a misspelled or missing route never runs
+    /// unguarded) or `pass` (forwarded unguarded).
+    #[serde(default = "default_route_not_guarded")]
+    pub route_not_guarded: String,
+}
+
+fn default_route_not_guarded() -> String {
+    // Fail closed: the client asked for a guard.
+    "refuse".to_owned()
 }
 
 fn default_lease() -> f64 {
@@ -404,6 +494,7 @@ impl Default for PolicyConfig {
             mismatch_status: default_mismatch(),
             retry_after_seconds: default_retry_after(),
             store_client_errors: true,
+            route_not_guarded: default_route_not_guarded(),
         }
     }
 }
@@ -532,12 +623,33 @@ impl Config {
             ),
             ("proxy.timeout_seconds", self.proxy.timeout_seconds),
             ("proxy.pool_idle_seconds", self.proxy.pool_idle_seconds),
+            (
+                "server.header_read_seconds",
+                self.server.header_read_seconds,
+            ),
+            ("server.idle_seconds", self.server.idle_seconds),
+            ("server.body_seconds", self.server.body_seconds),
+            ("server.http2_ping_seconds", self.server.http2_ping_seconds),
+            (
+                "server.http2_ping_timeout_seconds",
+                self.server.http2_ping_timeout_seconds,
+            ),
         ] {
             seconds(name, value)?;
         }
         if !matches!(p.in_flight.as_str(), "reject" | "wait") {
             return Err(ConfigError::Invalid(
                 "policy.in_flight: reject or wait".to_owned(),
+            ));
+        }
+        if !matches!(p.route_not_guarded.as_str(), "refuse" | "pass") {
+            return Err(ConfigError::Invalid(
+                "policy.route_not_guarded: refuse or pass".to_owned(),
+            ));
+        }
+        if self.server.max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "server.max_connections must be at least 1".to_owned(),
             ));
         }
         if !matches!(p.abandoned.as_str(), "reject" | "run-again") {

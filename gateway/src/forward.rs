@@ -8,6 +8,7 @@
 //! | the connection failed after the request was sent (reset, closed before the answer) | 502 `upstream-failed` | abandoned: 409 `outcome-unknown`, status advice `reconcile` |
 //! | no answer head within `proxy.timeout_seconds` | 504 `upstream-timeout` | abandoned |
 //! | the answer's body broke off (guarded requests read it whole first) | 502 `upstream-failed` | abandoned |
+//! | `101 Switching Protocols` (no upgrade is ever forwarded) | 502 `upstream-failed` | abandoned |
 //!
 //! Abandoning is the safe side: the backend may have done the work, so the
 //! gateway never runs it again blindly.
@@ -336,6 +337,22 @@ impl Upstream {
                 );
             }
         };
+        if answer.status() == StatusCode::SWITCHING_PROTOCOLS {
+            // The gateway forwards no `Upgrade`, so no upgrade was asked
+            // for: a 101 is a protocol error of the upstream, after the
+            // request was sent (it may have run).
+            tracing::warn!(
+                "upstream: 101 Switching Protocols to a request that asked for no upgrade"
+            );
+            return (
+                Exchange::Failed,
+                unknown(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream-failed",
+                    "The upstream switched protocols though no upgrade was asked for; the request may have run.",
+                ),
+            );
+        }
         let (mut parts, body) = answer.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         if !guarded {

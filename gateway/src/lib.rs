@@ -27,6 +27,11 @@
 //!
 //! # A request's path
 //!
+//! 0. Before any route is matched, a request on a guarded method whose
+//!    target or method is not in canonical form, or that carries
+//!    `Idempotency-Key` on no guarded route, is refused with a 400
+//!    problem, and `CONNECT` with 501 (see [`target`]). Slow and idle
+//!    connections are closed by their deadlines (see [`connections`]).
 //! 1. A request on a configured route with a guarded method goes through
 //!    [`scope::establish_scope`]: its scope comes from a fixed value, a
 //!    header, or the `sub` of a verified JWT. Without one: 401
@@ -81,10 +86,12 @@
 
 pub mod app;
 pub mod config;
+pub mod connections;
 pub mod forward;
 mod pool;
 pub mod scope;
 pub mod serve;
+pub mod target;
 
 pub use app::{Gateway, GatewayError, OWN_PATHS};
 pub use config::{Config, ConfigError};

@@ -30,7 +30,8 @@ pub enum ScopeError {
     /// No `Authorization: Bearer` token.
     #[error("no bearer token")]
     TokenMissing,
-    /// The token does not verify (signature, expiry, issuer, audience).
+    /// The token does not verify (signature, expiry, not-before, issuer,
+    /// audience).
     #[error("the bearer token does not verify")]
     TokenInvalid(#[source] jsonwebtoken::errors::Error),
     /// The token verifies but its `sub` is missing, empty or too long.
@@ -60,10 +61,12 @@ struct Claims {
 
 impl JwtVerifier {
     /// A verifier of tokens signed with `key` by `algorithm`; `exp` is
-    /// required and checked.
+    /// required and checked, `nbf` checked when present (a token not yet
+    /// valid is refused), both with jsonwebtoken's 60 s leeway.
     pub fn new(key: DecodingKey, algorithm: Algorithm) -> Self {
         let mut validation = Validation::new(algorithm);
         validation.validate_aud = false;
+        validation.validate_nbf = true;
         Self { key, validation }
     }
 

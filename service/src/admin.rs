@@ -173,7 +173,7 @@ impl AdminTokens {
     ) -> Result<(), AdminTokensError> {
         for (index, text) in lines.enumerate() {
             let line = index + 1;
-            let content = text.split('#').next().unwrap_or("").trim();
+            let content = crate::tokens::content_of(text);
             if content.is_empty() {
                 continue;
             }
@@ -481,13 +481,37 @@ async fn store_call<T>(
     }
 }
 
+/// A scope as the store can hold it: 1 to 255 bytes, no control character
+/// (PostgreSQL refuses a NUL in text: checked here, it is a 400, not a
+/// store failure).
 fn valid_scope(scope: &str) -> Result<(), AdminProblem> {
     if scope.is_empty() || scope.len() > 255 {
         return Err(AdminProblem::BadRequest(
             "a scope is 1 to 255 bytes".to_owned(),
         ));
     }
+    if scope.chars().any(char::is_control) {
+        return Err(AdminProblem::BadRequest(
+            "a scope has no control characters".to_owned(),
+        ));
+    }
     Ok(())
+}
+
+/// A listing cursor (`after`): a key, so 1 to 255 bytes without control
+/// characters.
+fn valid_cursor(after: Option<&str>) -> Result<(), AdminProblem> {
+    match after {
+        Some(after)
+            if after.is_empty() || after.len() > 255 || after.chars().any(char::is_control) =>
+        {
+            Err(AdminProblem::BadRequest(
+                "after is the next of an earlier page: 1 to 255 bytes, no control characters"
+                    .to_owned(),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn valid_key(key: &str) -> Result<IdempotencyKey, AdminProblem> {
@@ -629,6 +653,7 @@ pub async fn list_keys(
     let Query(query) =
         query.map_err(|rejection| AdminProblem::BadRequest(rejection.body_text()))?;
     valid_scope(&query.scope)?;
+    valid_cursor(query.after.as_deref())?;
     let filter: StateFilter = query.state.as_deref().unwrap_or("any").parse().map_err(
         |error: idempotency_guard::store::admin::UnknownStateFilter| {
             AdminProblem::BadRequest(error.to_string())

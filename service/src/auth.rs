@@ -97,7 +97,7 @@ impl Tokens {
     fn add_lines<'a>(&mut self, lines: impl Iterator<Item = &'a str>) -> Result<(), TokensError> {
         for (index, line) in lines.enumerate() {
             let line_number = index + 1;
-            let content = line.split('#').next().unwrap_or("").trim();
+            let content = crate::tokens::content_of(line);
             if content.is_empty() {
                 continue;
             }
@@ -180,6 +180,28 @@ mod tests {
             ))
             .unwrap();
         tokens
+    }
+
+    #[test]
+    fn a_hash_inside_a_token_is_part_of_it_and_only_a_spaced_one_starts_a_comment() {
+        let mut tokens = Tokens::default();
+        tokens
+            .add_pairs("default tokenA-0123456789abcdef#tail\nother tokenB-0123456789abcdef #note")
+            .unwrap();
+        assert_eq!(
+            tokens.scope_of("tokenA-0123456789abcdef#tail"),
+            Some(Scope("default".into())),
+            "the configured token is accepted"
+        );
+        assert_eq!(
+            tokens.scope_of("tokenA-0123456789abcdef"),
+            None,
+            "its prefix is not"
+        );
+        assert_eq!(
+            tokens.scope_of("tokenB-0123456789abcdef"),
+            Some(Scope("other".into()))
+        );
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod problem;
 pub mod routes;
 pub mod serve;
 pub mod status;
+pub mod tokens;
 
 pub use config::{Cli, Command, Config};
 pub use routes::{AppState, build_router};

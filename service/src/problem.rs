@@ -34,6 +34,10 @@ pub enum ApiProblem {
     /// 404 `not-found`: no such endpoint (a key with an unencoded `/`
     /// lands here: percent-encode it).
     RouteNotFound,
+    /// 405 `method-not-allowed`: the endpoint exists, not with this method
+    /// (answered before any token check; hyper itself answers 414 and 431
+    /// for a too-long target or head, with an empty body).
+    MethodNotAllowed,
 }
 
 impl IntoResponse for ApiProblem {
@@ -64,6 +68,12 @@ impl IntoResponse for ApiProblem {
                 "not-found",
                 "Not found",
                 "No such endpoint. Keys go in one path segment: percent-encode `/` and other reserved characters.".to_owned(),
+            ),
+            Self::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                "This endpoint does not answer this method.".to_owned(),
             ),
             Self::StoreUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -65,6 +65,7 @@ pub fn build_router(state: AppState) -> Router {
         .route("/metrics", get(render_metrics))
         .route("/openapi.json", get(openapi_json))
         .fallback(|| async { ApiProblem::RouteNotFound })
+        .method_not_allowed_fallback(|| async { ApiProblem::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn(count_requests))
         .layer(PropagateRequestIdLayer::x_request_id())

@@ -10,9 +10,16 @@ every execution of a write in the SQLite file $BACKEND_DB (table
                             invalid JSON 400, not a payment 422 (duplicate keys too)
   POST /slow?seconds=S      records an execution, then sleeps S seconds (default 60), then 201
   POST /fail                500, records an execution
+  POST /switch              101 Switching Protocols (unasked), records an execution
   GET  /echo                200 JSON of the request line and headers as received
   GET  /download?bytes=N    N bytes of a fixed pattern, streamed in 64 KiB writes
   POST /upload              sha256 and length of the body, read in a stream
+
+Lenient, as Express and Werkzeug are: paths are normalised before routing
+(`;` parameters dropped, percent-escapes decoded, `\\` taken as `/`, dot and
+empty segments resolved, no trailing slash) and methods are matched in any
+case (`post` runs `do_POST`), so the gateway's tests can show that no
+spelling of a guarded request reaches it twice.
 """
 
 import hashlib
@@ -23,7 +30,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 DB = os.environ["BACKEND_DB"]
 LOCK = threading.Lock()
@@ -55,8 +62,29 @@ def no_duplicates(pairs):
     return dict(pairs)
 
 
+def lenient_path(path):
+    """The path a lenient backend routes `path` to."""
+    segments = []
+    for segment in unquote(path).replace("\\", "/").split("/"):
+        segment = segment.split(";", 1)[0]
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            if segments:
+                segments.pop()
+            continue
+        segments.append(segment)
+    return "/" + "/".join(segments)
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+
+    def __getattr__(self, name):
+        # Methods in any case: `do_post` and `do_Post` are `do_POST`.
+        if name.startswith("do_") and name[3:] != name[3:].upper():
+            return getattr(self, "do_" + name[3:].upper())
+        raise AttributeError(name)
 
     def log_message(self, fmt, *args):
         pass
@@ -96,6 +124,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         url = urlsplit(self.path)
+        url = url._replace(path=lenient_path(url.path))
         key = self.headers.get("idempotency-key")
         tenant = self.headers.get("x-tenant")
         if url.path == "/upload":
@@ -116,6 +145,15 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/fail":
             record(url.path, None, key, tenant)
             return self.answer(500, {"error": "failed"})
+        if url.path == "/switch":
+            # A backend that switches protocols though nobody asked.
+            record(url.path, None, key, tenant)
+            self.send_response(101)
+            self.send_header("upgrade", "websocket")
+            self.send_header("connection", "upgrade")
+            self.end_headers()
+            self.close_connection = True
+            return None
         if url.path != "/payments":
             return self.answer(404, {"error": "not found"})
         try:

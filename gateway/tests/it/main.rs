@@ -3,6 +3,7 @@
 //! in SQLite, the fault-injecting proxy of `idempotency-tests`).
 
 mod files;
+mod hostile_clients;
 mod hostile_input;
 mod lifecycle;
 mod outcomes;

@@ -35,6 +35,21 @@ fn token(secret: &str, sub: Option<&str>, expires_in: i64) -> String {
     .expect("a token")
 }
 
+/// A token valid for an hour that starts being valid in an hour (`nbf`).
+fn not_yet_valid(secret: &str) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs() as i64;
+    let claims = serde_json::json!({ "sub": "tenant-alice", "nbf": now + 3600, "exp": now + 7200 });
+    jsonwebtoken::encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .expect("a token")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jwt_scopes_keep_tenants_apart_and_refuse_requests_without_a_scope() {
     let stack = stack(CONFIG, &[("GATEWAY_TEST_JWT_SECRET", SECRET)]).await;
@@ -80,6 +95,10 @@ async fn jwt_scopes_keep_tenants_apart_and_refuse_requests_without_a_scope() {
             )),
         ),
         ("expired", Some(token(SECRET, Some("tenant-alice"), -3600))),
+        (
+            "not valid before an hour from now",
+            Some(not_yet_valid(SECRET)),
+        ),
         ("no sub", Some(token(SECRET, None, 3600))),
         ("not a JWT", Some("garbage".to_owned())),
     ];

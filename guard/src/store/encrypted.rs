@@ -219,12 +219,46 @@ impl EncryptionKeys {
 pub struct EncryptedStore<S> {
     inner: S,
     keys: EncryptionKeys,
+    require_sealed: bool,
 }
+
+/// Reads of a completed response without the sealed marker, allowed or
+/// refused (`idempotency_unsealed_reads_total{refused}`).
+pub const UNSEALED_READS_TOTAL: &str = "idempotency_unsealed_reads_total";
 
 impl<S> EncryptedStore<S> {
     /// Wraps `inner`: responses are sealed with `keys`' current key.
     pub fn new(inner: S, keys: EncryptionKeys) -> Self {
-        Self { inner, keys }
+        Self {
+            inner,
+            keys,
+            require_sealed: false,
+        }
+    }
+
+    /// Whether a completed response without the sealed marker is refused
+    /// ([`StoreError::Corrupt`]: 503, never replayed) instead of read as
+    /// it is. Either way such a read is logged and counted in
+    /// `idempotency_unsealed_reads_total`.
+    ///
+    /// The default value is `false`, so records written before encryption
+    /// was turned on still replay; turn it on for a new deployment.
+    ///
+    /// # Warning
+    ///
+    /// Without it, whoever can write the store can plant an answer in
+    /// clear that is replayed as is.
+    ///
+    /// ```
+    /// # use idempotency_guard::store::{EncryptedStore, EncryptionKeys};
+    /// let keys = EncryptionKeys::parse("a:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=").unwrap();
+    /// let store = EncryptedStore::new((), keys).with_require_sealed(true);
+    /// # let _ = store;
+    /// ```
+    #[must_use]
+    pub fn with_require_sealed(mut self, required: bool) -> Self {
+        self.require_sealed = required;
+        self
     }
 
     /// The store underneath (what it holds is sealed).
@@ -319,7 +353,20 @@ impl<S> EncryptedStore<S> {
             return Ok(record);
         };
         let Some(marker) = response.headers.get(&SEALED) else {
-            // Written before encryption was on.
+            // Written before encryption was on, or planted.
+            let refused = if self.require_sealed { "true" } else { "false" };
+            metrics::counter!(UNSEALED_READS_TOTAL, "refused" => refused).increment(1);
+            tracing::warn!(
+                scope = %record.scope,
+                refused = self.require_sealed,
+                "a completed response in the encrypted store is not sealed"
+            );
+            if self.require_sealed {
+                return Err(failure(
+                    "unsealed",
+                    "the stored response is not sealed, and sealing is required",
+                ));
+            }
             record.response = Some(response);
             return Ok(record);
         };

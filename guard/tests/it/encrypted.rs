@@ -29,6 +29,12 @@ macro_rules! encrypted_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_unsealed_record_is_refused_when_sealing_is_required() {
+                let db = $fixture().await;
+                suite::unsealed_refused_when_required(db.store.clone()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn rotation_keeps_old_records_readable_and_unknown_keys_fail_clearly() {
                 let db = $fixture().await;
                 suite::rotation_and_unknown_keys(db.store.clone()).await;
@@ -125,6 +131,26 @@ where
     let response = inner.response.unwrap();
     assert_eq!(response.status, StatusCode::CREATED);
     assert_eq!(response.headers[&SEALED], "v1 a");
+}
+
+pub(crate) async fn unsealed_refused_when_required<S: Store>(store: S) {
+    // Planted in clear by whoever can write the store.
+    complete(&store, "enc-scope", "planted", &minted()).await;
+    let lenient = EncryptedStore::new(store.clone(), keys(KEY_A));
+    let record = lenient.get("enc-scope", "planted").await.unwrap().unwrap();
+    assert_eq!(record.response, Some(minted()), "read as it is by default");
+    let strict = EncryptedStore::new(store.clone(), keys(KEY_A)).with_require_sealed(true);
+    assert!(
+        matches!(
+            strict.get("enc-scope", "planted").await,
+            Err(StoreError::Corrupt(_))
+        ),
+        "refused when sealing is required"
+    );
+    // A sealed one still reads.
+    complete(&strict, "enc-scope", "sealed", &minted()).await;
+    let record = strict.get("enc-scope", "sealed").await.unwrap().unwrap();
+    assert_eq!(record.response, Some(minted()));
 }
 
 pub(crate) async fn rotation_and_unknown_keys<S: Store>(store: S) {
