@@ -25,6 +25,41 @@ use tokio::time::Instant;
 
 use crate::{Fingerprint, StoredResponse};
 
+/// What is left of a copy's record, from what its caller knows: the one
+/// place an entry's lifetime is computed (the cache's `max_age` caps it in
+/// [`ReplayCache::put`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Left {
+    /// A record read from the store: its expiry, on the store's clock when
+    /// it was read.
+    Read {
+        expires_at: time::OffsetDateTime,
+        observed_at: time::OffsetDateTime,
+    },
+    /// A run that just completed: the engine's retention, less the time
+    /// since its claim.
+    Completed {
+        retention: Duration,
+        since_claim: Duration,
+    },
+}
+
+impl Left {
+    /// How long a copy may live.
+    pub(crate) fn lives(self) -> Duration {
+        match self {
+            Self::Read {
+                expires_at,
+                observed_at,
+            } => (expires_at - observed_at).try_into().unwrap_or_default(),
+            Self::Completed {
+                retention,
+                since_claim,
+            } => retention.saturating_sub(since_claim),
+        }
+    }
+}
+
 /// What the cache keeps of one completed record.
 struct Entry {
     fingerprint: Fingerprint,

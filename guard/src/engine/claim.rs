@@ -1,4 +1,5 @@
-//! Steps 2 and 3 of a run: claim the key, or decide about its record.
+//! The *claim* and *decide* steps of a run (see the engine's docs): claim
+//! the key, or decide about its existing record.
 //!
 //! Every claim and takeover of one run uses the same lease token, so a
 //! record that carries it is this run's own, whatever the reply that was
@@ -9,7 +10,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::cache::Hit;
+use super::cache::{Hit, Left};
+use super::release::PendingClaim;
 use super::{Answer, Engine, Job, Refusal};
 use crate::decision::{Decision, InFlightPolicy, decide};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
@@ -18,9 +20,6 @@ use crate::{Record, RecordState};
 /// How many times one run claims again after losing a race (the record
 /// changed between two reads) before it answers in-flight.
 const MAX_CLAIM_ROUNDS: usize = 8;
-
-/// How often a background release is tried, while a late claim may land.
-const RELEASE_PAUSE: Duration = Duration::from_millis(250);
 
 /// What [`Engine::acquire`] ends with.
 pub(super) enum Acquired<T> {
@@ -101,9 +100,11 @@ impl<S: Store> Engine<S> {
                         return match record.response {
                             Some(stored) if stored.body.is_some() => {
                                 if let Some(cache) = self.replay_cache() {
-                                    let lives = (record.expires_at - record.observed_at)
-                                        .try_into()
-                                        .unwrap_or_default();
+                                    let lives = Left::Read {
+                                        expires_at: record.expires_at,
+                                        observed_at: record.observed_at,
+                                    }
+                                    .lives();
                                     cache.put(
                                         &job.scope,
                                         &job.key,
@@ -158,15 +159,6 @@ impl<S: Store> Engine<S> {
         }))
     }
 
-    /// Frees a lease from a tracked task of its own, when called inside a
-    /// runtime (a drop during a runtime's shutdown has none: the process is
-    /// going away, and its claim lapses into abandoned).
-    fn release_if_running(&self, lease: Lease) {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            self.release_in_background(lease);
-        }
-    }
-
     /// A claim or takeover failed after it may have been sent: it may have
     /// landed (a reply lost, a commit whose answer never came) or may still
     /// land (queued behind a lock). Free the key if it did.
@@ -179,29 +171,6 @@ impl<S: Store> Engine<S> {
         tracing::warn!(error = %error, operation, "idempotency store failed; releasing the claim in case it landed");
         self.release_in_background(new.lease());
         Acquired::StoreFailed
-    }
-
-    /// Frees a lease from a tracked task of its own, fenced by its token.
-    ///
-    /// The write being released may land in the store after its sender gave
-    /// up, so the release is tried every quarter second for twice the store
-    /// timeout, whatever each try answers. The token is this run's own, so
-    /// nothing else is ever touched.
-    pub(super) fn release_in_background(&self, lease: Lease) {
-        let store = self.store.clone();
-        let timeout = self.config.store_timeout;
-        self.tracker.spawn(async move {
-            let attempts = (2 * timeout.as_millis() / RELEASE_PAUSE.as_millis()).max(4);
-            for _ in 0..attempts {
-                // A refusal (`LeaseLost`) may mean the claim has not landed
-                // yet, and a client library may even send it again: keep
-                // trying for the whole window.
-                if let Ok(Ok(())) = tokio::time::timeout(timeout, store.release(&lease)).await {
-                    store.events().publish(&lease.scope, &lease.key);
-                }
-                tokio::time::sleep(RELEASE_PAUSE).await;
-            }
-        });
     }
 
     /// Waits (up to `wait_left`) until the in-flight `record` changes, and
@@ -230,38 +199,6 @@ impl<S: Store> Engine<S> {
                     .await
             }
             other => Ok(other),
-        }
-    }
-}
-
-/// A claim or takeover on its way to the store. If the caller's future is
-/// dropped before the answer comes back (a client that went away), the
-/// claim may still land: dropping this hands its token to a background
-/// release.
-struct PendingClaim<'a, S: Store> {
-    engine: &'a Engine<S>,
-    lease: Option<Lease>,
-}
-
-impl<'a, S: Store> PendingClaim<'a, S> {
-    fn arm(engine: &'a Engine<S>, new: &NewRecord<'_>) -> Self {
-        Self {
-            engine,
-            lease: Some(new.lease()),
-        }
-    }
-
-    /// The answer came back: whoever reads it owns what it says.
-    fn disarm(mut self) {
-        self.lease = None;
-    }
-}
-
-impl<S: Store> Drop for PendingClaim<'_, S> {
-    fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            tracing::warn!(key = %lease.key, "the caller went away while its claim was on its way; releasing it in case it landed");
-            self.engine.release_if_running(lease);
         }
     }
 }

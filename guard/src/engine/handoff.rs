@@ -1,4 +1,4 @@
-//! Step 2 of a run, the hand-off: once the lease is held, the run goes on in
+//! The *hand-off* step of a run (see the engine's docs): once the lease is held, the run goes on in
 //! the caller's own task while the caller waits for it (no task to spawn,
 //! no wake-up across tasks), and moves into a task of its own the moment
 //! the caller goes away (its future is dropped): dropping the caller's

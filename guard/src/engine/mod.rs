@@ -35,7 +35,7 @@
 //! Who owns the record at each step, and what happens when the caller goes
 //! away (its future is dropped), is the whole point of this module:
 //!
-//! 1. **Claim** ([`claim`]): one atomic store operation with a fresh lease
+//! 1. **Claim** (`claim.rs`, `release.rs`): one atomic store operation with a fresh lease
 //!    token, sent from the caller's own future, armed with a guard: if the
 //!    caller goes away before the claim's answer comes back, the guard hands
 //!    the token to a background task that releases it (fenced) for twice the
@@ -44,32 +44,36 @@
 //!    already carrying the token is the request's own claim (a client
 //!    library retried it after losing the reply), so it counts as acquired.
 //!    A claim never ends owned by nobody.
-//! 2. **Hand-off** ([`handoff`]). Once the lease is held, with no await in
+//! 2. **Decide** ([`crate::decision::decide`]) on an existing record:
+//!    replay, refuse, wait for it, or take it over (atomically, fenced by
+//!    the previous token).
+//! 3. **Hand-off** (`handoff.rs`). Once the lease is held, with no await in
 //!    between, the run goes on in the caller's task while the caller waits,
 //!    and moves into a task of its own the moment the caller goes away: both
 //!    are tracked by the engine's [`Drain`], and dropping the caller's future
 //!    cancels nothing.
-//! 3. **Decide** ([`crate::decision::decide`]) on an existing record:
-//!    replay, refuse, wait for it, or take it over (atomically, fenced by
-//!    the previous token).
-//! 4. **Run** ([`supervise`]): the work runs in the task; its lease is renewed
+//! 4. **Run** (`supervise.rs`): the work runs in the task; its lease is renewed
 //!    every third of its length until the outcome is settled, including the
 //!    time an adapter spends capturing a response body. At the maximum
 //!    handler time the work is cut off: renewals stop first (and the store
 //!    refuses to revive a lapsed lease), then the record is abandoned.
-//! 5. **Settle** ([`settle`]): store the outcome (complete) or release the
+//! 5. **Settle** (`settle.rs`): store the outcome (complete) or release the
 //!    key, fenced by the token; in transactional mode inside the work's
 //!    transaction, so the work's writes and the outcome commit together.
 //! 6. **Answer**: the caller, if still there, gets the reply; waiters on the
 //!    key are woken.
 //!
-//! On shutdown, [`Drain::wait`] waits for every task of step 1 to end,
+//! On shutdown, [`Drain::wait`] waits for every task of steps 1 and 3 to end,
 //! bounded by the maximum handler time.
 
+mod answer;
 mod cache;
 mod claim;
+mod config;
 mod drain;
 mod handoff;
+mod job;
+mod release;
 mod settle;
 mod supervise;
 mod timed;
@@ -79,201 +83,20 @@ pub(crate) mod transaction;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio_util::task::TaskTracker;
 
+pub use answer::{Answer, Refusal, Settle, Settled};
+pub(crate) use config::EngineConfig;
+pub use config::FailureMode;
 pub use drain::Drain;
+pub use job::Job;
 pub(crate) use timed::timed;
 
-use crate::decision::{AbandonedPolicy, InFlightPolicy, Policy};
+use crate::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
-use crate::telemetry::{MetricHandles, Outcome};
-use crate::{Fingerprint, StoredResponse};
-
-/// What the engine does when the store cannot be reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FailureMode {
-    /// Refuse with [`Refusal::StoreUnavailable`]; the work does not run. The default.
-    #[default]
-    Closed,
-    /// Run the work unguarded.
-    ///
-    /// # Warning
-    ///
-    /// While the store is down, retries run again: a retried payment is
-    /// charged twice. Choose this only where a duplicate is cheaper than an
-    /// outage.
-    Open,
-}
-
-/// One request to run some work once: the key it runs under and what
-/// identifies the request (so a reuse of the key for another request is
-/// refused).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Job {
-    /// The namespace of the key (a tenant, a queue).
-    pub scope: String,
-    /// The idempotency key.
-    pub key: String,
-    /// The fingerprint of the request.
-    pub fingerprint: Fingerprint,
-    /// What kind of request it is (an HTTP method; `RUN` by default). Shown
-    /// by the status service.
-    pub method: String,
-    /// Where the request went (an HTTP path; empty by default). Shown by the
-    /// status service.
-    pub path: String,
-    /// A name of few values for metrics (a route template, a queue); empty
-    /// by default.
-    pub route: String,
-}
-
-impl Job {
-    /// A job for `key` in `scope`, with method `RUN` and an empty path.
-    pub fn new(scope: impl Into<String>, key: impl Into<String>, fingerprint: Fingerprint) -> Self {
-        Self {
-            scope: scope.into(),
-            key: key.into(),
-            fingerprint,
-            method: String::from("RUN"),
-            path: String::new(),
-            route: String::new(),
-        }
-    }
-
-    /// Sets the method and path the status service shows for the record.
-    pub fn with_request(mut self, method: impl Into<String>, path: impl Into<String>) -> Self {
-        self.method = method.into();
-        self.path = path.into();
-        self
-    }
-
-    /// Sets the name the run's metrics carry (a route template, a queue).
-    pub fn with_route(mut self, route: impl Into<String>) -> Self {
-        self.route = route.into();
-        self
-    }
-}
-
-/// How the work ended, as the work tells the engine.
-#[derive(Debug)]
-pub enum Settle<T> {
-    /// Keep `response` as the key's outcome (replayed to every later
-    /// caller); hand `reply` to this caller.
-    Complete {
-        /// The outcome to store.
-        response: StoredResponse,
-        /// What this caller gets.
-        reply: T,
-    },
-    /// Keep nothing: release the key, so a retry runs the work again.
-    Release {
-        /// What this caller gets.
-        reply: T,
-        /// In transactional mode, whether the work's writes commit (a
-        /// success that is not to be stored) or roll back (a failure).
-        keep_writes: bool,
-    },
-    /// The work's outcome is unknown (it handed the job to something that
-    /// went silent after receiving it: an upstream reset mid-request, a
-    /// timeout): end the lease so the key is abandoned, answered
-    /// `outcome-unknown` and never run again blindly. In transactional mode
-    /// the work's writes roll back and the key is released instead.
-    Abandon {
-        /// What this caller gets.
-        reply: T,
-    },
-}
-
-/// What became of the outcome of work that ran.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Settled {
-    /// The outcome was stored: later callers get it replayed.
-    Stored,
-    /// The key was released: a retry runs the work again.
-    Released,
-    /// The work said its outcome is unknown: the key is abandoned.
-    Abandoned,
-    /// The work ran but its outcome could not be stored (the store failed):
-    /// later callers see the run as abandoned.
-    NotStored,
-    /// The store was down and the engine fails open: the work ran unguarded.
-    Unguarded,
-}
-
-/// Why the engine did not run the work (or cannot vouch for its run).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Refusal {
-    /// The key was used with another request (another fingerprint).
-    KeyReused,
-    /// The first request with this key is still running.
-    InFlight {
-        /// When to ask again.
-        retry_after: Duration,
-    },
-    /// An earlier run was abandoned: its effects are unknown.
-    OutcomeUnknown,
-    /// The earlier run's outcome was too large to store.
-    ResponseNotStored,
-    /// The store failed or did not answer; the work did not run.
-    StoreUnavailable {
-        /// When to try again.
-        retry_after: Duration,
-    },
-    /// The work ran past the maximum handler time and was cut off.
-    TimedOut {
-        /// Whether its writes were rolled back with the record
-        /// (transactional mode): then a retry runs it again, safely.
-        rolled_back: bool,
-    },
-    /// The work panicked (or its transactional completion failed and was
-    /// rolled back); the key was released.
-    Failed,
-}
-
-/// The engine's answer to one [`Engine::run`].
-#[derive(Debug)]
-pub enum Answer<T> {
-    /// The work ran for this caller.
-    Ran {
-        /// What the work handed back.
-        reply: T,
-        /// What became of its outcome.
-        settled: Settled,
-    },
-    /// The work ran before: its stored outcome.
-    Replay(StoredResponse),
-    /// The work did not run for this caller.
-    Refused(Refusal),
-}
-
-impl<T> Answer<T> {
-    /// The metrics outcome of this answer (the `outcome` label).
-    pub fn outcome(&self) -> Outcome {
-        match self {
-            Self::Ran { settled, .. } => match settled {
-                Settled::Stored | Settled::NotStored => Outcome::Executed,
-                Settled::Released => Outcome::Released,
-                Settled::Abandoned => Outcome::Abandoned,
-                Settled::Unguarded => Outcome::StoreUnavailable,
-            },
-            Self::Replay(_) => Outcome::Replayed,
-            Self::Refused(refusal) => match refusal {
-                Refusal::KeyReused => Outcome::KeyReused,
-                Refusal::InFlight { .. } => Outcome::InFlight,
-                Refusal::OutcomeUnknown | Refusal::ResponseNotStored => Outcome::Rejected,
-                Refusal::StoreUnavailable { .. } => Outcome::StoreUnavailable,
-                Refusal::TimedOut { rolled_back: true } | Refusal::Failed => Outcome::Released,
-                Refusal::TimedOut { rolled_back: false } => Outcome::Abandoned,
-            },
-        }
-    }
-}
+use crate::telemetry::MetricHandles;
 
 /// What the work gets to know about its run.
 #[derive(Debug)]
@@ -310,52 +133,6 @@ impl RunContext {
     #[cfg(feature = "postgres")]
     pub(crate) fn slot(&self) -> Option<&transaction::TransactionSlot> {
         self.slot.as_ref()
-    }
-}
-
-/// The engine's settings. Each default says why it is the default.
-#[derive(Debug, Clone)]
-pub(crate) struct EngineConfig {
-    /// 60 s: long enough that renewals (every third of it) are rare, short
-    /// enough that a crashed process's keys free up within a minute.
-    pub(crate) lease: Duration,
-    /// 10 minutes: no write should hold a key longer.
-    pub(crate) max_handler_time: Duration,
-    /// 24 hours, as Stripe keeps keys: covers any sane retry schedule.
-    pub(crate) retention: Duration,
-    /// Reject at once, abandoned runs are not run again, 1 s hint.
-    pub(crate) policy: Policy,
-    /// Closed: an outage must never turn into double execution.
-    pub(crate) failure_mode: FailureMode,
-    /// 5 s: a store slower than that is as good as down.
-    pub(crate) store_timeout: Duration,
-    /// Off: it needs PostgreSQL and work that writes through a [`crate::Tx`].
-    #[cfg(feature = "postgres")]
-    pub(crate) transactions: Option<transaction::Transactions>,
-    /// Off: only work whose every write goes through its transaction may
-    /// be taken over before it began one.
-    #[cfg(feature = "postgres")]
-    pub(crate) transactional_claims: bool,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            lease: Duration::from_secs(60),
-            max_handler_time: Duration::from_secs(600),
-            retention: Duration::from_secs(24 * 3600),
-            policy: Policy {
-                abandoned: AbandonedPolicy::Reject,
-                in_flight: InFlightPolicy::Reject,
-                retry_after: Duration::from_secs(1),
-            },
-            failure_mode: FailureMode::Closed,
-            store_timeout: Duration::from_secs(5),
-            #[cfg(feature = "postgres")]
-            transactions: None,
-            #[cfg(feature = "postgres")]
-            transactional_claims: false,
-        }
     }
 }
 
@@ -400,123 +177,14 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Keeps completed records' responses in this process, up to
-    /// `capacity` bytes, so replays cost no store round trip (see the
-    /// cache's docs in the crate's `engine::cache` module for when a copy
-    /// is dropped). A copy lives at most `max_age`: on a store that does not
-    /// publish other processes' changes (SQLite, PostgreSQL without
-    /// notifications), that bounds how long an operator's deletion made
-    /// elsewhere can go unseen here.
-    ///
-    /// The default value is no cache.
-    pub fn with_replay_cache(mut self, capacity: usize, max_age: Duration) -> Self {
-        let cache = Arc::new(cache::ReplayCache::new(capacity, max_age));
-        let weak = Arc::downgrade(&cache);
-        let watcher: Arc<crate::events::Watcher> = Arc::new(move |scope: &str, key: &str| {
-            if let Some(cache) = weak.upgrade() {
-                cache.invalidate(scope, key);
-            }
-        });
-        self.store.events().watch(&watcher);
-        self.cache = Some(Arc::new(ReplayCacheHandle {
-            cache,
-            _watcher: watcher,
-        }));
-        self
-    }
-
     /// The replay cache, when the engine keeps one.
     fn replay_cache(&self) -> Option<&cache::ReplayCache> {
         self.cache.as_deref().map(|handle| &*handle.cache)
     }
 
-    fn config_mut(&mut self) -> &mut EngineConfig {
-        Arc::make_mut(&mut self.config)
-    }
-
     /// The store the engine keeps records in.
     pub fn store(&self) -> &S {
         &self.store
-    }
-
-    /// Sets the lease a run holds on its key. The engine renews it every
-    /// third of its length until the outcome is settled, so a live run never
-    /// loses it and a crashed process's keys free up within one lease.
-    ///
-    /// The default value is 60 seconds.
-    ///
-    /// # Panics
-    ///
-    /// When `lease` is under one second.
-    pub fn with_lease(mut self, lease: Duration) -> Self {
-        assert!(
-            lease >= Duration::from_secs(1),
-            "the lease must be at least one second"
-        );
-        self.config_mut().lease = lease;
-        self
-    }
-
-    /// Sets the longest a run may take (work and capture of its outcome);
-    /// past it the engine cuts it off and answers [`Refusal::TimedOut`]. The
-    /// key becomes abandoned (in transactional mode it is released: its
-    /// writes were rolled back).
-    ///
-    /// The default value is 10 minutes.
-    pub fn with_max_handler_time(mut self, max: Duration) -> Self {
-        self.config_mut().max_handler_time = max;
-        self
-    }
-
-    /// Sets how long a record lives after its key was first claimed; then it
-    /// is purged and the key may be used again.
-    ///
-    /// The default value is 24 hours.
-    pub fn with_retention(mut self, retention: Duration) -> Self {
-        self.config_mut().retention = retention;
-        self
-    }
-
-    /// Sets what a caller does when its key is still in flight.
-    ///
-    /// The default value is [`InFlightPolicy::Reject`].
-    pub fn with_in_flight(mut self, policy: InFlightPolicy) -> Self {
-        self.config_mut().policy.in_flight = policy;
-        self
-    }
-
-    /// Sets the `retry_after` hint of in-flight and store-unavailable
-    /// refusals (never beyond the remaining lease).
-    ///
-    /// The default value is 1 second.
-    pub fn with_retry_after(mut self, hint: Duration) -> Self {
-        self.config_mut().policy.retry_after = hint;
-        self
-    }
-
-    /// Sets what a caller does when its key's earlier run was abandoned.
-    ///
-    /// The default value is [`AbandonedPolicy::Reject`].
-    pub fn with_abandoned(mut self, policy: AbandonedPolicy) -> Self {
-        self.config_mut().policy.abandoned = policy;
-        self
-    }
-
-    /// Sets what happens when the store fails.
-    ///
-    /// The default value is [`FailureMode::Closed`].
-    pub fn with_failure_mode(mut self, mode: FailureMode) -> Self {
-        self.config_mut().failure_mode = mode;
-        self
-    }
-
-    /// Sets how long one store operation may take before the engine treats
-    /// the store as unavailable.
-    ///
-    /// The default value is 5 seconds.
-    pub fn with_store_timeout(mut self, timeout: Duration) -> Self {
-        self.config_mut().store_timeout = timeout;
-        self
     }
 
     /// A handle that waits, on shutdown, for every run this engine (and its
@@ -731,59 +399,5 @@ impl<S: Store> Engine<S> {
     /// The handles of the engine's per-request metrics.
     pub(crate) fn metrics(&self) -> &Arc<MetricHandles> {
         &self.metrics
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl<S: crate::store::TransactionalStore> Engine<S> {
-    /// Turns transactional mode on or off: the work writes through a
-    /// [`crate::Tx`] (see [`RunContext::tx`]), and the engine commits those
-    /// writes together with the stored outcome, so a crash or timeout
-    /// leaves nothing behind. A run that never begins its transaction is an
-    /// ordinary run (its record is marked transactional only when the
-    /// transaction begins).
-    ///
-    /// The default value is `false`.
-    ///
-    /// # Panics
-    ///
-    /// When turned on over a store without PostgreSQL.
-    pub fn with_transactional_mode(mut self, on: bool) -> Self {
-        let transactions = on.then(|| {
-            let postgres = self
-                .store
-                .postgres()
-                .cloned()
-                .expect("transactional mode needs a PostgreSQL store");
-            let store = self.store.clone();
-            transaction::Transactions {
-                postgres,
-                committed: Arc::new(move |lease: Lease| {
-                    let store = store.clone();
-                    Box::pin(async move { store.committed(&lease).await })
-                }),
-            }
-        });
-        self.config_mut().transactions = transactions;
-        self
-    }
-
-    /// Marks every record transactional from its claim on (in
-    /// transactional mode), not only once the work begins its transaction:
-    /// a run that dies between its claim and its commit is then taken over
-    /// by the next caller, never left with an unknown outcome. For a
-    /// transactional inbox, whose handler writes only through its
-    /// transaction.
-    ///
-    /// The default value is `false`.
-    ///
-    /// # Warning
-    ///
-    /// A write of the work that does not go through [`RunContext::tx`] (a
-    /// call to another service, say) is repeated when a dead run is taken
-    /// over.
-    pub fn with_transactional_claims(mut self, on: bool) -> Self {
-        self.config_mut().transactional_claims = on;
-        self
     }
 }

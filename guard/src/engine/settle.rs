@@ -1,4 +1,4 @@
-//! Step 5 of a run: write its end to the store, fenced by its lease, or in
+//! The *settle* step (see the engine's docs): write its end to the store, fenced by its lease, or in
 //! its transaction when the work began one.
 
 use std::time::Duration;

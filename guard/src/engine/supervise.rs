@@ -1,4 +1,4 @@
-//! Step 4 of a run: the work runs, its lease renewed until the outcome is
+//! The *run* step (see the engine's docs): the work runs, its lease renewed until the outcome is
 //! settled, and cut off at the maximum handler time.
 
 use std::any::Any;
@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::cache::Left;
 use super::settle::{Ending, SettleError, Transaction};
 use super::{Answer, Engine, Job, Refusal, Settle, Settled, timed};
 use crate::StoredResponse;
@@ -96,7 +97,11 @@ impl<S: Store> Engine<S> {
         self.store.events().publish(&job.scope, &job.key);
         // After the event, which drops any older copy: keep the new one.
         if let (Some(cache), Some(stored)) = (self.replay_cache(), stored) {
-            let lives = self.config.retention.saturating_sub(started.elapsed());
+            let lives = Left::Completed {
+                retention: self.config.retention,
+                since_claim: started.elapsed(),
+            }
+            .lives();
             cache.put(&job.scope, &job.key, job.fingerprint, stored, lives);
         }
         answer

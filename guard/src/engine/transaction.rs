@@ -28,6 +28,7 @@ use std::sync::Arc;
 use sqlx::{PgConnection, Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
+use super::Engine;
 use crate::store::Lease;
 use crate::store::postgres::PostgresStore;
 
@@ -158,5 +159,58 @@ impl Transactions {
 impl std::fmt::Debug for Transactions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Transactions").finish_non_exhaustive()
+    }
+}
+
+impl<S: crate::store::TransactionalStore> Engine<S> {
+    /// Turns transactional mode on or off: the work writes through a
+    /// [`crate::Tx`] (see [`RunContext::tx`]), and the engine commits those
+    /// writes together with the stored outcome, so a crash or timeout
+    /// leaves nothing behind. A run that never begins its transaction is an
+    /// ordinary run (its record is marked transactional only when the
+    /// transaction begins).
+    ///
+    /// The default value is `false`.
+    ///
+    /// # Panics
+    ///
+    /// When turned on over a store without PostgreSQL.
+    pub fn with_transactional_mode(mut self, on: bool) -> Self {
+        let transactions = on.then(|| {
+            let postgres = self
+                .store
+                .postgres()
+                .cloned()
+                .expect("transactional mode needs a PostgreSQL store");
+            let store = self.store.clone();
+            Transactions {
+                postgres,
+                committed: Arc::new(move |lease: Lease| {
+                    let store = store.clone();
+                    Box::pin(async move { store.committed(&lease).await })
+                }),
+            }
+        });
+        self.config_mut().transactions = transactions;
+        self
+    }
+
+    /// Marks every record transactional from its claim on (in
+    /// transactional mode), not only once the work begins its transaction:
+    /// a run that dies between its claim and its commit is then taken over
+    /// by the next caller, never left with an unknown outcome. For a
+    /// transactional inbox, whose handler writes only through its
+    /// transaction.
+    ///
+    /// The default value is `false`.
+    ///
+    /// # Warning
+    ///
+    /// A write of the work that does not go through [`RunContext::tx`] (a
+    /// call to another service, say) is repeated when a dead run is taken
+    /// over.
+    pub fn with_transactional_claims(mut self, on: bool) -> Self {
+        self.config_mut().transactional_claims = on;
+        self
     }
 }

@@ -1,0 +1,141 @@
+//! What the engine and the work tell each other: how the work ended
+//! ([`Settle`]), what became of its outcome ([`Settled`]), why it did not
+//! run ([`Refusal`]) and the caller's [`Answer`].
+//!
+//! # Glossary: the "what happened" types
+//!
+//! | type | who says it | what it says |
+//! |---|---|---|
+//! | [`crate::decision::Decision`] | the pure policy | on an existing record: replay, refuse, wait or take over |
+//! | `claim::Acquired` (private) | the claim step | this run holds the lease, or answer now, or the store failed |
+//! | [`Settle`] | the work | keep this outcome, release the key, or abandon it |
+//! | `settle::Ending` (private) | the engine | what the settle step writes (complete, release, abandon, cut off) |
+//! | [`Settled`] | the engine | what became of a run's outcome (stored, released, abandoned, not stored, unguarded) |
+//! | [`Refusal`] | the engine | why the work did not run (or cannot be vouched for) |
+//! | [`Answer`] | the engine | the caller's answer: ran, replay, refused |
+//! | [`crate::telemetry::Outcome`] | [`Answer::outcome`] | the metrics label, one per answer |
+//! | [`crate::Rejection`] | the axum layer | an HTTP refusal rendered as problem+json |
+//! | `Verdict` | the consumer crate | what a broker is told: ack, redeliver, retry, dead-letter, park |
+//! | `Exchange` | the gateway crate | how a forwarded request ended upstream |
+
+use std::time::Duration;
+
+use crate::StoredResponse;
+use crate::telemetry::Outcome;
+
+/// How the work ended, as the work tells the engine.
+#[derive(Debug)]
+pub enum Settle<T> {
+    /// Keep `response` as the key's outcome (replayed to every later
+    /// caller); hand `reply` to this caller.
+    Complete {
+        /// The outcome to store.
+        response: StoredResponse,
+        /// What this caller gets.
+        reply: T,
+    },
+    /// Keep nothing: release the key, so a retry runs the work again.
+    Release {
+        /// What this caller gets.
+        reply: T,
+        /// In transactional mode, whether the work's writes commit (a
+        /// success that is not to be stored) or roll back (a failure).
+        keep_writes: bool,
+    },
+    /// The work's outcome is unknown (it handed the job to something that
+    /// went silent after receiving it: an upstream reset mid-request, a
+    /// timeout): end the lease so the key is abandoned, answered
+    /// `outcome-unknown` and never run again blindly. In transactional mode
+    /// the work's writes roll back and the key is released instead.
+    Abandon {
+        /// What this caller gets.
+        reply: T,
+    },
+}
+
+/// What became of the outcome of work that ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settled {
+    /// The outcome was stored: later callers get it replayed.
+    Stored,
+    /// The key was released: a retry runs the work again.
+    Released,
+    /// The work said its outcome is unknown: the key is abandoned.
+    Abandoned,
+    /// The work ran but its outcome could not be stored (the store failed):
+    /// later callers see the run as abandoned.
+    NotStored,
+    /// The store was down and the engine fails open: the work ran unguarded.
+    Unguarded,
+}
+
+/// Why the engine did not run the work (or cannot vouch for its run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The key was used with another request (another fingerprint).
+    KeyReused,
+    /// The first request with this key is still running.
+    InFlight {
+        /// When to ask again.
+        retry_after: Duration,
+    },
+    /// An earlier run was abandoned: its effects are unknown.
+    OutcomeUnknown,
+    /// The earlier run's outcome was too large to store.
+    ResponseNotStored,
+    /// The store failed or did not answer; the work did not run.
+    StoreUnavailable {
+        /// When to try again.
+        retry_after: Duration,
+    },
+    /// The work ran past the maximum handler time and was cut off.
+    TimedOut {
+        /// Whether its writes were rolled back with the record
+        /// (transactional mode): then a retry runs it again, safely.
+        rolled_back: bool,
+    },
+    /// The work panicked (or its transactional completion failed and was
+    /// rolled back); the key was released.
+    Failed,
+}
+
+/// The engine's answer to one [`Engine::run`].
+#[derive(Debug)]
+pub enum Answer<T> {
+    /// The work ran for this caller.
+    Ran {
+        /// What the work handed back.
+        reply: T,
+        /// What became of its outcome.
+        settled: Settled,
+    },
+    /// The work ran before: its stored outcome.
+    Replay(StoredResponse),
+    /// The work did not run for this caller.
+    Refused(Refusal),
+}
+
+impl<T> Answer<T> {
+    /// The metrics outcome of this answer (the `outcome` label).
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Self::Ran { settled, .. } => match settled {
+                Settled::Stored | Settled::NotStored => Outcome::Executed,
+                Settled::Released => Outcome::Released,
+                Settled::Abandoned => Outcome::Abandoned,
+                Settled::Unguarded => Outcome::StoreUnavailable,
+            },
+            Self::Replay(_) => Outcome::Replayed,
+            Self::Refused(refusal) => match refusal {
+                Refusal::KeyReused => Outcome::KeyReused,
+                Refusal::InFlight { .. } => Outcome::InFlight,
+                Refusal::OutcomeUnknown | Refusal::ResponseNotStored => Outcome::Rejected,
+                Refusal::StoreUnavailable { .. } => Outcome::StoreUnavailable,
+                Refusal::TimedOut { rolled_back: true } | Refusal::Failed => Outcome::Released,
+                Refusal::TimedOut { rolled_back: false } => Outcome::Abandoned,
+            },
+        }
+    }
+}

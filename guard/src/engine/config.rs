@@ -1,0 +1,185 @@
+//! The engine's settings: [`EngineConfig`] with a reason for each default,
+//! and every `Engine::with_*` builder but transactional mode's (in
+//! `transaction.rs`). A new setting costs one field, one default and one
+//! builder here; the axum layer takes an engine rather than copying them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Engine, ReplayCacheHandle, cache};
+use crate::decision::{AbandonedPolicy, InFlightPolicy, Policy};
+use crate::store::Store;
+
+/// What the engine does when the store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailureMode {
+    /// Refuse with [`Refusal::StoreUnavailable`]; the work does not run. The default.
+    #[default]
+    Closed,
+    /// Run the work unguarded.
+    ///
+    /// # Warning
+    ///
+    /// While the store is down, retries run again: a retried payment is
+    /// charged twice. Choose this only where a duplicate is cheaper than an
+    /// outage.
+    Open,
+}
+
+/// The engine's settings. Each default says why it is the default.
+#[derive(Debug, Clone)]
+pub(crate) struct EngineConfig {
+    /// 60 s: long enough that renewals (every third of it) are rare, short
+    /// enough that a crashed process's keys free up within a minute.
+    pub(crate) lease: Duration,
+    /// 10 minutes: no write should hold a key longer.
+    pub(crate) max_handler_time: Duration,
+    /// 24 hours, as Stripe keeps keys: covers any sane retry schedule.
+    pub(crate) retention: Duration,
+    /// Reject at once, abandoned runs are not run again, 1 s hint.
+    pub(crate) policy: Policy,
+    /// Closed: an outage must never turn into double execution.
+    pub(crate) failure_mode: FailureMode,
+    /// 5 s: a store slower than that is as good as down.
+    pub(crate) store_timeout: Duration,
+    /// Off: it needs PostgreSQL and work that writes through a [`crate::Tx`].
+    #[cfg(feature = "postgres")]
+    pub(crate) transactions: Option<super::transaction::Transactions>,
+    /// Off: only work whose every write goes through its transaction may
+    /// be taken over before it began one.
+    #[cfg(feature = "postgres")]
+    pub(crate) transactional_claims: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(60),
+            max_handler_time: Duration::from_secs(600),
+            retention: Duration::from_secs(24 * 3600),
+            policy: Policy {
+                abandoned: AbandonedPolicy::Reject,
+                in_flight: InFlightPolicy::Reject,
+                retry_after: Duration::from_secs(1),
+            },
+            failure_mode: FailureMode::Closed,
+            store_timeout: Duration::from_secs(5),
+            #[cfg(feature = "postgres")]
+            transactions: None,
+            #[cfg(feature = "postgres")]
+            transactional_claims: false,
+        }
+    }
+}
+
+impl<S: Store> Engine<S> {
+    pub(super) fn config_mut(&mut self) -> &mut EngineConfig {
+        Arc::make_mut(&mut self.config)
+    }
+
+    /// Keeps completed records' responses in this process, up to
+    /// `capacity` bytes, so replays cost no store round trip (see the
+    /// cache's docs in the crate's `engine::cache` module for when a copy
+    /// is dropped). A copy lives at most `max_age`: on a store that does not
+    /// publish other processes' changes (SQLite, PostgreSQL without
+    /// notifications), that bounds how long an operator's deletion made
+    /// elsewhere can go unseen here.
+    ///
+    /// The default value is no cache.
+    pub fn with_replay_cache(mut self, capacity: usize, max_age: Duration) -> Self {
+        let cache = Arc::new(cache::ReplayCache::new(capacity, max_age));
+        let weak = Arc::downgrade(&cache);
+        let watcher: Arc<crate::events::Watcher> = Arc::new(move |scope: &str, key: &str| {
+            if let Some(cache) = weak.upgrade() {
+                cache.invalidate(scope, key);
+            }
+        });
+        self.store.events().watch(&watcher);
+        self.cache = Some(Arc::new(ReplayCacheHandle {
+            cache,
+            _watcher: watcher,
+        }));
+        self
+    }
+
+    /// Sets the lease a run holds on its key. The engine renews it every
+    /// third of its length until the outcome is settled, so a live run never
+    /// loses it and a crashed process's keys free up within one lease.
+    ///
+    /// The default value is 60 seconds.
+    ///
+    /// # Panics
+    ///
+    /// When `lease` is under one second.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        assert!(
+            lease >= Duration::from_secs(1),
+            "the lease must be at least one second"
+        );
+        self.config_mut().lease = lease;
+        self
+    }
+
+    /// Sets the longest a run may take (work and capture of its outcome);
+    /// past it the engine cuts it off and answers [`Refusal::TimedOut`]. The
+    /// key becomes abandoned (in transactional mode it is released: its
+    /// writes were rolled back).
+    ///
+    /// The default value is 10 minutes.
+    pub fn with_max_handler_time(mut self, max: Duration) -> Self {
+        self.config_mut().max_handler_time = max;
+        self
+    }
+
+    /// Sets how long a record lives after its key was first claimed; then it
+    /// is purged and the key may be used again.
+    ///
+    /// The default value is 24 hours.
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.config_mut().retention = retention;
+        self
+    }
+
+    /// Sets what a caller does when its key is still in flight.
+    ///
+    /// The default value is [`InFlightPolicy::Reject`].
+    pub fn with_in_flight(mut self, policy: InFlightPolicy) -> Self {
+        self.config_mut().policy.in_flight = policy;
+        self
+    }
+
+    /// Sets the `retry_after` hint of in-flight and store-unavailable
+    /// refusals (never beyond the remaining lease).
+    ///
+    /// The default value is 1 second.
+    pub fn with_retry_after(mut self, hint: Duration) -> Self {
+        self.config_mut().policy.retry_after = hint;
+        self
+    }
+
+    /// Sets what a caller does when its key's earlier run was abandoned.
+    ///
+    /// The default value is [`AbandonedPolicy::Reject`].
+    pub fn with_abandoned(mut self, policy: AbandonedPolicy) -> Self {
+        self.config_mut().policy.abandoned = policy;
+        self
+    }
+
+    /// Sets what happens when the store fails.
+    ///
+    /// The default value is [`FailureMode::Closed`].
+    pub fn with_failure_mode(mut self, mode: FailureMode) -> Self {
+        self.config_mut().failure_mode = mode;
+        self
+    }
+
+    /// Sets how long one store operation may take before the engine treats
+    /// the store as unavailable.
+    ///
+    /// The default value is 5 seconds.
+    pub fn with_store_timeout(mut self, timeout: Duration) -> Self {
+        self.config_mut().store_timeout = timeout;
+        self
+    }
+}

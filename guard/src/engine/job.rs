@@ -1,0 +1,54 @@
+//! What one run is about: the [`Job`] an adapter hands the engine (the
+//! scope and key it runs under, the request's fingerprint, and what the
+//! status service and the metrics show).
+
+use crate::Fingerprint;
+
+/// One request to run some work once: the key it runs under and what
+/// identifies the request (so a reuse of the key for another request is
+/// refused).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// The namespace of the key (a tenant, a queue).
+    pub scope: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The fingerprint of the request.
+    pub fingerprint: Fingerprint,
+    /// What kind of request it is (an HTTP method; `RUN` by default). Shown
+    /// by the status service.
+    pub method: String,
+    /// Where the request went (an HTTP path; empty by default). Shown by the
+    /// status service.
+    pub path: String,
+    /// A name of few values for metrics (a route template, a queue); empty
+    /// by default.
+    pub route: String,
+}
+
+impl Job {
+    /// A job for `key` in `scope`, with method `RUN` and an empty path.
+    pub fn new(scope: impl Into<String>, key: impl Into<String>, fingerprint: Fingerprint) -> Self {
+        Self {
+            scope: scope.into(),
+            key: key.into(),
+            fingerprint,
+            method: String::from("RUN"),
+            path: String::new(),
+            route: String::new(),
+        }
+    }
+
+    /// Sets the method and path the status service shows for the record.
+    pub fn with_request(mut self, method: impl Into<String>, path: impl Into<String>) -> Self {
+        self.method = method.into();
+        self.path = path.into();
+        self
+    }
+
+    /// Sets the name the run's metrics carry (a route template, a queue).
+    pub fn with_route(mut self, route: impl Into<String>) -> Self {
+        self.route = route.into();
+        self
+    }
+}
