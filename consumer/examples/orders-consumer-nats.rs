@@ -10,7 +10,9 @@
 //! Environment: `NATS_URL` (default `127.0.0.1:4222`), `STREAM` (default
 //! `ORDERS`, subjects `ORDERS.>`: work on `ORDERS.new`, set-aside copies
 //! on `ORDERS.dead` and `ORDERS.parked`), `DATABASE_URL` (default
-//! `sqlite://orders-consumer.db?mode=rwc`), `PUBLISH` (publish that many
+//! `sqlite://orders-consumer.db?mode=rwc`), `STORE` (`sql`, `redis` or
+//! `tiered`, with `REDIS_URL`), `LEASE_SECS` (default 60: how long a killed
+//! consumer's keys stay in flight), `CONCURRENCY` (default 16), `PUBLISH` (publish that many
 //! demo orders, then the same orders again once JetStream's own short
 //! deduplication window has passed). Ctrl-C stops it.
 
@@ -21,7 +23,7 @@ use idempotency_consumer::nats::async_nats::{self, jetstream};
 use idempotency_consumer::{Inbox, Incoming, KeySource};
 use idempotency_guard::Engine;
 use idempotency_guard::engine::RunContext;
-use idempotency_guard::store::AnyStore;
+use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -29,7 +31,29 @@ async fn main() -> anyhow::Result<()> {
     let stream = std::env::var("STREAM").unwrap_or_else(|_| "ORDERS".to_owned());
     let database = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "sqlite://orders-consumer.db?mode=rwc".to_owned());
-    let store = AnyStore::connect(&database).await?;
+    // STORE=sql (DATABASE_URL), redis or tiered (REDIS_URL, REDIS_PREFIX).
+    let kind: StoreKind = std::env::var("STORE")
+        .unwrap_or_else(|_| "sql".to_owned())
+        .parse()
+        .map_err(|error: String| anyhow::anyhow!("STORE: {error}"))?;
+    let redis_url = std::env::var("REDIS_URL").ok();
+    if kind != StoreKind::Sql && redis_url.is_none() {
+        anyhow::bail!("STORE={kind:?} needs REDIS_URL (a redis:// URL)");
+    }
+    let prefix = std::env::var("REDIS_PREFIX").unwrap_or_else(|_| "orders".to_owned());
+    let store = AnyStore::open(&StoreOptions {
+        kind,
+        database_url: &database,
+        redis_url: redis_url.as_deref(),
+        redis_prefix: &prefix,
+        notifications: false,
+        encryption: None,
+    })
+    .await?;
+    // How long a killed consumer's keys stay in flight before they turn
+    // abandoned (and are parked): the engine's lease.
+    let lease = std::time::Duration::from_secs(number("LEASE_SECS", 60)?);
+    let concurrency = number("CONCURRENCY", 16)?;
     store.migrate().await?;
     let context = jetstream::new(async_nats::connect(&url).await?);
     let js_stream = context
@@ -42,13 +66,19 @@ async fn main() -> anyhow::Result<()> {
             ..Default::default()
         })
         .await?;
+    let inbox = Inbox::new(Engine::new(store).with_lease(lease));
+    let drain = inbox.engine().drain();
+    let adapter = JetStreamConsumer::new(inbox, stream.as_str(), context.clone())
+        .with_key(KeySource::MessageId)
+        .with_concurrency(usize::try_from(concurrency).unwrap_or(usize::MAX));
+    // The adapter's settings: a short ack wait (kept alive by heartbeats
+    // while a message is in hand) and a few messages in hand per slot.
     let consumer = js_stream
         .get_or_create_consumer(
             "orders-consumer",
             jetstream::consumer::pull::Config {
-                durable_name: Some("orders-consumer".to_owned()),
                 filter_subject: format!("{stream}.new"),
-                ..Default::default()
+                ..adapter.pull_config("orders-consumer")
             },
         )
         .await?;
@@ -71,11 +101,10 @@ async fn main() -> anyhow::Result<()> {
                 .await?;
         }
     }
-    println!("consuming {stream}.new (records in {database}); Ctrl-C to stop");
-    let inbox = Inbox::new(Engine::new(store));
-    let drain = inbox.engine().drain();
-    JetStreamConsumer::new(inbox, stream.as_str(), context.clone())
-        .with_key(KeySource::MessageId)
+    println!(
+        "consuming {stream}.new (records: STORE={kind:?}, DATABASE_URL={database}); Ctrl-C to stop"
+    );
+    adapter
         .run(
             consumer,
             |order: Incoming, _run: RunContext| async move {
@@ -93,4 +122,14 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     drain.wait().await;
     Ok(())
+}
+
+/// A whole number from the environment, or `default` when unset.
+fn number(name: &str, default: u64) -> anyhow::Result<u64> {
+    match std::env::var(name) {
+        Ok(value) => value
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{name} must be a whole number, not {value:?}")),
+        Err(_) => Ok(default),
+    }
 }

@@ -9,6 +9,9 @@
 //! Environment: `AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),
 //! `QUEUE` (default `orders`), `DATABASE_URL` (default
 //! `sqlite://orders-consumer.db?mode=rwc`; `postgres://...` works too),
+//! `STORE` (`sql`, `redis` or `tiered`, with `REDIS_URL`), `LEASE_SECS`
+//! (default 60: how long a killed consumer's keys stay in flight),
+//! `CONCURRENCY` (default 16),
 //! `PUBLISH` (publish that many demo orders, each twice, before consuming).
 //! Ctrl-C stops it after the orders in hand are done.
 
@@ -19,7 +22,7 @@ use idempotency_consumer::rabbitmq::lapin::{BasicProperties, Connection, Connect
 use idempotency_consumer::{Inbox, Incoming, KeySource};
 use idempotency_guard::Engine;
 use idempotency_guard::engine::RunContext;
-use idempotency_guard::store::AnyStore;
+use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -28,7 +31,29 @@ async fn main() -> anyhow::Result<()> {
     let queue = std::env::var("QUEUE").unwrap_or_else(|_| "orders".to_owned());
     let database = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "sqlite://orders-consumer.db?mode=rwc".to_owned());
-    let store = AnyStore::connect(&database).await?;
+    // STORE=sql (DATABASE_URL), redis or tiered (REDIS_URL, REDIS_PREFIX).
+    let kind: StoreKind = std::env::var("STORE")
+        .unwrap_or_else(|_| "sql".to_owned())
+        .parse()
+        .map_err(|error: String| anyhow::anyhow!("STORE: {error}"))?;
+    let redis_url = std::env::var("REDIS_URL").ok();
+    if kind != StoreKind::Sql && redis_url.is_none() {
+        anyhow::bail!("STORE={kind:?} needs REDIS_URL (a redis:// URL)");
+    }
+    let prefix = std::env::var("REDIS_PREFIX").unwrap_or_else(|_| "orders".to_owned());
+    let store = AnyStore::open(&StoreOptions {
+        kind,
+        database_url: &database,
+        redis_url: redis_url.as_deref(),
+        redis_prefix: &prefix,
+        notifications: false,
+        encryption: None,
+    })
+    .await?;
+    // How long a killed consumer's keys stay in flight before they turn
+    // abandoned (and are parked): the engine's lease.
+    let lease = std::time::Duration::from_secs(number("LEASE_SECS", 60)?);
+    let concurrency = number("CONCURRENCY", 16)?;
     store.migrate().await?;
     let connection = Connection::connect(&amqp, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
@@ -59,11 +84,14 @@ async fn main() -> anyhow::Result<()> {
                 .await?;
         }
     }
-    println!("consuming {queue} (records in {database}); Ctrl-C to stop");
-    let inbox = Inbox::new(Engine::new(store));
+    println!(
+        "consuming {queue} (records: STORE={kind:?}, DATABASE_URL={database}); Ctrl-C to stop"
+    );
+    let inbox = Inbox::new(Engine::new(store).with_lease(lease));
     let drain = inbox.engine().drain();
     RabbitConsumer::new(inbox, queue.as_str())
         .with_key(KeySource::MessageId)
+        .with_concurrency(u16::try_from(concurrency).unwrap_or(u16::MAX))
         .run(
             &connection,
             |order: Incoming, _run: RunContext| async move {
@@ -82,4 +110,14 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     drain.wait().await;
     Ok(())
+}
+
+/// A whole number from the environment, or `default` when unset.
+fn number(name: &str, default: u64) -> anyhow::Result<u64> {
+    match std::env::var(name) {
+        Ok(value) => value
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{name} must be a whole number, not {value:?}")),
+        Err(_) => Ok(default),
+    }
 }
