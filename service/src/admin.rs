@@ -608,13 +608,23 @@ pub struct AdminAction {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
-    /// The scope to list (1 to 255 bytes).
-    #[param(min_length = 1, max_length = 255)]
+    /// The scope to list (1 to 255 bytes, no control characters).
+    #[param(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+    )]
     pub scope: String,
     /// `any` (the default), `in_flight`, `completed` or `abandoned`.
     #[param(pattern = "^(any|in_flight|completed|abandoned)$")]
     pub state: Option<String>,
-    /// Only keys after this one: the previous page's `next`.
+    /// Only keys after this one: the previous page's `next` (1 to 255
+    /// bytes, no control characters).
+    #[param(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+    )]
     pub after: Option<String>,
     /// At most this many records (1 to 1000; default 100).
     #[param(minimum = 1, maximum = 1000)]
@@ -727,7 +737,7 @@ fn forget_answer(
     path = "/v1/admin/keys/{scope}/{key}",
     tag = "admin",
     params(
-        ("scope" = String, Path, description = "The scope (1 to 255 bytes), percent-encoded", min_length = 1, max_length = 255),
+        ("scope" = String, Path, description = "The scope (1 to 255 bytes, no control characters), percent-encoded", min_length = 1, max_length = 255, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"),
         ("key" = String, Path, description = "The idempotency key, percent-encoded", min_length = 1, max_length = 255, pattern = "^[!-~]+$"),
         ForgetQuery
     ),
@@ -773,7 +783,7 @@ pub async fn forget_key(
     path = "/v1/admin/keys/{scope}/{key}/release",
     tag = "admin",
     params(
-        ("scope" = String, Path, description = "The scope (1 to 255 bytes), percent-encoded", min_length = 1, max_length = 255),
+        ("scope" = String, Path, description = "The scope (1 to 255 bytes, no control characters), percent-encoded", min_length = 1, max_length = 255, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"),
         ("key" = String, Path, description = "The idempotency key, percent-encoded", min_length = 1, max_length = 255, pattern = "^[!-~]+$"),
     ),
     security(("bearer" = [])),
