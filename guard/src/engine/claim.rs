@@ -25,6 +25,10 @@ const MAX_CLAIM_ROUNDS: usize = 8;
 pub(super) enum Acquired<T> {
     /// This run holds the lease: run the work.
     Lease(Lease),
+    /// Single-commit mode: this run holds the key's lock, and its
+    /// uncommitted claim, in this transaction.
+    #[cfg(feature = "postgres")]
+    Locked(Lease, sqlx::Transaction<'static, sqlx::Postgres>),
     /// Answer the caller without running.
     Answer(Answer<T>),
     /// The store failed: fail closed or open.
@@ -79,9 +83,27 @@ impl<S: Store> Engine<S> {
             InFlightPolicy::Reject => Instant::now(),
         };
         for _ in 0..MAX_CLAIM_ROUNDS {
-            let pending = PendingClaim::arm(self, &new);
-            let claimed = self.timed("claim", self.store.claim(&new)).await;
-            pending.disarm();
+            #[cfg(feature = "postgres")]
+            let claimed = match self.single_commit_store() {
+                Some(postgres) => {
+                    use super::transaction::LockedStep;
+                    match Box::pin(self.claim_locked(postgres, &new, wait_until)).await {
+                        LockedStep::Held(lease, transaction) => {
+                            return Acquired::Locked(lease, transaction);
+                        }
+                        LockedStep::Record(record) => Ok(Claim::Existing(record)),
+                        LockedStep::InFlight => {
+                            return Acquired::Answer(Answer::Refused(Refusal::InFlight {
+                                retry_after: self.config.policy.retry_after,
+                            }));
+                        }
+                        LockedStep::Failed => return Acquired::StoreFailed,
+                    }
+                }
+                None => self.claim_committed(&new).await,
+            };
+            #[cfg(not(feature = "postgres"))]
+            let claimed = self.claim_committed(&new).await;
             let mut record = match claimed {
                 Ok(Claim::Acquired(lease)) => return Acquired::Lease(lease),
                 Ok(Claim::Existing(record)) if record.lease_token == token => {
@@ -157,6 +179,15 @@ impl<S: Store> Engine<S> {
         Acquired::Answer(Answer::Refused(Refusal::InFlight {
             retry_after: self.config.policy.retry_after,
         }))
+    }
+
+    /// The claim as a committed record (every mode but single-commit),
+    /// released in the background if the caller goes away meanwhile.
+    async fn claim_committed(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        let pending = PendingClaim::arm(self, new);
+        let claimed = self.timed("claim", self.store.claim(new)).await;
+        pending.disarm();
+        claimed
     }
 
     /// A claim or takeover failed after it may have been sent: it may have

@@ -50,6 +50,10 @@ pub(crate) struct EngineConfig {
     /// be taken over before it began one.
     #[cfg(feature = "postgres")]
     pub(crate) transactional_claims: bool,
+    /// Off: single-commit runs repeat work whose effects are outside their
+    /// transaction when a run dies (see `Engine::with_single_commit`).
+    #[cfg(feature = "postgres")]
+    pub(crate) single_commit: bool,
 }
 
 impl Default for EngineConfig {
@@ -69,6 +73,8 @@ impl Default for EngineConfig {
             transactions: None,
             #[cfg(feature = "postgres")]
             transactional_claims: false,
+            #[cfg(feature = "postgres")]
+            single_commit: false,
         }
     }
 }

@@ -98,6 +98,13 @@ use crate::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 use crate::telemetry::MetricHandles;
 
+/// The transaction a single-commit claim holds the key in (nothing
+/// without PostgreSQL).
+#[cfg(feature = "postgres")]
+type Held = Option<sqlx::Transaction<'static, sqlx::Postgres>>;
+#[cfg(not(feature = "postgres"))]
+type Held = ();
+
 /// What the work gets to know about its run.
 #[derive(Debug)]
 pub struct RunContext {
@@ -211,6 +218,11 @@ impl<S: Store> Engine<S> {
             config.retention,
             config.max_handler_time + config.lease,
         );
+        #[cfg(feature = "postgres")]
+        assert!(
+            !config.single_commit || config.transactions.is_some(),
+            "single-commit mode needs transactional mode (with_transactional_mode(true))"
+        );
     }
 
     /// Runs `work` at most once for `job`'s key, or answers with the stored
@@ -260,15 +272,17 @@ impl<S: Store> Engine<S> {
         Fut: Future<Output = Settle<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let lease = match self.acquire(&job).await {
-            claim::Acquired::Lease(lease) => lease,
+        let (lease, held) = match self.acquire(&job).await {
+            claim::Acquired::Lease(lease) => (lease, Held::default()),
+            #[cfg(feature = "postgres")]
+            claim::Acquired::Locked(lease, transaction) => (lease, Some(transaction)),
             claim::Acquired::Answer(answer) => return answer,
             claim::Acquired::StoreFailed => return self.store_failed(work).await,
         };
         // No await between the claim's answer and this hand-off: from here
         // on the run goes on to its end, whatever becomes of the caller.
         let engine = self.clone();
-        let run = async move { engine.run_acquired(job, lease, work).await };
+        let run = async move { engine.run_acquired(job, lease, held, work).await };
         // The run stays inside the caller's span, in a task of its own too.
         #[cfg(feature = "otel")]
         let run = tracing::Instrument::in_current_span(run);
@@ -318,16 +332,21 @@ impl<S: Store> Engine<S> {
     }
 
     /// Steps 4 to 6 of the module docs, inside the run's own task.
-    async fn run_acquired<F, Fut, T>(self, job: Job, lease: Lease, work: F) -> Answer<T>
+    async fn run_acquired<F, Fut, T>(self, job: Job, lease: Lease, held: Held, work: F) -> Answer<T>
     where
         F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Settle<T>> + Send + 'static,
         T: Send + 'static,
     {
         #[cfg(feature = "postgres")]
-        let slot = self.config.transactions.as_ref().map(|transactions| {
-            transaction::TransactionSlot::new(transactions.postgres.clone(), lease.clone())
-        });
+        let slot = match held {
+            Some(transaction) => Some(transaction::TransactionSlot::locked(transaction)),
+            None => self.config.transactions.as_ref().map(|transactions| {
+                transaction::TransactionSlot::new(transactions.postgres.clone(), lease.clone())
+            }),
+        };
+        #[cfg(not(feature = "postgres"))]
+        let () = held;
         let context = RunContext {
             lease: Some(lease.clone()),
             #[cfg(feature = "postgres")]

@@ -48,6 +48,18 @@ pub(super) struct Transaction(pub(super) Option<super::transaction::TransactionS
 #[cfg(not(feature = "postgres"))]
 pub(super) struct Transaction;
 
+impl Transaction {
+    /// Whether the run holds its key by its transaction's lock
+    /// (single-commit mode): no lease to renew, nothing committed to
+    /// release.
+    pub(super) fn holds_lock(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        return self.0.as_ref().is_some_and(|slot| slot.holds_lock());
+        #[cfg(not(feature = "postgres"))]
+        false
+    }
+}
+
 impl<S: Store> Engine<S> {
     /// Writes the end of a run: in the work's transaction when it began
     /// one, else with the fenced store operations. `Ok(true)` when it went
@@ -69,7 +81,8 @@ impl<S: Store> Engine<S> {
                 Ok(Some(open)) => {
                     // Boxed: its PostgreSQL futures would otherwise enlarge
                     // every run's future, transactional or not.
-                    return Box::pin(self.settle_in_transaction(lease, open, ending))
+                    let locked = slot.holds_lock();
+                    return Box::pin(self.settle_in_transaction(lease, open, locked, ending))
                         .await
                         .map(|()| true);
                 }
@@ -117,6 +130,7 @@ impl<S: Store> Engine<S> {
         &self,
         lease: &Lease,
         mut transaction: sqlx::Transaction<'static, sqlx::Postgres>,
+        locked: bool,
         ending: Ending<'_>,
     ) -> Result<(), SettleError> {
         let rolled_back = |error| SettleError {
@@ -142,6 +156,12 @@ impl<S: Store> Engine<S> {
             Ending::Release { keep_writes: false } | Ending::CutOff => {
                 // Roll the writes back, then free the key: nothing ran.
                 let _ = transaction.rollback().await;
+                if locked {
+                    // The claim was in the transaction too: the rollback
+                    // freed the key. Wake waiters elsewhere.
+                    transactions.postgres.announce_rolled_back(lease).await;
+                    return Ok(());
+                }
                 return self
                     .timed("release", self.store.release(lease))
                     .await

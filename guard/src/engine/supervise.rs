@@ -48,12 +48,20 @@ impl<S: Store> Engine<S> {
     {
         let started = Instant::now();
         let max = self.config.max_handler_time;
-        let first = (self.config.lease / 3).min(max);
+        // A key held by its transaction's lock has no lease to renew.
+        let renew = !transaction.holds_lock();
+        let first = if renew {
+            (self.config.lease / 3).min(max)
+        } else {
+            max
+        };
         let mut renewals = None;
         let ended = match tokio::time::timeout(first, &mut work).await {
             Ok(ended) => Some(ended),
             Err(_) => {
-                renewals = Some(self.renew_periodically(&lease, &job.route));
+                if renew {
+                    renewals = Some(self.renew_periodically(&lease, &job.route));
+                }
                 let left = max.saturating_sub(started.elapsed());
                 tokio::time::timeout(left, &mut work).await.ok()
             }

@@ -80,9 +80,13 @@ pub enum TxRejection {
     Mark(#[source] crate::StoreError),
 }
 
-/// The transaction of one run, begun on first use by the work.
+/// The transaction of one run, begun on first use by the work (or, in
+/// single-commit mode, the one that holds the key's lock from the claim on).
 #[derive(Clone)]
-pub(crate) struct TransactionSlot(Arc<Mutex<SlotState>>);
+pub(crate) struct TransactionSlot {
+    state: Arc<Mutex<SlotState>>,
+    holds_lock: bool,
+}
 
 impl std::fmt::Debug for TransactionSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -103,14 +107,32 @@ pub(crate) struct TxStillInUse;
 
 impl TransactionSlot {
     pub(crate) fn new(postgres: PostgresStore, lease: Lease) -> Self {
-        Self(Arc::new(Mutex::new(SlotState::Unused(postgres, lease))))
+        Self {
+            state: Arc::new(Mutex::new(SlotState::Unused(postgres, lease))),
+            holds_lock: false,
+        }
+    }
+
+    /// The slot of a single-commit run: its transaction is open from the
+    /// claim on and holds the key's lock and its uncommitted record.
+    pub(crate) fn locked(transaction: Transaction<'static, Postgres>) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(SlotState::Open(transaction))),
+            holds_lock: true,
+        }
+    }
+
+    /// Whether the transaction holds the key (single-commit mode): its
+    /// record is uncommitted, so nothing is renewed or released outside it.
+    pub(crate) fn holds_lock(&self) -> bool {
+        self.holds_lock
     }
 
     /// Hands out the run's transaction, beginning it on first use. Before it
     /// begins, the record is marked transactional (fenced, committed on its
     /// own): from then on a lapsed lease means the writes were rolled back.
     pub(crate) async fn tx(&self) -> Result<Tx, TxRejection> {
-        let mut state = Arc::clone(&self.0)
+        let mut state = Arc::clone(&self.state)
             .try_lock_owned()
             .map_err(|_| TxRejection::InUse)?;
         if let SlotState::Unused(postgres, lease) = &*state {
@@ -132,7 +154,7 @@ impl TransactionSlot {
     /// Takes the transaction back after the work returned: `None` when the
     /// work never began one.
     pub(crate) fn take(&self) -> Result<Option<Transaction<'static, Postgres>>, TxStillInUse> {
-        let mut state = self.0.try_lock().map_err(|_| TxStillInUse)?;
+        let mut state = self.state.try_lock().map_err(|_| TxStillInUse)?;
         match std::mem::replace(&mut *state, SlotState::Taken) {
             SlotState::Open(transaction) => Ok(Some(transaction)),
             SlotState::Unused(..) | SlotState::Taken => Ok(None),
@@ -212,5 +234,106 @@ impl<S: crate::store::TransactionalStore> Engine<S> {
     pub fn with_transactional_claims(mut self, on: bool) -> Self {
         self.config_mut().transactional_claims = on;
         self
+    }
+
+    /// Single-commit transactional mode (in transactional mode): the key is
+    /// held by a transaction-scoped advisory lock instead of a committed
+    /// claim, and the claim, the work's writes and the stored outcome
+    /// commit together, once. Others see the key in flight through the
+    /// lock (the status service too); a crash, a timeout or a rollback
+    /// frees it with the transaction, so the next request runs, once. No
+    /// lease is renewed and nothing is ever taken over.
+    ///
+    /// Each running work holds one pooled connection (its transaction)
+    /// from its claim to its end: size the pool for the runs in flight at
+    /// once, work that calls other services included. PostgreSQL itself
+    /// ends a transaction that stays idle past the maximum handler time.
+    ///
+    /// The default value is `false`.
+    ///
+    /// # Warning
+    ///
+    /// As with [`Engine::with_transactional_claims`], a run that dies left
+    /// nothing committed, so the next request runs the work again: an
+    /// effect outside the transaction (an email, a call to another service)
+    /// is then repeated. Use it where every effect goes through the
+    /// transaction (a transactional inbox, a payment row).
+    pub fn with_single_commit(mut self, on: bool) -> Self {
+        self.config_mut().single_commit = on;
+        self
+    }
+}
+
+/// What a single-commit claim ([`Engine::claim_locked`]) ends with.
+pub(super) enum LockedStep {
+    /// This run holds the key: its lock and uncommitted claim are in the
+    /// transaction.
+    Held(Lease, Transaction<'static, Postgres>),
+    /// A committed record to decide about.
+    Record(Box<crate::Record>),
+    /// Another run holds the key (and the wait, if any, ran out).
+    InFlight,
+    /// The store failed: nothing was committed.
+    Failed,
+}
+
+impl<S: crate::store::Store> Engine<S> {
+    /// Claims the key by its lock (single-commit mode). While another run
+    /// holds it, waits as the policy says: woken by the holder's commit or
+    /// rollback, and asking again every `retry_after` in case the holder
+    /// died (which announces nothing).
+    pub(super) async fn claim_locked(
+        &self,
+        postgres: &PostgresStore,
+        new: &crate::store::NewRecord<'_>,
+        wait_until: tokio::time::Instant,
+    ) -> LockedStep {
+        use crate::store::postgres::LockedClaim;
+        let idle_bound = self.config.max_handler_time + self.config.store_timeout;
+        let mut subscription = None;
+        loop {
+            let claimed = self
+                .timed("claim", postgres.claim_locked(new, idle_bound))
+                .await;
+            match claimed {
+                Ok(LockedClaim::Acquired { transaction, lease }) => {
+                    return LockedStep::Held(lease, transaction);
+                }
+                Ok(LockedClaim::Existing(record)) => return LockedStep::Record(record),
+                Ok(LockedClaim::Busy) => {
+                    let wait_left =
+                        wait_until.saturating_duration_since(tokio::time::Instant::now());
+                    if wait_left.is_zero() {
+                        return LockedStep::InFlight;
+                    }
+                    // Subscribed before the next claim, so a commit right
+                    // after it is not missed.
+                    if let Some(subscription) = subscription.take() {
+                        let bound = wait_left.min(self.config.policy.retry_after);
+                        let _ = tokio::time::timeout(
+                            bound,
+                            crate::events::Subscription::changed(&subscription),
+                        )
+                        .await;
+                    }
+                    subscription = Some(self.store.events().subscribe(new.scope, new.key));
+                }
+                Err(error) => {
+                    // Nothing committed: the lock went with the transaction.
+                    tracing::warn!(error = %error, "idempotency store failed during a single-commit claim");
+                    return LockedStep::Failed;
+                }
+            }
+        }
+    }
+
+    /// The PostgreSQL store that holds keys by lock, in single-commit mode.
+    pub(super) fn single_commit_store(&self) -> Option<&PostgresStore> {
+        let config = &self.config;
+        config
+            .transactions
+            .as_ref()
+            .filter(|_| config.single_commit)
+            .map(|transactions| &transactions.postgres)
     }
 }

@@ -433,6 +433,25 @@ impl<S: crate::store::TransactionalStore> IdempotencyLayer<S> {
         self.engine_mut(|engine| engine.with_transactional_mode(on));
         self
     }
+
+    /// Single-commit transactional mode (with transactional mode on): the
+    /// key is held by a PostgreSQL advisory lock in the handler's
+    /// transaction, and the claim, the handler's writes and the stored
+    /// response commit once, together. Faster than transactional mode's
+    /// two commits, and a crash leaves nothing to take over. See
+    /// [`Engine::with_single_commit`](crate::engine::Engine::with_single_commit).
+    ///
+    /// The default value is `false`.
+    ///
+    /// # Warning
+    ///
+    /// A handler that dies (crash, timeout) committed nothing, so the retry
+    /// runs it again: an effect outside its [`Tx`](crate::Tx) (an email, a
+    /// call to another service) is then repeated.
+    pub fn with_single_commit(mut self, on: bool) -> Self {
+        self.engine_mut(|engine| engine.with_single_commit(on));
+        self
+    }
 }
 
 impl<S: Store, I> Layer<I> for IdempotencyLayer<S> {

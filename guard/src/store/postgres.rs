@@ -33,6 +33,10 @@ macro_rules! record_columns {
     };
 }
 
+mod single_commit;
+
+pub use single_commit::{LockedClaim, lock_key};
+
 /// The claim, one statement: it reads the record first and inserts only
 /// when its snapshot has none, so claiming a completed key (a replay) costs
 /// a read. The insert still arbitrates: against a concurrent insert the

@@ -1,5 +1,6 @@
 //! Transactional mode on PostgreSQL: the handler's writes commit with the
-//! stored response, or not at all.
+//! stored response, or not at all. Every test of both modes runs in each
+//! ([`Mode`]); a few are one mode's own.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,7 +66,48 @@ async fn pay(
     (status, out, format!(r#"{{"id":{id}}}"#))
 }
 
+/// The two transactional modes: a committed claim with a lease, or the
+/// key held by an advisory lock in one transaction that commits once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Claimed,
+    SingleCommit,
+}
+
+/// Runs each named test (an `async fn(Mode)`) in both modes.
+macro_rules! in_both_modes {
+    ($($name:ident),* $(,)?) => {
+        mod claimed {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::Mode::Claimed).await
+                }
+            )*
+        }
+        mod single_commit {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::Mode::SingleCommit).await
+                }
+            )*
+        }
+    };
+}
+
+in_both_modes!(
+    writes_commit_with_the_stored_response,
+    a_failure_status_rolls_writes_back_and_frees_the_key,
+    a_panic_rolls_writes_back,
+    a_timeout_rolls_back_and_the_retry_runs_once,
+    a_crashed_run_is_taken_over_and_runs_once,
+    no_store_keeps_the_writes_and_frees_the_key,
+    concurrent_identical_requests_write_once,
+);
+
 async fn setup(
+    mode: Mode,
     layer: impl FnOnce(IdempotencyLayer<PostgresStore>) -> IdempotencyLayer<PostgresStore>,
 ) -> (idempotency_tests::TestDb<PostgresStore>, Router, Hooks) {
     let db = postgres().await;
@@ -74,7 +116,11 @@ async fn setup(
         .await
         .unwrap();
     let hooks = Hooks::default();
-    let guard = layer(IdempotencyLayer::new(db.store.clone()).with_transactional_mode(true));
+    let guard = layer(
+        IdempotencyLayer::new(db.store.clone())
+            .with_transactional_mode(true)
+            .with_single_commit(mode == Mode::SingleCommit),
+    );
     let router = Router::new()
         .route("/things", post(pay))
         .route_layer(guard)
@@ -96,9 +142,8 @@ fn post_with(key: &str, name: &str, value: &str) -> http::Request<Body> {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn writes_commit_with_the_stored_response() {
-    let (db, router, _) = setup(|l| l).await;
+async fn writes_commit_with_the_stored_response(mode: Mode) {
+    let (db, router, _) = setup(mode, |l| l).await;
     let first = send(&router, "k", "{}").await;
     assert_eq!(first.status, StatusCode::CREATED);
     let replay = send(&router, "k", "{}").await;
@@ -110,9 +155,8 @@ async fn writes_commit_with_the_stored_response() {
     assert_eq!(record.state(), RecordState::Completed);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_failure_status_rolls_writes_back_and_frees_the_key() {
-    let (db, router, _) = setup(|l| l).await;
+async fn a_failure_status_rolls_writes_back_and_frees_the_key(mode: Mode) {
+    let (db, router, _) = setup(mode, |l| l).await;
     assert_eq!(
         call(&router, post_with("k", "x-status", "500"))
             .await
@@ -125,9 +169,8 @@ async fn a_failure_status_rolls_writes_back_and_frees_the_key() {
     assert_eq!(payments(&db.store).await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_panic_rolls_writes_back() {
-    let (db, router, _) = setup(|l| l).await;
+async fn a_panic_rolls_writes_back(mode: Mode) {
+    let (db, router, _) = setup(mode, |l| l).await;
     let answer = call(&router, post_with("k", "x-panic", "1")).await;
     assert_eq!(answer.problem(), "handler-failed");
     assert_eq!(payments(&db.store).await, 0);
@@ -135,9 +178,11 @@ async fn a_panic_rolls_writes_back() {
     assert_eq!(payments(&db.store).await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_timeout_rolls_back_and_the_retry_runs_once() {
-    let (db, router, _) = setup(|l| l.with_max_handler_time(Duration::from_millis(300))).await;
+async fn a_timeout_rolls_back_and_the_retry_runs_once(mode: Mode) {
+    let (db, router, _) = setup(mode, |l| {
+        l.with_max_handler_time(Duration::from_millis(300))
+    })
+    .await;
     let answer = call(&router, post_with("k", "x-delay-ms", "3000")).await;
     assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(answer.problem(), "handler-timeout");
@@ -151,9 +196,8 @@ async fn a_timeout_rolls_back_and_the_retry_runs_once() {
     assert_eq!(payments(&db.store).await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_crashed_run_is_taken_over_and_runs_once() {
-    let (db, router, _) = setup(|l| l).await;
+async fn a_crashed_run_is_taken_over_and_runs_once(mode: Mode) {
+    let (db, router, _) = setup(mode, |l| l).await;
     // A process claimed the key, wrote in its transaction and died: the
     // transaction rolled back and its lease lapsed.
     abandon(&db.store, "crashed", "{}", true).await;
@@ -175,7 +219,7 @@ async fn a_crashed_run_is_taken_over_and_runs_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_lease_refuses_the_completion_and_rolls_back() {
-    let (db, router, hooks) = setup(|l| l).await;
+    let (db, router, hooks) = setup(Mode::Claimed, |l| l).await;
     let first = tokio::spawn({
         let router = router.clone();
         async move { call(&router, post_with("k", "x-hold", "1")).await }
@@ -201,9 +245,8 @@ async fn a_lost_lease_refuses_the_completion_and_rolls_back() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn no_store_keeps_the_writes_and_frees_the_key() {
-    let (db, router, _) = setup(|l| l).await;
+async fn no_store_keeps_the_writes_and_frees_the_key(mode: Mode) {
+    let (db, router, _) = setup(mode, |l| l).await;
     assert_eq!(
         call(&router, post_with("k", "x-no-store", "1"))
             .await
@@ -214,10 +257,9 @@ async fn no_store_keeps_the_writes_and_frees_the_key() {
     assert!(db.store.get("default", "k").await.unwrap().is_none());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_identical_requests_write_once() {
-    let (db, router, _) = setup(|l| l).await;
-    let answers = futures_util::future::join_all((0..100).map(|_| {
+async fn concurrent_identical_requests_write_once(mode: Mode) {
+    let (db, router, _) = setup(mode, |l| l).await;
+    let answers = futures_util::future::join_all((0..200).map(|_| {
         let router = router.clone();
         async move { call(&router, post_with("same", "x-delay-ms", "200")).await }
     }))
@@ -230,6 +272,14 @@ async fn concurrent_identical_requests_write_once() {
             .count(),
         1
     );
+    for answer in &answers {
+        assert!(
+            answer.status == StatusCode::CREATED || answer.problem() == "request-in-flight",
+            "{mode:?}: {} {}",
+            answer.status,
+            answer.problem()
+        );
+    }
 }
 
 /// A handler on a transactional route that never takes its `Tx`: its
@@ -242,6 +292,23 @@ async fn outside_effect(State(runs): State<Arc<std::sync::atomic::AtomicUsize>>)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_run_without_tx_killed_mid_way_is_not_run_again() {
+    a_run_without_tx_killed_mid_way(Mode::Claimed).await;
+}
+
+/// Single-commit mode keeps nothing of a dead run: the retry runs (which
+/// repeats an effect outside the transaction, as documented).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_single_commit_run_killed_mid_way_leaves_nothing_and_runs_again() {
+    a_run_without_tx_killed_mid_way(Mode::SingleCommit).await;
+}
+
+/// Counts its runs and answers at once (the retry after a crash).
+async fn quick_effect(State(runs): State<Arc<std::sync::atomic::AtomicUsize>>) -> StatusCode {
+    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    StatusCode::CREATED
+}
+
+async fn a_run_without_tx_killed_mid_way(mode: Mode) {
     let db = postgres().await;
     let schema: String = sqlx::query_scalar("select current_schema()")
         .fetch_one(db.store.pool())
@@ -268,6 +335,7 @@ async fn a_run_without_tx_killed_mid_way_is_not_run_again() {
                 let store = PostgresStore::connect(&url, 4).await.unwrap();
                 let layer = IdempotencyLayer::new(store)
                     .with_transactional_mode(true)
+                    .with_single_commit(mode == Mode::SingleCommit)
                     .with_lease(Duration::from_secs(1));
                 let router = Router::new()
                     .route("/things", post(outside_effect))
@@ -290,6 +358,29 @@ async fn a_run_without_tx_killed_mid_way_is_not_run_again() {
     crash.send(()).unwrap();
     process.join().unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    if mode == Mode::SingleCommit {
+        // The dead process's connection went with it: so did the lock and
+        // the uncommitted claim.
+        assert_eq!(
+            db.store.locks_held("default", &["no-tx"]).await.unwrap(),
+            vec![false]
+        );
+        assert!(db.store.get("default", "no-tx").await.unwrap().is_none());
+        let guard = IdempotencyLayer::new(db.store.clone())
+            .with_transactional_mode(true)
+            .with_single_commit(true);
+        let router = Router::new()
+            .route("/things", post(quick_effect))
+            .route_layer(guard)
+            .with_state(Arc::clone(&runs));
+        assert_eq!(
+            send(&router, "no-tx", "{}").await.status,
+            StatusCode::CREATED
+        );
+        assert!(send(&router, "no-tx", "{}").await.replayed());
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+        return;
+    }
     let record = db.store.get("default", "no-tx").await.unwrap().unwrap();
     assert!(
         !record.transactional,
@@ -305,4 +396,131 @@ async fn a_run_without_tx_killed_mid_way_is_not_run_again() {
     let retry = send(&router, "no-tx", "{}").await;
     assert_eq!(retry.problem(), "outcome-unknown");
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Single-commit mode's own promises.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_commit_holds_the_key_by_its_lock_alone() {
+    let (db, router, hooks) = setup(Mode::SingleCommit, |l| l).await;
+    let first = tokio::spawn({
+        let router = router.clone();
+        async move { call(&router, post_with("k", "x-hold", "1")).await }
+    });
+    hooks.wrote.notified().await;
+    assert!(
+        db.store.get("default", "k").await.unwrap().is_none(),
+        "nothing is committed while the handler runs"
+    );
+    assert_eq!(
+        db.store
+            .locks_held("default", &["k", "other"])
+            .await
+            .unwrap(),
+        vec![true, false],
+        "the key's advisory lock says it is in flight"
+    );
+    let second = send(&router, "k", "{}").await;
+    assert_eq!(second.problem(), "request-in-flight");
+    hooks.proceed.notify_one();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(
+        db.store.locks_held("default", &["k"]).await.unwrap(),
+        vec![false],
+        "the commit freed the lock"
+    );
+    let record = db.store.get("default", "k").await.unwrap().unwrap();
+    assert_eq!(record.state(), RecordState::Completed);
+    assert!(send(&router, "k", "{}").await.replayed());
+    assert_eq!(payments(&db.store).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_commit_waiters_get_the_replay() {
+    let (db, router, _) = setup(Mode::SingleCommit, |l| {
+        l.with_in_flight(idempotency_guard::InFlightPolicy::Wait(
+            Duration::from_secs(10),
+        ))
+    })
+    .await;
+    let answers = futures_util::future::join_all((0..20).map(|_| {
+        let router = router.clone();
+        async move { call(&router, post_with("waited", "x-delay-ms", "300")).await }
+    }))
+    .await;
+    assert!(
+        answers.iter().all(|a| a.status == StatusCode::CREATED),
+        "every waiter gets the first run's answer"
+    );
+    assert_eq!(answers.iter().filter(|a| !a.replayed()).count(), 1);
+    assert!(answers.iter().all(|a| a.body == answers[0].body));
+    assert_eq!(payments(&db.store).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_single_commit_run_is_ended_by_postgresql() {
+    let db = postgres().await;
+    let fingerprint = idempotency_guard::Fingerprint::of_bytes(b"{}");
+    let new = idempotency_guard::store::NewRecord {
+        scope: "default",
+        key: "hung",
+        fingerprint: &fingerprint,
+        method: "POST",
+        path: "/things",
+        token: idempotency_guard::LeaseToken::new(),
+        lease: Duration::from_secs(60),
+        retention: Duration::from_secs(3600),
+        transactional: true,
+    };
+    // A process that claimed and then hung (never used its transaction again).
+    let claimed = db
+        .store
+        .claim_locked(&new, Duration::from_millis(300))
+        .await
+        .unwrap();
+    let idempotency_guard::store::postgres::LockedClaim::Acquired { transaction, .. } = claimed
+    else {
+        panic!("the first claim takes the lock: {claimed:?}");
+    };
+    assert_eq!(
+        db.store.locks_held("default", &["hung"]).await.unwrap(),
+        vec![true]
+    );
+    let mut freed = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if db.store.locks_held("default", &["hung"]).await.unwrap() == vec![false] {
+            freed = true;
+            break;
+        }
+    }
+    assert!(
+        freed,
+        "idle_in_transaction_session_timeout ended the transaction"
+    );
+    assert!(
+        transaction.commit().await.is_err(),
+        "the hung run cannot commit afterwards"
+    );
+    let retry = db
+        .store
+        .claim_locked(
+            &idempotency_guard::store::NewRecord {
+                token: idempotency_guard::LeaseToken::new(),
+                ..new
+            },
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            retry,
+            idempotency_guard::store::postgres::LockedClaim::Acquired { .. }
+        ),
+        "the retry runs: {retry:?}"
+    );
 }
