@@ -64,12 +64,18 @@ pub struct KeyStatus {
     /// What to do next.
     pub advice: Advice,
     /// The fingerprint of the request that claimed the key, `sha256:<hex>`.
+    /// Absent, like `method`, `path`, `created_at` and `expires_at`, while
+    /// a single-commit run holds the key: nothing of it is committed yet,
+    /// the service knows only that it runs (`in_flight`, `wait`).
     #[cfg_attr(feature = "openapi", schema(pattern = "^sha256:[0-9a-f]{64}$"))]
-    pub fingerprint: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
     /// The method of that request.
-    pub method: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
     /// The path and query of that request.
-    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     /// The stored response's status (when completed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_status: Option<u16>,
@@ -78,8 +84,12 @@ pub struct KeyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_stored: Option<bool>,
     /// When the key was claimed (RFC 3339, UTC).
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    pub created_at: Option<OffsetDateTime>,
     /// When the response was stored (when completed).
     #[serde(
         default,
@@ -88,8 +98,12 @@ pub struct KeyStatus {
     )]
     pub completed_at: Option<OffsetDateTime>,
     /// When the record will be purged and the key freed (RFC 3339, UTC).
-    #[serde(with = "time::serde::rfc3339")]
-    pub expires_at: OffsetDateTime,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    pub expires_at: Option<OffsetDateTime>,
     /// How long to wait before asking again (when in flight).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_seconds: Option<u64>,

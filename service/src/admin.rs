@@ -696,6 +696,23 @@ pub async fn list_keys(
     .await
 }
 
+/// Forgets a record as `rule` allows; a key without a record that a
+/// single-commit run holds counts as in flight (kept), not as missing.
+async fn forget(
+    state: &AppState,
+    scope: &str,
+    key: &str,
+    rule: ForgetRule,
+) -> Result<Forgotten, AdminProblem> {
+    let forgotten = store_call(state.store.forget(scope, key, rule)).await?;
+    if forgotten == Forgotten::Missing
+        && store_call(state.store.held_without_record(scope, &[key])).await?[0]
+    {
+        return Ok(Forgotten::Refused(RecordState::InFlight));
+    }
+    Ok(forgotten)
+}
+
 fn forget_answer(
     scope: &str,
     key: &str,
@@ -770,7 +787,7 @@ pub async fn forget_key(
         ForgetRule::Completed
     };
     audited(&admin, "forget", &scope, key.as_str(), async {
-        let forgotten = store_call(state.store.forget(&scope, key.as_str(), rule)).await?;
+        let forgotten = forget(&state, &scope, key.as_str(), rule).await?;
         forget_answer(&scope, key.as_str(), "forget", forgotten)
     })
     .await
@@ -807,12 +824,7 @@ pub async fn release_key(
     valid_scope(&scope)?;
     let key = valid_key(&key)?;
     audited(&admin, "release", &scope, key.as_str(), async {
-        let forgotten = store_call(
-            state
-                .store
-                .forget(&scope, key.as_str(), ForgetRule::Abandoned),
-        )
-        .await?;
+        let forgotten = forget(&state, &scope, key.as_str(), ForgetRule::Abandoned).await?;
         forget_answer(&scope, key.as_str(), "release", forgotten)
     })
     .await

@@ -20,7 +20,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::{Scope, Tokens};
 use crate::problem::ApiProblem;
-use crate::status::key_status;
+use crate::status::{held_status, key_status};
 
 /// The most keys one lookup may name.
 pub const MAX_LOOKUP_KEYS: usize = 1000;
@@ -142,6 +142,13 @@ pub struct KeyQuery {
     pub fingerprint: Option<String>,
 }
 
+/// Which of `keys` (without a record) a single-commit run holds: those are
+/// in flight, never `retry`.
+async fn held(state: &AppState, scope: &str, keys: &[&str]) -> Result<Vec<bool>, ApiProblem> {
+    use idempotency_guard::store::admin::AdminStore;
+    read(state.store.held_without_record(scope, keys)).await
+}
+
 async fn read<T>(
     future: impl std::future::Future<Output = Result<T, idempotency_guard::StoreError>>,
 ) -> Result<T, ApiProblem> {
@@ -230,8 +237,11 @@ async fn answer_key(
         .transpose()
         .map_err(|error| ApiProblem::BadRequest(error.to_string()))?;
     let record = read(state.store.get(&scope.0, key.as_str())).await?;
-    let status =
+    let mut status =
         record.and_then(|record| key_status(&record, fingerprint.as_ref(), state.retry_after));
+    if status.is_none() && held(state, &scope.0, &[key.as_str()]).await?[0] {
+        status = Some(held_status(key.as_str(), state.retry_after));
+    }
     count_state(status.as_ref().map(|s| s.state));
     match status {
         Some(status) => Ok(Json(status).into_response()),
@@ -280,12 +290,35 @@ pub async fn lookup(
     }
     let keys: Vec<&str> = request.keys.iter().map(String::as_str).collect();
     let records = read(state.store.get_many(&scope.0, &keys)).await?;
+    let statuses: Vec<_> = records
+        .into_iter()
+        .map(|record| record.and_then(|record| key_status(&record, None, state.retry_after)))
+        .collect();
+    // Keys without a record may be held by a single-commit run.
+    let absent: Vec<&str> = keys
+        .iter()
+        .zip(&statuses)
+        .filter(|(_, status)| status.is_none())
+        .map(|(key, _)| *key)
+        .collect();
+    let mut held_keys = if absent.is_empty() {
+        Vec::new()
+    } else {
+        held(&state, &scope.0, &absent).await?
+    }
+    .into_iter();
     let results = request
         .keys
         .iter()
-        .zip(records)
-        .map(|(key, record)| {
-            let status = record.and_then(|record| key_status(&record, None, state.retry_after));
+        .zip(statuses)
+        .map(|(key, status)| {
+            let status = match status {
+                Some(status) => Some(status),
+                None => held_keys
+                    .next()
+                    .unwrap_or(false)
+                    .then(|| held_status(key, state.retry_after)),
+            };
             count_state(status.as_ref().map(|s| s.state));
             match status {
                 Some(mut status) => {

@@ -39,18 +39,41 @@ pub fn key_status(
         key: record.key.clone(),
         state,
         advice,
-        fingerprint: record.fingerprint.to_string(),
-        method: record.method.clone(),
-        path: record.path.clone(),
+        fingerprint: Some(record.fingerprint.to_string()),
+        method: Some(record.method.clone()),
+        path: Some(record.path.clone()),
         response_status: response.map(|r| r.status.as_u16()),
         response_stored: response.map(|r| r.body.is_some()),
-        created_at: record.created_at,
+        created_at: Some(record.created_at),
         completed_at: record.completed_at,
-        expires_at: record.expires_at,
+        expires_at: Some(record.expires_at),
         retry_after_seconds,
         fingerprint_matches: fingerprint.map(|f| *f == record.fingerprint),
         found: None,
     })
+}
+
+/// The status of a key with no committed record that a single-commit run
+/// holds (its advisory lock is taken): in flight, and nothing else is known
+/// until it commits.
+pub fn held_status(key: &str, retry_after: Duration) -> KeyStatus {
+    let wait = retry_after.max(Duration::from_secs(1));
+    KeyStatus {
+        key: key.to_owned(),
+        state: KeyState::InFlight,
+        advice: Advice::Wait,
+        fingerprint: None,
+        method: None,
+        path: None,
+        response_status: None,
+        response_stored: None,
+        created_at: None,
+        completed_at: None,
+        expires_at: None,
+        retry_after_seconds: Some(wait.as_secs() + u64::from(wait.subsec_nanos() > 0)),
+        fingerprint_matches: None,
+        found: None,
+    }
 }
 
 #[cfg(test)]

@@ -195,6 +195,25 @@ pub trait AdminStore: Store {
         key: &str,
         rule: ForgetRule,
     ) -> impl Future<Output = Result<Forgotten, StoreError>> + Send;
+
+    /// Which of `keys` of `scope` a run holds without any committed record,
+    /// one answer per key in order: PostgreSQL's single-commit mode holds a
+    /// running key by an advisory lock alone, so a key without a record
+    /// may still be in flight. Stores without such runs answer `false`
+    /// for every key (the default).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the store fails.
+    fn held_without_record(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
+        let _ = scope;
+        let held = vec![false; keys.len()];
+        async move { Ok(held) }
+    }
 }
 
 #[cfg(test)]

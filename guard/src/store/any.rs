@@ -471,4 +471,12 @@ impl crate::store::admin::AdminStore for AnyStore {
     ) -> Result<crate::store::admin::Forgotten, StoreError> {
         delegate!(self, store => crate::store::admin::AdminStore::forget(store, scope, key, rule).await)
     }
+
+    async fn held_without_record(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> Result<Vec<bool>, StoreError> {
+        delegate!(self, store => crate::store::admin::AdminStore::held_without_record(store, scope, keys).await)
+    }
 }

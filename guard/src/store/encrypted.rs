@@ -518,6 +518,14 @@ impl<S: crate::store::admin::AdminStore> crate::store::admin::AdminStore for Enc
     ) -> Result<crate::store::admin::Forgotten, StoreError> {
         self.inner.forget(scope, key, rule).await
     }
+
+    async fn held_without_record(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.inner.held_without_record(scope, keys).await
+    }
 }
 
 #[cfg(test)]

@@ -869,6 +869,14 @@ impl crate::store::admin::AdminStore for PostgresStore {
             None => Forgotten::Missing,
         })
     }
+
+    async fn held_without_record(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.locks_held(scope, keys).await
+    }
 }
 
 #[cfg(test)]

@@ -262,4 +262,12 @@ impl crate::store::admin::AdminStore for TieredStore {
         }
         Ok(forgotten)
     }
+
+    async fn held_without_record(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.postgres.held_without_record(scope, keys).await
+    }
 }

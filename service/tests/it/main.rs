@@ -12,6 +12,7 @@ mod admin_api;
 mod api_suite;
 mod hostile_clients;
 mod openapi;
+mod single_commit;
 mod socket;
 mod startup;
 
