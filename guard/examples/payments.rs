@@ -27,8 +27,10 @@
 //! the guard's spans over OTLP/HTTP. The scope is the `X-Tenant`
 //! header (`default` when absent). When the records are in PostgreSQL (the
 //! `sql` or `tiered` store) and not encrypted, the guard runs in
-//! transactional mode: the payment row and the stored response commit
-//! together.
+//! single-commit transactional mode: the claim, the payment row and the
+//! stored response commit together, once, the key held meanwhile by a
+//! PostgreSQL advisory lock (`SINGLE_COMMIT=false`: transactional mode with
+//! a committed claim and a lease, two commits).
 
 use std::time::Duration;
 
@@ -299,6 +301,11 @@ pub(crate) async fn main() -> anyhow::Result<()> {
         .context("STORE_TIMEOUT_MS")?
         .unwrap_or(5000);
     let guarded = std::env::var("IDEMPOTENCY_GUARD").map_or(true, |v| v != "off");
+    let single_commit = match std::env::var("SINGLE_COMMIT").as_deref() {
+        Err(_) | Ok("true") => true,
+        Ok("false") => false,
+        Ok(other) => anyhow::bail!("SINGLE_COMMIT must be true or false, not {other:?}"),
+    };
 
     let kind: StoreKind = std::env::var("STORE")
         .unwrap_or_else(|_| "sql".into())
@@ -365,7 +372,8 @@ pub(crate) async fn main() -> anyhow::Result<()> {
             .with_scope(tenant)
             .with_lease(Duration::from_secs(lease))
             .with_store_timeout(Duration::from_millis(store_timeout))
-            .with_transactional_mode(transactional);
+            .with_transactional_mode(transactional)
+            .with_single_commit(transactional && single_commit);
         drain = Some(guard.drain());
         payments = payments.route_layer(guard);
     } else {
@@ -379,7 +387,7 @@ pub(crate) async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("listen on {listen}"))?;
-    tracing::info!(%listen, database = %url.split('@').next_back().unwrap_or(""), transactional, guarded, encrypted = encryption.is_some(), "payments example listening");
+    tracing::info!(%listen, database = %url.split('@').next_back().unwrap_or(""), transactional, single_commit = transactional && single_commit, guarded, encrypted = encryption.is_some(), "payments example listening");
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;

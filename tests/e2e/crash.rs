@@ -50,8 +50,16 @@ async fn count_payments(database_url: &str) -> i64 {
 
 /// Pays five keys to completion, then starts ten slow payments and kills
 /// the app with SIGKILL while they run. Returns the restarted app.
-async fn crash_mid_payment(database_url: &str, http: &reqwest::Client) -> Process {
-    let env = [("DATABASE_URL", database_url), ("LEASE_SECS", "1")];
+async fn crash_mid_payment(
+    database_url: &str,
+    single_commit: &str,
+    http: &reqwest::Client,
+) -> Process {
+    let env = [
+        ("DATABASE_URL", database_url),
+        ("LEASE_SECS", "1"),
+        ("SINGLE_COMMIT", single_commit),
+    ];
     let app = Process::start(&programs::path(Program::Payments), &env, "/metrics").await;
     for i in 0..5 {
         let done = pay(http, &app, &format!("done-{i}"), &payment(100 + i, 0))
@@ -86,11 +94,22 @@ async fn crash_mid_payment(database_url: &str, http: &reqwest::Client) -> Proces
     restarted
 }
 
+/// The payments example's default on PostgreSQL: single-commit mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_in_single_commit_mode_every_retried_payment_exists_once() {
+    every_retried_payment_exists_once("true").await;
+}
+
+/// Transactional mode with a committed claim and a lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kill_9_in_transactional_mode_every_retried_payment_exists_once() {
+    every_retried_payment_exists_once("false").await;
+}
+
+async fn every_retried_payment_exists_once(single_commit: &str) {
     let database = idempotency_tests::postgres_database().await;
     let http = reqwest::Client::new();
-    let app = crash_mid_payment(&database.url, &http).await;
+    let app = crash_mid_payment(&database.url, single_commit, &http).await;
     let env = [
         ("DATABASE_URL", database.url.as_str()),
         ("TOKENS", &format!("default {TOKEN}")),
@@ -151,7 +170,7 @@ async fn after_kill_9_in_default_mode_abandoned_keys_say_outcome_unknown() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("payments.db").display());
     let http = reqwest::Client::new();
-    let app = crash_mid_payment(&url, &http).await;
+    let app = crash_mid_payment(&url, "true", &http).await;
     let env = [
         ("DATABASE_URL", url.as_str()),
         ("TOKENS", &format!("default {TOKEN}")),
