@@ -163,6 +163,9 @@ pub(crate) enum App {
     GuardCached,
     /// The handler behind our guard in transactional mode (PostgreSQL).
     GuardTx,
+    /// The handler behind our guard in single-commit transactional mode
+    /// (PostgreSQL: the key held by an advisory lock, one commit).
+    GuardSingleCommit,
     /// The handler behind the peer crate `idempotent` 0.3.0 (its Valkey/Redis
     /// store, our thin middleware: `peer.rs`).
     Peer,

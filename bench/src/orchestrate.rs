@@ -277,6 +277,11 @@ impl Bench {
                     Some(StoreName::Postgres),
                     Scenario::GuardTxFresh,
                 ));
+                plan.push(http(
+                    App::GuardSingleCommit,
+                    Some(StoreName::Postgres),
+                    Scenario::GuardSingleCommitFresh,
+                ));
             }
             if cluster {
                 plan.push(raw(

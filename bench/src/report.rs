@@ -415,7 +415,7 @@ fn raw_at_16(results: &Results, out: &mut String) {
 fn transactional(results: &Results, out: &mut String) {
     let _ = writeln!(
         out,
-        "| connections | default mode req/s | transactional req/s | transactional / default | p50 ms default → transactional |\n|---:|---:|---:|---:|---|"
+        "| connections | default mode req/s | transactional req/s | single-commit req/s | transactional / default | single-commit / transactional | single-commit / default | p50 ms default → transactional → single-commit |\n|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     for &c in &results.settings.concurrency {
         let (Some(default), Some(tx)) = (
@@ -424,14 +424,19 @@ fn transactional(results: &Results, out: &mut String) {
         ) else {
             continue;
         };
+        let single = find(&results.rows, "postgres", Scenario::GuardSingleCommitFresh, c);
         let _ = writeln!(
             out,
-            "| {c} | {} | {} | {} | {} → {} |",
+            "| {c} | {} | {} | {} | {} | {} | {} | {} → {} → {} |",
             rate(default.summary.throughput),
             rate(tx.summary.throughput),
+            single.map_or_else(|| "–".to_owned(), |s| rate(s.summary.throughput)),
             show(ratio(Some(tx), Some(default))),
+            show(ratio(single, Some(tx))),
+            show(ratio(single, Some(default))),
             ms(default.summary.p50_us),
-            ms(tx.summary.p50_us)
+            ms(tx.summary.p50_us),
+            single.map_or_else(|| "–".to_owned(), |s| ms(s.summary.p50_us)),
         );
     }
 }

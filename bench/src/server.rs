@@ -181,6 +181,13 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .route_layer(
                 IdempotencyLayer::new(postgres(&args).await?).with_transactional_mode(true),
             ),
+        App::GuardSingleCommit => Router::new()
+            .route(PATH, post(create_order_tx))
+            .route_layer(
+                IdempotencyLayer::new(postgres(&args).await?)
+                    .with_transactional_mode(true)
+                    .with_single_commit(true),
+            ),
         App::Peer => {
             let peer = crate::peer::Peer::connect(&args.redis_url, &args.prefix).await?;
             Router::new().route(PATH, post(create_order)).route_layer(
