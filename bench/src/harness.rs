@@ -213,8 +213,10 @@ impl Bench {
             Keys::Fresh(prefix.clone().into())
         };
         // The guard's batch sizes over the load alone (seeding excluded).
-        let scrapes = matches!(app, App::Guard | App::GuardCached | App::GuardTx | App::GuardSingleCommit)
-            && !self.args.no_server_metrics;
+        let scrapes = matches!(
+            app,
+            App::Guard | App::GuardCached | App::GuardTx | App::GuardSingleCommit
+        ) && !self.args.no_server_metrics;
         let batches_before = if scrapes {
             scrape(child.address).await
         } else {

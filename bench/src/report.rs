@@ -424,7 +424,12 @@ fn transactional(results: &Results, out: &mut String) {
         ) else {
             continue;
         };
-        let single = find(&results.rows, "postgres", Scenario::GuardSingleCommitFresh, c);
+        let single = find(
+            &results.rows,
+            "postgres",
+            Scenario::GuardSingleCommitFresh,
+            c,
+        );
         let _ = writeln!(
             out,
             "| {c} | {} | {} | {} | {} | {} | {} | {} → {} → {} |",

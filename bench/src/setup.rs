@@ -170,7 +170,12 @@ impl Child {
         if let Some(store) = config.store {
             command.arg("--store").arg(store.as_str());
         }
-        if config.metrics && matches!(config.app, App::Guard | App::GuardCached | App::GuardTx | App::GuardSingleCommit) {
+        if config.metrics
+            && matches!(
+                config.app,
+                App::Guard | App::GuardCached | App::GuardTx | App::GuardSingleCommit
+            )
+        {
             command.arg("--metrics");
         }
         if let Some(bin) = config.peer2_bin {
