@@ -111,7 +111,7 @@ mod layer;
 mod reply;
 mod service;
 
-pub use envelope::{KeySource, MESSAGE_SEND, TOOLS_CALL};
+pub use envelope::{KeySource, KeySourceError, MESSAGE_SEND, TOOLS_CALL};
 pub use layer::{JsonRpcLayer, MissingKey};
 pub use reply::{FINAL_META, REPLAYED_META, RpcRefusal};
 pub use service::{JsonRpcService, ResponseFuture};
