@@ -88,6 +88,7 @@ pub mod app;
 pub mod config;
 pub mod connections;
 pub mod forward;
+pub mod jsonrpc;
 mod pool;
 pub mod scope;
 pub mod serve;
