@@ -13,6 +13,24 @@
 //! "#).unwrap();
 //! assert_eq!(config.routes[0].parsed_methods().unwrap(), ["POST", "PATCH"]);
 //! ```
+//!
+//! An MCP server (or an A2A agent) is a route of `type = "jsonrpc"` naming
+//! the tools it guards (see [`crate::jsonrpc`]):
+//!
+//! ```
+//! use idempotency_gateway::config::{Config, RouteKind};
+//! let config = Config::from_toml(r#"
+//!     upstream = "http://127.0.0.1:8000"
+//!     [[routes]]
+//!     path = "/mcp"
+//!     type = "jsonrpc"
+//!     tools = ["send_email"]
+//!     key_sources = ["header", "meta:idempotencyKey", "argument:idempotency_key"]
+//! "#).unwrap();
+//! config.validate().unwrap();
+//! assert_eq!(config.routes[0].kind, RouteKind::Jsonrpc);
+//! assert_eq!(config.routes[0].parsed_methods().unwrap(), ["POST"]);
+//! ```
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
