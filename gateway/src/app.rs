@@ -1,5 +1,6 @@
 //! The gateway's router: one guarded proxy route per configured route
-//! (scope middleware, then [`IdempotencyLayer`], then the forwarder), the
+//! (scope middleware, then [`IdempotencyLayer`], then the forwarder; for a
+//! `jsonrpc` route the JSON-RPC layer instead, see [`crate::jsonrpc`]), the
 //! gateway's own `/healthz`, `/readyz` and `/metrics`, and a fallback that
 //! passes every other request through, streaming.
 
@@ -20,7 +21,7 @@ use idempotency_guard::{
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::config::{Config, ConfigError, seconds};
+use crate::config::{Config, ConfigError, RouteKind, seconds};
 use crate::forward::{RouteMetrics, Upstream};
 use crate::scope::{Scope, ScopeGate, ScopeSource, establish_scope};
 
@@ -165,6 +166,17 @@ impl Gateway {
         let mismatch = StatusCode::from_u16(self.config.policy.mismatch_status)
             .map_err(|_| ConfigError::Invalid("policy.mismatch_status".to_owned()))?;
         for route in &self.config.routes {
+            if route.kind == RouteKind::Jsonrpc {
+                let guarded = crate::jsonrpc::router(
+                    route,
+                    &self.engine,
+                    &self.upstream,
+                    &self.scope,
+                    limits,
+                )?;
+                app = app.merge(guarded);
+                continue;
+            }
             let methods: Arc<[Method]> = route.parsed_methods()?.into();
             let layer = IdempotencyLayer::with_engine(self.engine.clone())
                 .with_methods(methods.iter().cloned())

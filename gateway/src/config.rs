@@ -11,7 +11,25 @@
 //!     [[routes]]
 //!     path = "/payments"
 //! "#).unwrap();
-//! assert_eq!(config.routes[0].methods, ["POST", "PATCH"]);
+//! assert_eq!(config.routes[0].parsed_methods().unwrap(), ["POST", "PATCH"]);
+//! ```
+//!
+//! An MCP server (or an A2A agent) is a route of `type = "jsonrpc"` naming
+//! the tools it guards (see [`crate::jsonrpc`]):
+//!
+//! ```
+//! use idempotency_gateway::config::{Config, RouteKind};
+//! let config = Config::from_toml(r#"
+//!     upstream = "http://127.0.0.1:8000"
+//!     [[routes]]
+//!     path = "/mcp"
+//!     type = "jsonrpc"
+//!     tools = ["send_email"]
+//!     key_sources = ["header", "meta:idempotencyKey", "argument:idempotency_key"]
+//! "#).unwrap();
+//! config.validate().unwrap();
+//! assert_eq!(config.routes[0].kind, RouteKind::Jsonrpc);
+//! assert_eq!(config.routes[0].parsed_methods().unwrap(), ["POST"]);
 //! ```
 
 use std::net::SocketAddr;
@@ -20,6 +38,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode, Uri};
 use idempotency_guard::store::EncryptionKeys;
+use idempotency_jsonrpc::{KeySource, TOOLS_CALL};
 use serde::Deserialize;
 
 /// Why a configuration cannot be used.
@@ -208,34 +227,81 @@ fn yes() -> bool {
     true
 }
 
+/// What a route guards: HTTP requests (the axum layer's rules) or JSON-RPC
+/// tool calls (the `idempotency-jsonrpc` layer's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteKind {
+    /// Every request of the route's `methods`, keyed by `Idempotency-Key`.
+    #[default]
+    Http,
+    /// JSON-RPC 2.0 over HTTP POST (an MCP server's Streamable HTTP
+    /// endpoint, an A2A agent): only the calls of the named `tools` and
+    /// `rpc_methods` are guarded, keyed from the first of `key_sources`.
+    Jsonrpc,
+}
+
 /// One guarded route.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// The path pattern, in axum's syntax: `/payments`, `/orders/{id}/refunds`.
     pub path: String,
-    /// The guarded methods; others on this path pass through.
-    #[serde(default = "default_methods")]
-    pub methods: Vec<String>,
-    /// Whether a guarded request must carry `Idempotency-Key` (400
-    /// `key-missing` otherwise); when not, one without a key passes through.
+    /// `http` (the default) or `jsonrpc`; see [`RouteKind`].
+    #[serde(rename = "type", default)]
+    pub kind: RouteKind,
+    /// The guarded HTTP methods of an `http` route; others on this path pass
+    /// through. Unset: POST and PATCH. Not for a `jsonrpc` route, whose
+    /// calls come by POST (see [`RouteConfig::parsed_methods`]).
+    #[serde(default)]
+    pub methods: Option<Vec<String>>,
+    /// Whether a guarded request must carry a key: an `http` route answers
+    /// 400 `key-missing` without `Idempotency-Key`, a `jsonrpc` route the
+    /// JSON-RPC error `key-missing` (-32094). When not, a request without
+    /// a key passes through unguarded.
     #[serde(default = "yes")]
     pub key_required: bool,
+    /// A `jsonrpc` route's guarded MCP tools: `tools/call` with
+    /// `params.name` among them (read-only tools are not named: they pass,
+    /// never stored).
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// A `jsonrpc` route's guarded JSON-RPC methods other than `tools/call`
+    /// (A2A's `message/send`), every call of them.
+    #[serde(default)]
+    pub rpc_methods: Vec<String>,
+    /// A `jsonrpc` route's key sources, in order (the first holding a key
+    /// wins): `header` (`Idempotency-Key`), `meta:<name>`
+    /// (`params._meta.<name>`), `argument:<name>` (a tool argument),
+    /// `message-id` (A2A's `params.message.messageId`). Unset: `header`,
+    /// `meta:idempotencyKey`, `argument:idempotency_key`,
+    /// `argument:requestKey`, `message-id`.
+    #[serde(default)]
+    pub key_sources: Option<Vec<String>>,
 }
 
-fn default_methods() -> Vec<String> {
+fn default_methods() -> Vec<Method> {
     // The methods that are not idempotent by definition.
-    vec!["POST".to_owned(), "PATCH".to_owned()]
+    vec![Method::POST, Method::PATCH]
 }
 
 impl RouteConfig {
-    /// The guarded methods, parsed.
+    /// The guarded HTTP methods, parsed: an `http` route's `methods` (POST
+    /// and PATCH when unset); for a `jsonrpc` route POST, the method that
+    /// carries calls (the others, GET for the server's event stream and
+    /// DELETE to end a session, pass through).
     ///
     /// # Errors
     ///
     /// [`ConfigError::Invalid`] for a name that is not a method.
     pub fn parsed_methods(&self) -> Result<Vec<Method>, ConfigError> {
-        self.methods
+        let Some(methods) = &self.methods else {
+            return Ok(match self.kind {
+                RouteKind::Http => default_methods(),
+                RouteKind::Jsonrpc => vec![Method::POST],
+            });
+        };
+        methods
             .iter()
             .map(|name| {
                 Method::from_bytes(name.to_ascii_uppercase().as_bytes()).map_err(|_| {
@@ -243,6 +309,73 @@ impl RouteConfig {
                 })
             })
             .collect()
+    }
+
+    /// A `jsonrpc` route's key sources, parsed (the defaults when unset).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] naming a source that does not parse.
+    pub fn parsed_key_sources(&self) -> Result<Vec<KeySource>, ConfigError> {
+        let Some(sources) = &self.key_sources else {
+            return Ok(KeySource::defaults());
+        };
+        sources
+            .iter()
+            .map(|text| {
+                text.parse()
+                    .map_err(|error: idempotency_jsonrpc::KeySourceError| {
+                        ConfigError::Invalid(format!("route {}: {error}", self.path))
+                    })
+            })
+            .collect()
+    }
+
+    /// Checks the settings of the route's type: a `jsonrpc` route names a
+    /// tool or a method, sets no HTTP `methods`, and its key sources parse;
+    /// an `http` route sets none of the `jsonrpc` settings.
+    fn validate_kind(&self) -> Result<(), ConfigError> {
+        let invalid =
+            |what: &str| Err(ConfigError::Invalid(format!("route {}: {what}", self.path)));
+        match self.kind {
+            RouteKind::Http => {
+                if !self.tools.is_empty()
+                    || !self.rpc_methods.is_empty()
+                    || self.key_sources.is_some()
+                {
+                    return invalid(
+                        "tools, rpc_methods and key_sources are for type = \"jsonrpc\" routes",
+                    );
+                }
+            }
+            RouteKind::Jsonrpc => {
+                if self.methods.is_some() {
+                    return invalid(
+                        "a jsonrpc route guards the calls POSTed to it: name tools or rpc_methods, not methods",
+                    );
+                }
+                if self.tools.is_empty() && self.rpc_methods.is_empty() {
+                    return invalid("a jsonrpc route names tools or rpc_methods to guard");
+                }
+                if self.rpc_methods.iter().any(|m| m == TOOLS_CALL) {
+                    return invalid(
+                        "tools/call is guarded per tool: name the tools in tools, not rpc_methods",
+                    );
+                }
+                if self
+                    .tools
+                    .iter()
+                    .chain(&self.rpc_methods)
+                    .any(String::is_empty)
+                {
+                    return invalid("an empty tool or method name");
+                }
+                if self.parsed_key_sources()?.is_empty() {
+                    return invalid("key_sources is empty: no call could carry a key");
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -603,6 +736,7 @@ impl Config {
                     route.path
                 )));
             }
+            route.validate_kind()?;
         }
         StatusCode::from_u16(self.policy.mismatch_status)
             .map_err(|_| ConfigError::Invalid("policy.mismatch_status".to_owned()))?;

@@ -25,6 +25,15 @@
 //! variables override the file: `LISTEN`, `UPSTREAM_URL`, `DATABASE_URL`,
 //! `REDIS_URL`, `STORE_KIND`. See [`config`] for every setting.
 //!
+//! # MCP servers and A2A agents
+//!
+//! A route with `type = "jsonrpc"` guards JSON-RPC tool calls instead of
+//! whole HTTP requests: MCP `tools/call` for the `tools` it names, and the
+//! `rpc_methods` it names (A2A's `message/send`), keyed from the header,
+//! `params._meta`, a tool argument or the A2A message id, refusals as
+//! JSON-RPC errors with HTTP 200. It is the layer of `idempotency-jsonrpc`
+//! in front of the forwarder; see [`jsonrpc`].
+//!
 //! # A request's path
 //!
 //! 0. Before any route is matched, a request on a guarded method whose
@@ -88,6 +97,7 @@ pub mod app;
 pub mod config;
 pub mod connections;
 pub mod forward;
+pub mod jsonrpc;
 mod pool;
 pub mod scope;
 pub mod serve;

@@ -86,8 +86,9 @@ impl Outcome {
     }
 }
 
-/// The `attempt` label of a request.
-pub(crate) fn attempt_label(headers: &HeaderMap) -> &'static str {
+/// The `attempt` label of a request: its `X-Retry-Attempt` header, `0` to
+/// `9`, then `10+`; `unknown` when the header is absent or invalid.
+pub fn attempt_label(headers: &HeaderMap) -> &'static str {
     const LABELS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
     let attempt = headers
         .get(RETRY_ATTEMPT)

@@ -8,6 +8,7 @@ use std::future::Future;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle};
+use idempotency_guard::telemetry::Outcome as Counted;
 use idempotency_guard::{Fingerprint, Store, StoredResponse};
 
 use crate::reply::RpcRefusal;
@@ -57,8 +58,13 @@ pub(crate) struct GuardedCall {
     pub(crate) target: String,
 }
 
-/// Runs `work` at most once for the call's key.
-pub(crate) async fn run<S, F, Fut, T>(engine: &Engine<S>, call: GuardedCall, work: F) -> Outcome<T>
+/// Runs `work` at most once for the call's key; answers with how it ended
+/// and the `outcome` label the call is counted under.
+pub(crate) async fn run<S, F, Fut, T>(
+    engine: &Engine<S>,
+    call: GuardedCall,
+    work: F,
+) -> (Outcome<T>, Counted)
 where
     S: Store,
     F: FnOnce() -> Fut + Send + 'static,
@@ -87,14 +93,16 @@ where
             }
         })
         .await;
-    match answer {
+    let counted = answer.outcome();
+    let outcome = match answer {
         Answer::Ran { reply, .. } => Outcome::Ran(reply),
         Answer::Replay(stored) => Outcome::Replay(stored.body.map(|response| Stored {
             sse: is_sse(&stored.headers),
             response,
         })),
         Answer::Refused(refusal) => Outcome::Refused(refused(refusal)),
-    }
+    };
+    (outcome, counted)
 }
 
 /// The record's response: status 200, the form the server answered in, and

@@ -56,6 +56,55 @@ impl KeySource {
     }
 }
 
+impl std::fmt::Display for KeySource {
+    /// The source as [`KeySource::from_str`](std::str::FromStr) reads it:
+    /// `header`, `meta:<name>`, `argument:<name>`, `message-id`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Header => f.write_str("header"),
+            Self::Meta(name) => write!(f, "meta:{name}"),
+            Self::ToolArgument(name) => write!(f, "argument:{name}"),
+            Self::MessageId => f.write_str("message-id"),
+        }
+    }
+}
+
+/// A key source's text is not one of `header`, `meta:<name>`,
+/// `argument:<name>` or `message-id` (a name is 1 to 255 characters).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("key source {0:?}: expected header, meta:<name>, argument:<name> or message-id")]
+pub struct KeySourceError(String);
+
+impl std::str::FromStr for KeySource {
+    type Err = KeySourceError;
+
+    /// Reads a key source as configuration files write it (the gateway's
+    /// `key_sources`): `header` (the `Idempotency-Key` header),
+    /// `meta:<name>` (`params._meta.<name>`), `argument:<name>` (a tool
+    /// argument), `message-id` (A2A's `params.message.messageId`).
+    ///
+    /// ```
+    /// use idempotency_jsonrpc::KeySource;
+    /// assert_eq!("meta:idempotencyKey".parse(), Ok(KeySource::Meta("idempotencyKey".into())));
+    /// assert_eq!("argument:requestKey".parse(), Ok(KeySource::ToolArgument("requestKey".into())));
+    /// assert!("cookie".parse::<KeySource>().is_err());
+    /// ```
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let named = |name: &str| {
+            (!name.is_empty() && name.len() <= 255)
+                .then(|| name.to_owned())
+                .ok_or_else(|| KeySourceError(text.to_owned()))
+        };
+        match text.split_once(':') {
+            None if text == "header" => Ok(Self::Header),
+            None if text == "message-id" => Ok(Self::MessageId),
+            Some(("meta", name)) => named(name).map(Self::Meta),
+            Some(("argument", name)) => named(name).map(Self::ToolArgument),
+            _ => Err(KeySourceError(text.to_owned())),
+        }
+    }
+}
+
 /// Which calls are guarded: tools of `tools/call` by name, other methods by
 /// name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -401,6 +450,16 @@ mod tests {
         ));
         let body = tool_call(1, r#"{"idempotency_key":"has space"}"#, "");
         assert!(call(&body, &HeaderMap::new()).key.is_err());
+    }
+
+    #[test]
+    fn key_sources_read_back_what_they_write() {
+        for source in KeySource::defaults() {
+            assert_eq!(source.to_string().parse::<KeySource>(), Ok(source));
+        }
+        for bad in ["", "meta:", "argument", "Header", "query:k", "message-id:x"] {
+            assert!(bad.parse::<KeySource>().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

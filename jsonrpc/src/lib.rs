@@ -97,6 +97,27 @@
 //! A body over the limit is the one exception: 413 `body-too-large`
 //! (problem+json), before any envelope is read.
 //!
+//! # Metrics
+//!
+//! Every guarded call is counted once in the guard's
+//! `idempotency_requests_total` (see [`idempotency_guard::telemetry`]), as
+//! HTTP requests are: `route` = the tool (or, for other methods, the
+//! method; `batch` for a refused batch), `outcome` = what the engine did
+//! (`executed`, `replayed`, `key-reused`, `in-flight`, `released`,
+//! `abandoned`, `store-unavailable`; `rejected` for the layer's own
+//! refusals, `unguarded` for a call let through without a key,
+//! `caller-gone` when the client left before its answer), `attempt` = the
+//! `X-Retry-Attempt` header. Calls that are not guarded are not counted,
+//! nor a body refused before its envelope is read.
+//!
+//! # Behind a proxy
+//!
+//! An inner service that forwards the call (the gateway's `jsonrpc` route,
+//! which mounts this layer in front of its forwarder) marks an answer
+//! whose outcome it lost (a reset or a timeout after sending) with
+//! [`idempotency_guard::OutcomeUnknown`]: the key is then abandoned, not
+//! released, since the tool may have run.
+//!
 //! # Limitations
 //!
 //! - The events of a guarded call's stream reach the first caller when its
@@ -111,7 +132,7 @@ mod layer;
 mod reply;
 mod service;
 
-pub use envelope::{KeySource, MESSAGE_SEND, TOOLS_CALL};
+pub use envelope::{KeySource, KeySourceError, MESSAGE_SEND, TOOLS_CALL};
 pub use layer::{JsonRpcLayer, MissingKey};
 pub use reply::{FINAL_META, REPLAYED_META, RpcRefusal};
 pub use service::{JsonRpcService, ResponseFuture};

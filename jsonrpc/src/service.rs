@@ -13,7 +13,8 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idempotency_guard::{IDEMPOTENT_REPLAYED, KeyError, Rejection, Store};
+use idempotency_guard::telemetry::{Outcome as Counted, attempt_label};
+use idempotency_guard::{IDEMPOTENT_REPLAYED, KeyError, OutcomeUnknown, Rejection, Store};
 use serde_json::value::RawValue;
 use tower::{Service, ServiceExt};
 
@@ -106,6 +107,34 @@ where
     }
 }
 
+/// Counts one guarded call in `idempotency_requests_total` exactly once:
+/// when its answer is ready, or as `caller-gone` when the caller went away
+/// first (a run that had started goes on to its end and settles its key).
+struct Tally<'a, S: Store> {
+    engine: &'a idempotency_guard::Engine<S>,
+    /// The tool, or the method (for A2A `message/send`).
+    route: String,
+    attempt: &'static str,
+    counted: bool,
+}
+
+impl<S: Store> Tally<'_, S> {
+    fn count(mut self, outcome: Counted) {
+        self.counted = true;
+        self.engine
+            .count_request(&self.route, outcome, self.attempt);
+    }
+}
+
+impl<S: Store> Drop for Tally<'_, S> {
+    fn drop(&mut self) {
+        if !self.counted {
+            self.engine
+                .count_request(&self.route, Counted::CallerGone, self.attempt);
+        }
+    }
+}
+
 impl<S, I, B> JsonRpcService<S, I>
 where
     S: Store,
@@ -115,89 +144,116 @@ where
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    /// One request: calls that are not guarded pass; a guarded call is
+    /// counted once, here, with what [`JsonRpcService::guard`] did with it.
     async fn handle(self, request: Request<Body>) -> Result<Response<Body>, I::Error> {
         // Only a POST carries a call; GET (the server's event stream) and
         // DELETE (end of session) pass untouched.
         if request.method() != Method::POST {
             return pass_through(self.inner, request).await;
         }
+        let Self {
+            inner,
+            engine,
+            config,
+        } = self;
         let (parts, body) = request.into_parts();
-        let body = match read_body(body, &parts.headers, self.config.body_limit).await {
+        let body = match read_body(body, &parts.headers, config.body_limit).await {
             Ok(body) => body,
+            // Not counted: no call is named before the envelope is read.
             Err(rejection) => return Ok(rejection.into_response()),
         };
-        let config = &self.config;
         let accept = Accept::of(&parts.headers);
+        let attempt = attempt_label(&parts.headers);
         let call = match envelope::read(&body, &parts.headers, &config.guarded, &config.key_sources)
         {
             Envelope::NotGuarded => {
-                return pass_through(self.inner, Request::from_parts(parts, Body::from(body)))
-                    .await;
+                return pass_through(inner, Request::from_parts(parts, Body::from(body))).await;
             }
             Envelope::GuardedBatch => {
+                engine.count_request(BATCH_ROUTE, Counted::Rejected, attempt);
                 return Ok(refusal(&RpcRefusal::BatchNotGuarded, None, None, accept));
             }
             Envelope::Call(call) => call,
         };
-        let key = match call.key {
-            Ok(key) => key,
-            Err(KeyError::Missing) if config.missing_key == MissingKey::PassThrough => {
-                return pass_through(self.inner, Request::from_parts(parts, Body::from(body)))
-                    .await;
-            }
-            Err(KeyError::Missing) => {
-                return Ok(refusal(
-                    &RpcRefusal::KeyMissing,
-                    Some(&call.id),
-                    None,
-                    accept,
-                ));
-            }
-            Err(_) => {
-                return Ok(refusal(
-                    &RpcRefusal::KeyInvalid,
-                    Some(&call.id),
-                    None,
-                    accept,
-                ));
-            }
-        };
-        let scope = (config.scope)(&parts);
-        if scope.is_empty() || scope.len() > MAX_SCOPE_LEN {
-            return Ok(refusal(
-                &RpcRefusal::ScopeInvalid,
-                Some(&call.id),
-                None,
-                accept,
-            ));
-        }
-        let guarded = GuardedCall {
-            scope,
-            key: key.as_str().to_owned(),
-            fingerprint: call.fingerprint,
-            target: call.tool.clone().unwrap_or_else(|| call.method.clone()),
-            method: call.method,
+        let tally = Tally {
+            engine: &engine,
+            route: call.tool.clone().unwrap_or_else(|| call.method.clone()),
+            attempt,
+            counted: false,
         };
         let request = Request::from_parts(parts, Body::from(body));
-        let (inner, id, limit) = (self.inner, call.id.clone(), config.stored_response_limit);
-        let outcome = engine::run(&self.engine, guarded, move || {
-            call_server(inner, request, id, limit)
-        })
-        .await;
-        Ok(match outcome {
-            Outcome::Ran(reply) => return reply,
-            Outcome::Replay(Some(stored)) => replay(&stored, &call.id, key.as_str(), accept),
-            Outcome::Replay(None) => refusal(
-                &RpcRefusal::ResponseNotStored,
-                Some(&call.id),
-                Some(key.as_str()),
-                accept,
-            ),
-            Outcome::Refused(refused) => {
-                refusal(&refused, Some(&call.id), Some(key.as_str()), accept)
-            }
-        })
+        let (outcome, result) = guard(&engine, &config, inner, request, call, accept).await;
+        tally.count(outcome);
+        result
     }
+}
+
+/// The `route` label of a refused batch (it names no single tool).
+const BATCH_ROUTE: &str = "batch";
+
+/// A guarded call: its key and scope checked, then run through the
+/// engine; answers with the `outcome` label it is counted under.
+async fn guard<S, I, B>(
+    engine: &idempotency_guard::Engine<S>,
+    config: &Config,
+    inner: I,
+    request: Request<Body>,
+    call: envelope::Call,
+    accept: Accept,
+) -> (Counted, Result<Response<Body>, I::Error>)
+where
+    S: Store,
+    I: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
+    I::Future: Send + 'static,
+    I::Error: Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let rejected = |refused: &RpcRefusal| {
+        (
+            Counted::Rejected,
+            Ok(refusal(refused, Some(&call.id), None, accept)),
+        )
+    };
+    let key = match call.key {
+        Ok(ref key) => key.as_str().to_owned(),
+        Err(KeyError::Missing) if config.missing_key == MissingKey::PassThrough => {
+            return (Counted::Unguarded, pass_through(inner, request).await);
+        }
+        Err(KeyError::Missing) => return rejected(&RpcRefusal::KeyMissing),
+        Err(_) => return rejected(&RpcRefusal::KeyInvalid),
+    };
+    let (parts, body) = request.into_parts();
+    let scope = (config.scope)(&parts);
+    if scope.is_empty() || scope.len() > MAX_SCOPE_LEN {
+        return rejected(&RpcRefusal::ScopeInvalid);
+    }
+    let request = Request::from_parts(parts, body);
+    let guarded = GuardedCall {
+        scope,
+        key: key.clone(),
+        fingerprint: call.fingerprint,
+        target: call.tool.clone().unwrap_or_else(|| call.method.clone()),
+        method: call.method,
+    };
+    let (id, limit) = (call.id.clone(), config.stored_response_limit);
+    let (outcome, counted) = engine::run(engine, guarded, move || {
+        call_server(inner, request, id, limit)
+    })
+    .await;
+    let response = match outcome {
+        Outcome::Ran(reply) => return (counted, reply),
+        Outcome::Replay(Some(stored)) => replay(&stored, &call.id, &key, accept),
+        Outcome::Replay(None) => refusal(
+            &RpcRefusal::ResponseNotStored,
+            Some(&call.id),
+            Some(&key),
+            accept,
+        ),
+        Outcome::Refused(refused) => refusal(&refused, Some(&call.id), Some(&key), accept),
+    };
+    (counted, Ok(response))
 }
 
 /// The work the engine runs for a claimed call: call the server, then
@@ -221,6 +277,14 @@ where
     };
     let (parts, body) = response.into_parts();
     let body = Body::new(body);
+    // The inner service says the call may have run but its answer is lost
+    // (the gateway's upstream reset or timed out after the request was
+    // sent): never run it again blindly.
+    if parts.extensions.get::<OutcomeUnknown>().is_some() {
+        return Ending::Abandon {
+            reply: Ok(Response::from_parts(parts, body)),
+        };
+    }
     // Not a JSON-RPC answer (a 4xx for a missing session, a 5xx): the call
     // did not complete; a retry may run it.
     if !parts.status.is_success() {

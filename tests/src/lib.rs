@@ -12,6 +12,7 @@
 pub mod answer;
 pub mod broker_server;
 pub mod fixtures;
+pub mod mcp_sdk;
 pub mod partition;
 pub mod postgres_server;
 pub mod process;

@@ -49,8 +49,34 @@ impl Process {
         env: &[(&str, &str)],
         health_path: &str,
     ) -> Self {
+        Self::start_command(program, &[], address, env, health_path).await
+    }
+
+    /// Like [`Process::start`], with arguments (a script for an
+    /// interpreter: `python3 server.py`).
+    ///
+    /// # Panics
+    ///
+    /// When it cannot start, or exits or stays silent before answering.
+    pub async fn start_with_args(
+        program: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        health_path: &str,
+    ) -> Self {
+        Self::start_command(program, args, free_address(), env, health_path).await
+    }
+
+    async fn start_command(
+        program: &str,
+        args: &[&str],
+        address: SocketAddr,
+        env: &[(&str, &str)],
+        health_path: &str,
+    ) -> Self {
         let mut command = Command::new(program);
         command
+            .args(args)
             .env("LISTEN", address.to_string())
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())

@@ -20,7 +20,12 @@ fn text(path: &str) -> String {
 fn the_example_configuration_and_the_readme_one_are_valid() {
     let example = Config::from_toml(&text("gateway/gateway.example.toml")).expect("it parses");
     example.validate().expect("it validates");
-    assert_eq!(example.routes.len(), 2);
+    assert_eq!(example.routes.len(), 3);
+    assert_eq!(
+        example.routes[2].kind,
+        idempotency_gateway::config::RouteKind::Jsonrpc,
+        "the MCP route"
+    );
     let readme = text("README.md");
     let section = readme
         .split("## Any language: run the gateway")

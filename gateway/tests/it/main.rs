@@ -6,6 +6,7 @@ mod files;
 mod hostile_clients;
 mod hostile_input;
 mod lifecycle;
+mod mcp;
 mod outcomes;
 mod pass_through;
 mod scope;

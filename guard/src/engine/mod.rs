@@ -419,4 +419,25 @@ impl<S: Store> Engine<S> {
     pub(crate) fn metrics(&self) -> &Arc<MetricHandles> {
         &self.metrics
     }
+
+    /// Counts one request of an adapter over this engine (a JSON-RPC tool
+    /// call, a message) in `idempotency_requests_total`, as the axum layer
+    /// counts its own: `route` a name of few values (a route template, a
+    /// tool), `outcome` usually [`Answer::outcome`], `attempt` from
+    /// [`crate::telemetry::attempt_label`]. Count each request once.
+    ///
+    /// ```
+    /// use idempotency_guard::{Engine, Store, telemetry};
+    /// # fn f<S: Store>(engine: &Engine<S>, headers: &http::HeaderMap) {
+    /// engine.count_request("send_email", telemetry::Outcome::Rejected, telemetry::attempt_label(headers));
+    /// # }
+    /// ```
+    pub fn count_request(
+        &self,
+        route: &str,
+        outcome: crate::telemetry::Outcome,
+        attempt: &'static str,
+    ) {
+        self.metrics.count_request(route, outcome, attempt);
+    }
 }

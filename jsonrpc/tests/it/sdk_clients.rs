@@ -9,15 +9,15 @@
 //! The SDKs are installed by `scripts/mcp-sdk-clients` (pinned versions,
 //! into `jsonrpc/sdk-clients/`), which the first test that misses one runs
 //! (it needs python3 with venv, and npm); one still missing after it fails
-//! the test, naming it.
+//! the test, naming it (see [`idempotency_tests::mcp_sdk`]).
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_guard::Engine;
-use idempotency_tests::{Faults, FaultyProxy};
+use idempotency_tests::{Faults, FaultyProxy, mcp_sdk};
 use serde_json::Value;
 
 use crate::email::{Form, Outbox, router};
@@ -27,30 +27,7 @@ use crate::tool_calls::serve;
 const EMAILS: usize = 15;
 
 fn sdk_clients() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk-clients")
-}
-
-/// Installs the SDKs (once per test process) when `path` is missing, then
-/// fails with what to run when it is still not there.
-fn installed(path: PathBuf, what: &str) -> PathBuf {
-    static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    if !path.exists() {
-        INSTALLED.get_or_init(|| {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/mcp-sdk-clients");
-            let status = std::process::Command::new(&script).status();
-            assert!(
-                status.as_ref().is_ok_and(|status| status.success()),
-                "{} failed ({status:?}): it needs python3 with venv (Debian: python3-venv) and npm (Debian: npm)",
-                script.display()
-            );
-        });
-    }
-    assert!(
-        path.exists(),
-        "{what} is not installed ({} is missing): run scripts/mcp-sdk-clients",
-        path.display()
-    );
-    path
+    mcp_sdk::dir()
 }
 
 /// Runs one client against the server through the lossy proxy and checks
@@ -134,19 +111,13 @@ async fn storm_through_a_lossy_proxy(program: PathBuf, script: &str, name: &str,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_sdk_retrying_through_a_lossy_proxy_sends_every_email_once() {
-    let python = installed(
-        sdk_clients().join(".venv/bin/python"),
-        "the MCP Python SDK (mcp)",
-    );
+    let python = mcp_sdk::python();
     storm_through_a_lossy_proxy(python, "python_client.py", "python", 29).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_typescript_sdk_retrying_through_a_lossy_proxy_sends_every_email_once() {
-    installed(
-        sdk_clients().join("node_modules/@modelcontextprotocol/sdk/package.json"),
-        "the MCP TypeScript SDK (@modelcontextprotocol/sdk)",
-    );
+    mcp_sdk::typescript();
     storm_through_a_lossy_proxy(
         PathBuf::from("node"),
         "typescript_client.mjs",
