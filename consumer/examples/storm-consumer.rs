@@ -8,7 +8,9 @@
 //! or `NATS_URL`, `QUEUE` (the queue, or the stream whose durable pull
 //! consumer `storm` the test created), `EFFECTS_URL` (PostgreSQL with the
 //! `storm_effects` table), `MODE` (`transactional`: the inbox on
-//! PostgreSQL, effect in the run's transaction; `default`: the guard,
+//! PostgreSQL, effect in the run's transaction; `single-commit`: the same
+//! in single-commit mode, the key held by an advisory lock and claim,
+//! effect and outcome committed once; `default`: the guard,
 //! effect committed at once; `off`: no guard, RabbitMQ only), `STORE_URL`
 //! (`postgres://`, `redis://` or `sqlite:`), `REDIS_PREFIX`, `CRASH_AT`
 //! (0: never), `LEASE_MS` (the engine's lease; default 1,000).
@@ -118,12 +120,13 @@ async fn main() -> anyhow::Result<()> {
                 Connection::connect(&settings.broker_url, ConnectionProperties::default()).await?;
             unguarded(&connection, &settings.queue, effects, crash).await
         }
-        "transactional" => {
+        mode @ ("transactional" | "single-commit") => {
             let store = PostgresStore::connect(&settings.store_url, 16).await?;
             store.migrate().await?;
             let engine = engine(store, settings.lease)
                 .with_transactional_mode(true)
-                .with_transactional_claims(true);
+                .with_transactional_claims(true)
+                .with_single_commit(mode == "single-commit");
             let handler = move |message: Incoming, run: RunContext| {
                 let crash = crash.clone();
                 async move {
@@ -165,7 +168,9 @@ async fn main() -> anyhow::Result<()> {
                 consume(engine(store, settings.lease), &settings, handler).await
             }
         }
-        other => anyhow::bail!("MODE must be transactional, default or off, not {other}"),
+        other => {
+            anyhow::bail!("MODE must be transactional, single-commit, default or off, not {other}")
+        }
     }
 }
 

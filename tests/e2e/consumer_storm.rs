@@ -532,10 +532,10 @@ fn duplicated(outcome: &Outcome) -> usize {
 
 /// The transactional inbox (PostgreSQL): every message exactly once, and
 /// nothing parked, whatever the kills.
-async fn transactional(broker: Broker) {
-    let outcome = storm(broker, "transactional", Records::Postgres).await;
+async fn transactional(broker: Broker, mode: &str) {
+    let outcome = storm(broker, mode, Records::Postgres).await;
     println!(
-        "{broker:?}, transactional inbox: {} keys, {} duplicated, {} parked, {} kills",
+        "{broker:?}, {mode} inbox: {} keys, {} duplicated, {} parked, {} kills",
         outcome.effects.len(),
         duplicated(&outcome),
         outcome.parked.len(),
@@ -596,12 +596,24 @@ async fn default_mode(broker: Broker, records: Records) -> Outcome {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn consumer_storm_transactional_inbox_applies_every_message_exactly_once() {
-    transactional(Broker::Rabbit).await;
+    transactional(Broker::Rabbit, "transactional").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn consumer_storm_nats_transactional_inbox_applies_every_message_exactly_once() {
-    transactional(Broker::Nats).await;
+    transactional(Broker::Nats, "transactional").await;
+}
+
+/// The inbox in single-commit mode: the key held by an advisory lock, the
+/// claim, the effect and the outcome committed once; a kill leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consumer_storm_single_commit_inbox_applies_every_message_exactly_once() {
+    transactional(Broker::Rabbit, "single-commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consumer_storm_nats_single_commit_inbox_applies_every_message_exactly_once() {
+    transactional(Broker::Nats, "single-commit").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
