@@ -16,13 +16,14 @@
 //! demo orders, then the same orders again once JetStream's own short
 //! deduplication window has passed). Ctrl-C stops it.
 
+#[path = "orders_inbox/mod.rs"]
+mod orders_inbox;
+
 use std::time::Duration;
 
 use idempotency_consumer::nats::JetStreamConsumer;
 use idempotency_consumer::nats::async_nats::{self, jetstream};
-use idempotency_consumer::{Inbox, Incoming, KeySource};
-use idempotency_guard::Engine;
-use idempotency_guard::engine::RunContext;
+use idempotency_consumer::{Inbox, KeySource};
 use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
 
 #[tokio::main]
@@ -66,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
             ..Default::default()
         })
         .await?;
-    let inbox = Inbox::new(Engine::new(store).with_lease(lease));
+    let inbox = Inbox::new(orders_inbox::engine(store, lease).await?);
     let drain = inbox.engine().drain();
     let adapter = JetStreamConsumer::new(inbox, stream.as_str(), context.clone())
         .with_key(KeySource::MessageId)
@@ -105,20 +106,9 @@ async fn main() -> anyhow::Result<()> {
         "consuming {stream}.new (records: STORE={kind:?}, DATABASE_URL={database}); Ctrl-C to stop"
     );
     adapter
-        .run(
-            consumer,
-            |order: Incoming, _run: RunContext| async move {
-                println!(
-                    "order {} handled: {}",
-                    order.key,
-                    String::from_utf8_lossy(&order.payload)
-                );
-                Ok::<(), std::convert::Infallible>(())
-            },
-            async {
-                let _ = tokio::signal::ctrl_c().await;
-            },
-        )
+        .run(consumer, orders_inbox::handle, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
         .await?;
     drain.wait().await;
     Ok(())

@@ -15,13 +15,14 @@
 //! `PUBLISH` (publish that many demo orders, each twice, before consuming).
 //! Ctrl-C stops it after the orders in hand are done.
 
+#[path = "orders_inbox/mod.rs"]
+mod orders_inbox;
+
 use idempotency_consumer::rabbitmq::RabbitConsumer;
 use idempotency_consumer::rabbitmq::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use idempotency_consumer::rabbitmq::lapin::types::FieldTable;
 use idempotency_consumer::rabbitmq::lapin::{BasicProperties, Connection, ConnectionProperties};
-use idempotency_consumer::{Inbox, Incoming, KeySource};
-use idempotency_guard::Engine;
-use idempotency_guard::engine::RunContext;
+use idempotency_consumer::{Inbox, KeySource};
 use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
 
 #[tokio::main]
@@ -87,26 +88,14 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "consuming {queue} (records: STORE={kind:?}, DATABASE_URL={database}); Ctrl-C to stop"
     );
-    let inbox = Inbox::new(Engine::new(store).with_lease(lease));
+    let inbox = Inbox::new(orders_inbox::engine(store, lease).await?);
     let drain = inbox.engine().drain();
     RabbitConsumer::new(inbox, queue.as_str())
         .with_key(KeySource::MessageId)
         .with_concurrency(u16::try_from(concurrency).unwrap_or(u16::MAX))
-        .run(
-            &connection,
-            |order: Incoming, _run: RunContext| async move {
-                // The side effect: runs once per order id.
-                println!(
-                    "order {} handled: {}",
-                    order.key,
-                    String::from_utf8_lossy(&order.payload)
-                );
-                Ok::<(), std::convert::Infallible>(())
-            },
-            async {
-                let _ = tokio::signal::ctrl_c().await;
-            },
-        )
+        .run(&connection, orders_inbox::handle, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
         .await?;
     drain.wait().await;
     Ok(())
