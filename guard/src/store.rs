@@ -139,6 +139,19 @@ pub enum StoreError {
     /// The operation needs a capability this store does not have.
     #[error("this store does not support {0}")]
     Unsupported(&'static str),
+    /// The write stands on the primary but reached fewer replicas than the
+    /// store waits for (Redis `WAIT`, see
+    /// `RedisStore::with_replica_acks`) within its timeout: a failover
+    /// may lose it. The engine treats a claim that ends so as failed (it
+    /// releases it, fenced, and answers 503 `store-unavailable`) and does
+    /// not send the same completion again.
+    #[error("the write reached {acked} of the {wanted} replicas it waits for")]
+    NotReplicated {
+        /// The replicas the store waits for.
+        wanted: u32,
+        /// The replicas that acknowledged the write in time.
+        acked: u32,
+    },
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]

@@ -463,6 +463,10 @@ impl StoreError {
             StoreError::Timeout(bound) => StoreError::Timeout(*bound),
             StoreError::Corrupt(corrupt) => StoreError::Corrupt(*corrupt),
             StoreError::Unsupported(what) => StoreError::Unsupported(what),
+            StoreError::NotReplicated { wanted, acked } => StoreError::NotReplicated {
+                wanted: *wanted,
+                acked: *acked,
+            },
             StoreError::Unavailable(source) => {
                 StoreError::Unavailable(format!("the batch failed: {source}").into())
             }
@@ -585,6 +589,11 @@ impl<C: Send + 'static> Batches<C> {
             claims,
             completions,
         }
+    }
+
+    /// The limits both batchers were made with.
+    pub(crate) fn limits(&self) -> BatchLimits {
+        self.claims.shared.limits
     }
 
     /// What both batchers have sent.

@@ -29,6 +29,13 @@
 //! Durability is Redis's: with `appendonly yes` and `appendfsync always` a
 //! crash loses nothing; with the defaults, a Redis crash can forget records,
 //! and a retry of a forgotten key runs again.
+//!
+//! Replication is asynchronous: a primary that dies right after answering a
+//! claim may take it along, and the replica promoted in its place lets the
+//! retry run the work again. [`RedisStore::with_replica_acks`] makes every
+//! claim, take-over and completion wait for replicas (`WAIT`) and fail
+//! closed when too few acknowledge it (`store/redis/replicas.rs`; what it
+//! still cannot promise is in docs/GUARANTEES.md).
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -40,8 +47,10 @@ use redis::{Script, Value};
 use time::OffsetDateTime;
 
 mod call;
+mod replicas;
 
 use call::{RecordKey, ScriptCall};
+use replicas::ReplicaAcks;
 
 use crate::record::CorruptRecord;
 use crate::store::batch::{BatchLimits, BatchStats, BatchedStore, Batches, ClaimItem};
@@ -190,6 +199,8 @@ pub struct RedisStore {
     events: RecordEvents,
     _subscriber: Arc<Subscriber>,
     batches: Option<Arc<Batches<CompleteItem>>>,
+    /// `WAIT` after every write that decides a run (off: `None`).
+    replica_acks: Option<ReplicaAcks>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -278,6 +289,7 @@ impl RedisStore {
             events,
             _subscriber: Arc::new(Subscriber(task.abort_handle())),
             batches: None,
+            replica_acks: None,
         }
         .with_batching(DEFAULT_BATCHING)
     }
@@ -292,6 +304,48 @@ impl RedisStore {
             self.batches = Some(Arc::new(batches));
         }
         self
+    }
+
+    /// Makes every claim, take-over and completion wait until `replicas`
+    /// replicas have it (`WAIT`, sent behind the script on the same
+    /// connection; on a cluster, to the primary of the record's hash
+    /// slot), for at most `timeout` (clamped to 1 ms ..= 1 s). A claim that
+    /// too few acknowledge fails with [`StoreError::NotReplicated`]: the
+    /// engine releases it, fenced, and answers 503 `store-unavailable`;
+    /// the work never runs on a claim a failover may lose. A completion
+    /// that too few acknowledge has run: its caller gets the reply and the
+    /// error is logged. `0` turns it off.
+    ///
+    /// The default value is off: on a single Redis there is no replica to
+    /// wait for, and without one a `WAIT` for one fails every claim.
+    ///
+    /// Each write costs a round trip from the primary to its replicas
+    /// (docs/BENCHMARKS.md). It closes the window of asynchronous
+    /// replication only for the replicas that acknowledged: set
+    /// `replicas` to every replica a failover may promote, or make the
+    /// failover choose the most up-to-date one (Sentinel and Redis Cluster
+    /// prefer it, but do not guarantee it), and mind that a replica
+    /// acknowledges a write it holds in memory (docs/GUARANTEES.md).
+    ///
+    /// ```
+    /// # async fn example() -> Result<(), idempotency_guard::store::StoreError> {
+    /// use std::time::Duration;
+    /// use idempotency_guard::store::redis::RedisStore;
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379", "idem")
+    ///     .await?
+    ///     .with_replica_acks(1, Duration::from_millis(100));
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_acks = ReplicaAcks::new(replicas, timeout);
+        // The batchers hold a copy of the store: give them this setting too.
+        match self.batches.as_ref().map(|batches| batches.limits()) {
+            Some(limits) => self.with_batching(limits),
+            None => self,
+        }
     }
 
     /// How many batches (and claims and completions in them) this store
@@ -310,18 +364,24 @@ impl RedisStore {
             {
                 // Redis does not know the script yet (or forgot it: a
                 // restart, `SCRIPT FLUSH`): load it and send the call again.
-                match &self.connection {
-                    Connection::Single(connection) => {
-                        call.script().load_async(&mut connection.clone()).await?
-                    }
-                    Connection::Cluster(connection) => {
-                        call.script().load_async(&mut connection.clone()).await?
-                    }
-                };
+                self.load(call).await?;
                 Ok(self.query(call.command()).await?)
             }
             answer => Ok(answer?),
         }
+    }
+
+    /// Loads a call's script into Redis (on a cluster: every primary).
+    async fn load(&self, call: &ScriptCall) -> redis::RedisResult<()> {
+        match &self.connection {
+            Connection::Single(connection) => {
+                call.script().load_async(&mut connection.clone()).await?
+            }
+            Connection::Cluster(connection) => {
+                call.script().load_async(&mut connection.clone()).await?
+            }
+        };
+        Ok(())
     }
 
     /// Sends one command.
@@ -653,7 +713,8 @@ impl BatchedStore for RedisStore {
                 ));
         }
         let shape = || CorruptRecord("the batch claim script returned an unexpected shape");
-        let Value::Array(reply) = self.invoke(&call).await? else {
+        let acked = self.invoke_acked(&call).await?;
+        let Value::Array(reply) = &acked.value else {
             return Err(shape().into());
         };
         let [now, Value::Array(answers)] = reply.as_slice() else {
@@ -667,10 +728,17 @@ impl BatchedStore for RedisStore {
             .iter()
             .zip(answers)
             .map(|(item, answer)| match answer {
-                Value::Int(1) => Ok(Claim::Acquired(item.as_new().lease())),
+                Value::Int(1) => {
+                    acked.replicated()?;
+                    Ok(Claim::Acquired(item.as_new().lease()))
+                }
                 Value::BulkString(packed) => {
                     let record = record_from_packed(&item.scope, &item.key, packed, now)?
                         .ok_or(CorruptRecord("the existing record vanished"))?;
+                    if record.lease_token == item.token {
+                        // Its own claim, landed by an earlier attempt.
+                        acked.replicated()?;
+                    }
                     Ok(Claim::Existing(Box::new(record)))
                 }
                 _ => Err(shape().into()),
@@ -692,7 +760,8 @@ impl BatchedStore for RedisStore {
             call.arg(lease.token.as_uuid().as_bytes().as_slice())
                 .arg(response.as_slice());
         }
-        let Value::Array(answers) = self.invoke(&call).await? else {
+        let acked = self.invoke_acked(&call).await?;
+        let Value::Array(answers) = &acked.value else {
             return Err(CorruptRecord("the batch complete script returned no array").into());
         };
         if answers.len() != items.len() {
@@ -701,7 +770,7 @@ impl BatchedStore for RedisStore {
         Ok(answers
             .iter()
             .map(|answer| match answer {
-                Value::Int(1) => Ok(()),
+                Value::Int(1) => acked.replicated(),
                 _ => Err(StoreError::LeaseLost),
             })
             .collect())
@@ -730,14 +799,23 @@ impl Store for RedisStore {
                 new.method,
                 new.path,
             ));
-        let Value::Array(reply) = self.invoke(&call).await? else {
+        let acked = self.invoke_acked(&call).await?;
+        let Value::Array(reply) = &acked.value else {
             return Err(CorruptRecord("the claim script returned no array").into());
         };
         match reply.as_slice() {
-            [acquired, _] if int(acquired)? == 1 => Ok(Claim::Acquired(new.lease())),
+            [acquired, _] if int(acquired)? == 1 => {
+                acked.replicated()?;
+                Ok(Claim::Acquired(new.lease()))
+            }
             [_, now, Value::BulkString(packed)] => {
                 let record = record_from_packed(new.scope, new.key, packed, int(now)?)?
                     .ok_or(CorruptRecord("the existing record vanished"))?;
+                if record.lease_token == new.token {
+                    // Its own claim, landed by an earlier attempt: the
+                    // engine runs on it as if acquired.
+                    acked.replicated()?;
+                }
                 Ok(Claim::Existing(Box::new(record)))
             }
             _ => Err(CorruptRecord("the claim script returned an unexpected shape").into()),
@@ -761,8 +839,12 @@ impl Store for RedisStore {
                 new.method,
                 new.path,
             ));
-        let taken = matches!(self.invoke(&call).await?, Value::Int(1));
-        Ok(taken.then(|| new.lease()))
+        let acked = self.invoke_acked(&call).await?;
+        if !matches!(acked.value, Value::Int(1)) {
+            return Ok(None);
+        }
+        acked.replicated()?;
+        Ok(Some(new.lease()))
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
@@ -785,7 +867,10 @@ impl Store for RedisStore {
             .arg(lease.token.as_uuid().as_bytes().as_slice())
             .arg(response)
             .arg(&*self.channel);
-        self.fenced(&call).await
+        match self.invoke_acked(&call).await? {
+            acked if matches!(acked.value, Value::Int(1)) => acked.replicated(),
+            _ => Err(StoreError::LeaseLost),
+        }
     }
 
     async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {

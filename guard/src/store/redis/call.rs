@@ -45,6 +45,15 @@ impl ScriptCall {
     pub(super) fn command(&self) -> &Cmd {
         &self.command
     }
+
+    /// The call's first key (after `EVALSHA`, the SHA-1 and the number of
+    /// keys), which names the hash slot a cluster runs it on.
+    pub(super) fn first_key(&self) -> Option<&[u8]> {
+        match self.command.args_iter().nth(3)? {
+            redis::Arg::Simple(bytes) => Some(bytes),
+            _ => None,
+        }
+    }
 }
 
 /// `<prefix>:<namespace>:<scope length>:<scope>:<key>`, written into a

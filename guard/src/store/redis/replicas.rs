@@ -1,0 +1,175 @@
+//! Replica acknowledgements: `WAIT` after every claim, take-over and
+//! completion, for deployments where a replica may be promoted
+//! ([`RedisStore::with_replica_acks`]).
+//!
+//! Redis replicates asynchronously: a primary answers a write before any
+//! replica has it. If the primary dies then and a replica is promoted, the
+//! write is gone: a claim lost so lets the client's retry run the work a
+//! second time; a completion lost so leaves the promoted replica with an
+//! in-flight record, which answers 409 and then `outcome-unknown`.
+//!
+//! With replica acknowledgements on, each of those scripts goes out in one
+//! pipeline with `WAIT <replicas> <timeout>` behind it, on the same
+//! connection (on a cluster: to the primary of the record's hash slot), so
+//! that the `WAIT` counts exactly the replicas that hold this write (a
+//! `WAIT` on another connection, or on a fresh one after a reconnect,
+//! waits for nothing and answers at once with every connected replica).
+//! When fewer acknowledge within the timeout, the operation fails with
+//! [`StoreError::NotReplicated`]: the engine releases such a claim (fenced
+//! by its token) and answers 503 `store-unavailable`, so the work never
+//! runs on a write a failover may lose. A completion that fails so has run:
+//! its caller gets the reply, and the error is logged.
+//!
+//! What remains (docs/GUARANTEES.md, "Replicated Redis"): `WAIT` counts
+//! replicas that *received* the write, in memory. A failover that promotes
+//! another replica (one that did not acknowledge), or a replica that
+//! restarts without the write before it is promoted, still loses it.
+
+use std::time::Duration;
+
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+
+use super::call::ScriptCall;
+use super::{Connection, RedisStore};
+use crate::record::CorruptRecord;
+use crate::store::StoreError;
+
+/// The longest a write waits for its replicas: below the store's command
+/// timeout (2 s), so that a `WAIT` always answers before the connection
+/// gives up on it.
+pub(super) const MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// How many replicas must acknowledge each claim, take-over and
+/// completion, and how long to wait for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ReplicaAcks {
+    replicas: u32,
+    timeout_ms: u64,
+}
+
+impl ReplicaAcks {
+    /// `None` for zero replicas (off). The timeout is clamped to 1 ms ..=
+    /// [`MAX_WAIT`] (`WAIT` with 0 ms would wait forever).
+    pub(super) fn new(replicas: u32, timeout: Duration) -> Option<Self> {
+        let timeout = timeout.clamp(Duration::from_millis(1), MAX_WAIT);
+        (replicas > 0).then(|| Self {
+            replicas,
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(1000),
+        })
+    }
+}
+
+/// A script's answer, and how many replicas acknowledged the write.
+pub(super) struct Acked {
+    /// The script's answer.
+    pub(super) value: Value,
+    /// `WAIT`'s answer and what it was asked for; `None` when the store
+    /// does not wait for replicas.
+    acks: Option<(i64, ReplicaAcks)>,
+}
+
+impl Acked {
+    /// `Ok` when the store does not wait for replicas or enough of them
+    /// acknowledged the write; call it only for an answer that says this
+    /// call wrote (a claim acquired, a completion stored).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::NotReplicated`] when too few did.
+    pub(super) fn replicated(&self) -> Result<(), StoreError> {
+        match self.acks {
+            Some((acked, wanted)) if acked < i64::from(wanted.replicas) => {
+                Err(StoreError::NotReplicated {
+                    wanted: wanted.replicas,
+                    acked: u32::try_from(acked.max(0)).unwrap_or(0),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Whether Redis refused a pipeline's script call because it does not
+/// know the script: a pipeline error on one Redis, an error value in the
+/// answers on a cluster.
+fn says_noscript(answers: &redis::RedisResult<Vec<Value>>) -> bool {
+    let noscript = |error: &redis::ServerError| error.kind() == Some(ServerErrorKind::NoScript);
+    match answers {
+        Ok(values) => matches!(values.first(), Some(Value::ServerError(error)) if noscript(error)),
+        Err(error) => {
+            error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+                || error
+                    .clone()
+                    .into_server_errors()
+                    .is_some_and(|errors| errors.iter().any(|(_, error)| noscript(error)))
+        }
+    }
+}
+
+impl RedisStore {
+    /// Sends a script call that writes and, when the store waits for
+    /// replicas, `WAIT` behind it in the same pipeline.
+    pub(super) async fn invoke_acked(&self, call: &ScriptCall) -> Result<Acked, StoreError> {
+        let Some(wanted) = self.replica_acks else {
+            return Ok(Acked {
+                value: self.invoke(call).await?,
+                acks: None,
+            });
+        };
+        let mut answers = self.query_with_wait(call, wanted).await;
+        if says_noscript(&answers) {
+            // Redis does not know the script (yet, or any more): load it
+            // and send the pipeline again.
+            self.load(call).await?;
+            answers = self.query_with_wait(call, wanted).await;
+        }
+        let answers = answers?;
+        let mut answers = answers.into_iter();
+        let (Some(value), Some(acked), None) = (answers.next(), answers.next(), answers.next())
+        else {
+            return Err(
+                CorruptRecord("a script and WAIT answered a pipeline of another length").into(),
+            );
+        };
+        // A cluster's pipeline hands server errors back as values.
+        for answer in [&value, &acked] {
+            if let Value::ServerError(error) = answer {
+                return Err(RedisError::from(error.clone()).into());
+            }
+        }
+        let Value::Int(acked) = acked else {
+            return Err(CorruptRecord("WAIT answered no count").into());
+        };
+        Ok(Acked {
+            value,
+            acks: Some((acked, wanted)),
+        })
+    }
+
+    /// The pipeline `EVALSHA ...; WAIT <replicas> <timeout>`, on the
+    /// connection (a cluster: to the primary of the call's hash slot).
+    async fn query_with_wait(
+        &self,
+        call: &ScriptCall,
+        wanted: ReplicaAcks,
+    ) -> redis::RedisResult<Vec<Value>> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(call.command().clone())
+            .cmd("WAIT")
+            .arg(wanted.replicas)
+            .arg(wanted.timeout_ms);
+        match &self.connection {
+            Connection::Single(connection) => pipe.query_async(&mut connection.clone()).await,
+            Connection::Cluster(connection) => {
+                let route = call
+                    .first_key()
+                    .map(|key| {
+                        SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master))
+                    })
+                    .unwrap_or(SingleNodeRoutingInfo::RandomPrimary);
+                connection.clone().route_pipeline(pipe, 0, 2, route).await
+            }
+        }
+    }
+}
