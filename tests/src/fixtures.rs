@@ -436,6 +436,55 @@ pub async fn redis() -> TestDb<RedisStore> {
     }
 }
 
+/// The primary (with one replica) the replica-acknowledgement suites use:
+/// `TEST_REDIS_REPLICATED_URL` (a primary with at least one replica), else
+/// a private pair started once for this process. Each test keeps its keys
+/// under a prefix of its own.
+///
+/// # Panics
+///
+/// When a private pair is needed and cannot start (the message names the
+/// Debian package of a missing binary).
+pub fn redis_replicated_url() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        std::env::var("TEST_REDIS_REPLICATED_URL")
+            .unwrap_or_else(|_| crate::replication::replicated_until_exit())
+    })
+    .clone()
+}
+
+/// How long [`redis_replica_acks`] stores wait for their replica.
+pub const REPLICA_ACK_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A Redis store under a fresh prefix on a primary with a replica, that
+/// waits for the replica's acknowledgement of every claim, take-over and
+/// completion ([`RedisStore::with_replica_acks`]`(1, 500 ms)`); it reaches
+/// the primary through a [`Partition`] so the test can cut it off.
+///
+/// # Panics
+///
+/// When the primary does not answer.
+pub async fn redis_replica_acks() -> TestDb<RedisStore> {
+    let url = redis_replicated_url();
+    let partition = Partition::start(redis_address(&url)).await;
+    let prefix = test_prefix();
+    let store = RedisStore::connect(&format!("redis://{}", partition.address), &prefix)
+        .await
+        .unwrap_or_else(|error| {
+            panic!("the replicated Redis is not answering at {url} ({error}). {SERVER_ADVICE}.")
+        })
+        .with_replica_acks(1, REPLICA_ACK_TIMEOUT);
+    TestDb {
+        store,
+        cleanup: vec![Cleanup::RedisPrefix {
+            nodes: vec![url],
+            prefix,
+        }],
+        breaker: Breaker::Partition(partition),
+    }
+}
+
 /// A Redis Cluster store under a fresh prefix.
 ///
 /// # Panics

@@ -20,15 +20,18 @@ pub mod programs;
 pub mod proxy;
 pub mod raw_http;
 pub mod redis_server;
+pub mod replication;
 pub mod storm;
 mod watchdog;
 
 pub use answer::{Answer, call};
 pub use fixtures::{
-    TestDatabase, TestDb, postgres, postgres_database, redis, redis_cluster, sqlite, tiered,
+    TestDatabase, TestDb, postgres, postgres_database, redis, redis_cluster, redis_replica_acks,
+    sqlite, tiered,
 };
 pub use partition::Partition;
 pub use postgres_server::PostgresServer;
 pub use process::Process;
 pub use proxy::{Faults, FaultyProxy, ProxyCounts};
 pub use redis_server::RedisServer;
+pub use replication::{RedisNode, ReplicatedCluster, ReplicatedRedis};

@@ -122,18 +122,7 @@ pub(crate) fn start_until_exit(nodes: usize, cluster: bool) -> Vec<String> {
     let nodes: Vec<(u16, u16)> = ports.chunks(2).map(|pair| (pair[0], pair[1])).collect();
     for &(port, bus_port) in &nodes {
         let node_dir = dir.join(port.to_string());
-        std::fs::create_dir_all(&node_dir).expect("a node directory");
-        let mut command = std::process::Command::new("redis-server");
-        command
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .arg("--dir")
-            .arg(&node_dir)
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--logfile")
-            .arg(node_dir.join("redis.log"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        let mut command = node_command(port, &node_dir);
         if cluster {
             command
                 .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
@@ -141,15 +130,12 @@ pub(crate) fn start_until_exit(nodes: usize, cluster: bool) -> Vec<String> {
                 .arg("--cluster-config-file")
                 .arg(node_dir.join("nodes.conf"));
         }
-        let mut child = command.spawn().unwrap_or_else(|error| {
-            panic!(
-                "cannot start redis-server ({error}): install the Debian package redis-server \
-                 (`apt-get install redis-server`)"
-            )
-        });
-        std::fs::write(dir.join(format!("{port}.pid")), child.id().to_string())
-            .expect("write the pid file the watchdog reads");
-        wait_until_listening(&mut child, port, &node_dir);
+        // Lives until this process exits: the watchdog kills it, nobody waits for it.
+        #[expect(
+            clippy::zombie_processes,
+            reason = "reaped by init once the watchdog kills it"
+        )]
+        let _node = spawn_node(command, &dir, port, &node_dir);
     }
     let urls: Vec<String> = nodes
         .iter()
@@ -159,6 +145,49 @@ pub(crate) fn start_until_exit(nodes: usize, cluster: bool) -> Vec<String> {
         form_cluster(&urls, &nodes);
     }
     urls
+}
+
+/// The command of a non-durable `redis-server` on `127.0.0.1:port` with
+/// its files (and log) in `node_dir`, which it creates.
+pub(crate) fn node_command(port: u16, node_dir: &std::path::Path) -> std::process::Command {
+    std::fs::create_dir_all(node_dir).expect("a node directory");
+    let mut command = std::process::Command::new("redis-server");
+    command
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--dir")
+        .arg(node_dir)
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .arg("--logfile")
+        .arg(node_dir.join("redis.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    command
+}
+
+/// Starts `command` (from [`node_command`]), writes its pid to
+/// `<pid_dir>/<port>.pid` (what the watchdog kills) and waits until it listens.
+///
+/// # Panics
+///
+/// When `redis-server` is not installed (the message names the Debian
+/// package), or it exits or stays silent.
+pub(crate) fn spawn_node(
+    mut command: std::process::Command,
+    pid_dir: &std::path::Path,
+    port: u16,
+    node_dir: &std::path::Path,
+) -> std::process::Child {
+    let mut child = command.spawn().unwrap_or_else(|error| {
+        panic!(
+            "cannot start redis-server ({error}): install the Debian package redis-server \
+             (`apt-get install redis-server`)"
+        )
+    });
+    std::fs::write(pid_dir.join(format!("{port}.pid")), child.id().to_string())
+        .expect("write the pid file the watchdog reads");
+    wait_until_listening(&mut child, port, node_dir);
+    child
 }
 
 /// Waits (at most 5 s) until a just-started `redis-server` accepts connections.
@@ -180,7 +209,7 @@ fn wait_until_listening(child: &mut std::process::Child, port: u16, dir: &std::p
 /// Makes fresh cluster nodes one cluster: an equal share of the 16384 hash
 /// slots each, distinct config epochs, then `CLUSTER MEET`; waits (at most
 /// 20 s) until every node reports `cluster_state:ok` and knows the others.
-fn form_cluster(urls: &[String], nodes: &[(u16, u16)]) {
+pub(crate) fn form_cluster(urls: &[String], nodes: &[(u16, u16)]) {
     const SLOTS: usize = 16384;
     let connect = |url: &str| {
         redis::Client::open(url)
