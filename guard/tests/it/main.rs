@@ -30,6 +30,7 @@ mod migrations;
 #[cfg(feature = "otel")]
 mod otel;
 mod postgres_faults;
+mod redis_failover;
 mod redis_faults;
 mod slow_store;
 mod transactional;
@@ -39,16 +40,29 @@ store_suite!(sqlite_store, idempotency_tests::sqlite);
 store_suite!(redis_store, idempotency_tests::redis);
 store_suite!(redis_cluster_store, idempotency_tests::redis_cluster);
 store_suite!(tiered_store, idempotency_tests::tiered);
+// Every claim, take-over and completion waits for one replica (`WAIT`).
+store_suite!(
+    redis_replica_acks_store,
+    idempotency_tests::redis_replica_acks
+);
 
 batching_suite!(postgres_batching, idempotency_tests::postgres);
 batching_suite!(sqlite_batching, idempotency_tests::sqlite);
 batching_suite!(redis_batching, idempotency_tests::redis);
+batching_suite!(
+    redis_replica_acks_batching,
+    idempotency_tests::redis_replica_acks
+);
 
 engine_suite!(postgres_engine, idempotency_tests::postgres);
 engine_suite!(sqlite_engine, idempotency_tests::sqlite);
 engine_suite!(redis_engine, idempotency_tests::redis);
 engine_suite!(redis_cluster_engine, idempotency_tests::redis_cluster);
 engine_suite!(tiered_engine, idempotency_tests::tiered);
+engine_suite!(
+    redis_replica_acks_engine,
+    idempotency_tests::redis_replica_acks
+);
 
 guard_suite!(postgres_guard, idempotency_tests::postgres);
 guard_suite!(sqlite_guard, idempotency_tests::sqlite);
