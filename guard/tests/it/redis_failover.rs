@@ -23,8 +23,10 @@ use idempotency_guard::{Fingerprint, Store, StoredResponse};
 use idempotency_tests::{ReplicatedCluster, ReplicatedRedis};
 use tokio::sync::Notify;
 
-/// How long a store waits for its replicas.
-const ACK_TIMEOUT: Duration = Duration::from_millis(200);
+/// How long a store waits for its replicas: long enough for a loaded
+/// machine (a `WAIT` answers as soon as the replica does; only the tests
+/// that cut the replica off wait it out).
+const ACK_TIMEOUT: Duration = Duration::from_millis(500);
 /// The engine's lease: short, so that an orphaned record lapses quickly,
 /// and long enough to outlast a failover.
 const LEASE: Duration = Duration::from_secs(2);
@@ -39,10 +41,10 @@ impl Runs {
     }
 }
 
+/// An engine with the default store timeout (5 s): above two `WAIT`s
+/// that time out (a script Redis does not know yet is sent again).
 fn engine(store: RedisStore) -> Engine<RedisStore> {
-    Engine::new(store)
-        .with_lease(LEASE)
-        .with_store_timeout(Duration::from_secs(2))
+    Engine::new(store).with_lease(LEASE)
 }
 
 fn job(key: &str) -> Job {
@@ -237,6 +239,29 @@ async fn with_replica_acks_a_failover_never_runs_a_claim_twice() {
         1,
         "the acknowledged claim never runs twice"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_replica_acks_the_layer_answers_503_when_no_replica_acknowledges() {
+    use idempotency_guard::IdempotencyLayer;
+
+    let pair = ReplicatedRedis::start(1).await;
+    let store = connect(&pair.primary.url(), "failover-layer")
+        .await
+        .with_replica_acks(1, ACK_TIMEOUT);
+    let runs = crate::redis_faults::Runs::default();
+    let router = crate::redis_faults::app(IdempotencyLayer::new(store), &runs, "a");
+    pair.cut_link(0);
+    let answer = idempotency_tests::call(&router, crate::redis_faults::request("pay-1", 0)).await;
+    assert_eq!(answer.status, http::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.problem(), "store-unavailable");
+    assert!(answer.headers.contains_key("retry-after"));
+    assert_eq!(runs.total(), 0, "the handler never runs");
+    pair.heal_link(0);
+    pair.wait_in_sync().await;
+    let answer = idempotency_tests::call(&router, crate::redis_faults::request("pay-1", 0)).await;
+    assert_eq!(answer.status, http::StatusCode::CREATED);
+    assert_eq!(runs.total(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -20,6 +20,15 @@
 //! runs on a write a failover may lose. A completion that fails so has run:
 //! its caller gets the reply, and the error is logged.
 //!
+//! The `WAIT` goes with every call, whatever the script answers: a claim
+//! that finds another's record (a replay, a 409) waits too, which costs
+//! nothing while the replicas keep up and up to the timeout while fewer
+//! than asked for are connected (then every new claim fails anyway). A
+//! script Redis does not know yet (after a restart or a failover) costs a
+//! second pipeline, so two timeouts at worst: keep the engine's store
+//! timeout above twice the replicas' timeout (the defaults, 5 s and at
+//! most 1 s, are).
+//!
 //! What remains (docs/GUARANTEES.md, "Replicated Redis"): `WAIT` counts
 //! replicas that *received* the write, in memory. A failover that promotes
 //! another replica (one that did not acknowledge), or a replica that
