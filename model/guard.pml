@@ -11,7 +11,9 @@
  * Variants (spin -D...): TX (transactional mode), RUN_AGAIN (abandoned runs
  * run again; the default is Reject). Negative controls, each must fail:
  * NO_FENCE, NO_RELEASE_ON_CANCEL, EARLY_RENEW_STOP, UNTRACKED_RELEASE,
- * NO_OWN_TOKEN, NEW_TOKEN_PER_ROUND.
+ * NO_OWN_TOKEN, NEW_TOKEN_PER_ROUND. FAILOVER (its own section, below
+ * the store's operations): an asynchronous replica promoted once, with
+ * REPLICA_ACKS or, as a negative control, without.
  */
 
 #ifndef F
@@ -155,6 +157,94 @@ inline stop(i) {                                   /* the run is over: renewals 
   live[i] = false; running[i] = false; renewing[i] = false
 }
 
+/* ==== Failover (-DFAILOVER, issue 32): an asynchronous replica =========
+ * Self-contained: everything of this mode is here, but for three hooks
+ * (REPLICA_ACK_CLAIM at `acquired`, REPLICA_TICK in the tick, FAILOVER_STEPS
+ * in the Environment), each of which expands to nothing without FAILOVER.
+ *
+ * The store is a primary (the record above) with one replica (r*): the
+ * replica catches up with the primary at any moment, in one step (it
+ * applies the primary's stream in order, so a copy of the whole record is
+ * the state after some prefix of the writes). Once per execution the
+ * primary dies and the replica is promoted: the record becomes the
+ * replica's copy, and every write it had not caught up with is lost.
+ * Commands still in the network land on the new primary (a superset of
+ * what a client that reconnects does).
+ *
+ * REPLICA_ACKS (RedisStore::with_replica_acks): after a claim answers that
+ * the request holds the lease (acquired, or its own token), the request
+ * waits for the replica (WAIT): it runs only once the replica holds its
+ * claim; a WAIT that times out (at any moment), or whose primary died,
+ * fails the claim: 503, and the claim is released in the background
+ * (`cancel`). Without REPLICA_ACKS the request runs at once; with
+ * WAIT_ELSEWHERE (a negative control) the WAIT answers at once.
+ *
+ * What a promotion loses is accounted for: a renewal it loses is a missed
+ * renewal (missed[]); a completion, release or claim it loses excuses a
+ * record left in flight (property 4: it reads abandoned, outcome unknown);
+ * the completed token (done_tok) is the promoted record's. Neither excuses
+ * a second run: RUNS_ONCE (1) and STATUS_TRUE (5) are checked as ever.
+ * Completions and renewals are not acknowledged in the model (the store
+ * waits after a completion too, but the work has run by then: a
+ * completion that is not acknowledged is answered all the same and the
+ * record may read abandoned after a failover, which this section excuses).
+ */
+#ifdef FAILOVER
+byte rst = ABSENT;   /* the replica's copy of the record */
+byte rtok;
+byte rleft;
+bool rtxl;
+bool promoted;       /* the failover happened (at most once) */
+bool survived;       /* at the promotion, the replica held a live holder's claim */
+
+#ifdef WAIT_ELSEWHERE
+/* Negative control: the WAIT goes on another connection than the claim
+ * (or on a fresh one after a reconnect), whose last write is not the
+ * claim: it answers at once, whatever the replica holds. */
+#define HOLDS_CLAIM(i) true
+#else
+#define HOLDS_CLAIM(i) (rst == IN_FLIGHT && rtok == i)
+#endif
+#ifdef REPLICA_ACKS
+#define REPLICA_ACK_CLAIM(i) \
+  if \
+  :: atomic { !promoted && HOLDS_CLAIM(i) -> printf("R%d: WAIT acknowledged\n", i) } \
+  :: atomic { printf("R%d: WAIT timed out (or its primary died): NotReplicated\n", i); goto cancel } \
+  fi;
+#else
+#define REPLICA_ACK_CLAIM(i)
+#endif
+
+/* Time passes on the replica too: a lease end is a point in time. */
+#define REPLICA_TICK \
+  if :: !promoted && rst == IN_FLIGHT && rleft > 0 -> rleft-- :: else -> skip fi;
+
+#define FAILOVER_STEPS \
+  :: atomic { !promoted && (rst != st || rtok != tok || rleft != left || rtxl != txl) -> \
+       rst = st; rtok = tok; rleft = left; rtxl = txl; \
+       printf("P replica caught up: state %d token %d\n", rst, rtok) } \
+  :: atomic { !promoted -> \
+       promoted = true; \
+       if :: rst == IN_FLIGHT && live[rtok] -> survived = true :: else -> skip fi; \
+       if :: rst == IN_FLIGHT && rtok == tok && rleft < left -> missed[tok] = true :: else -> skip fi; \
+       if :: rst != st || rtok != tok || rtxl != txl -> excused = true :: else -> skip fi; \
+       st = rst; tok = rtok; left = rleft; txl = rtxl; \
+       done_tok = (st == COMPLETED -> tok : 0); \
+       printf("P primary dies; replica promoted: state %d token %d\n", st, tok) }
+
+#if defined(WITNESS) && WITNESS == 4
+/* an acknowledged claim of a live holder survived the failover, and its run completed once */
+#undef SEEN
+#define SEEN (survived && st == COMPLETED && effects == 1)
+#endif
+#else
+/* Without FAILOVER the hooks are nothing: the other modes are unchanged. */
+#define REPLICA_ACK_CLAIM(i)
+#define REPLICA_TICK
+#define FAILOVER_STEPS
+#endif
+/* ==== end of the failover section ===================================== */
+
 proctype Request(byte i) {
   byte ph;                                         /* holder phase */
   byte p;                                          /* the token the claim found */
@@ -215,6 +305,7 @@ claim:
   }
 
 acquired:
+  REPLICA_ACK_CLAIM(i)
   atomic { printf("R%d: holds the lease\n", i); urgent[i] = false;
            live[i] = true; running[i] = true; renewing[i] = true; el[i] = 0; ph = STARTING }
   /* 2. Run detached, renewed until settled (renewals: see Environment). 3. Settle. */
@@ -309,10 +400,11 @@ end:
   :: atomic { QUIET(1) && QUIET(2) && QUIET(3) &&
               ((st == IN_FLIGHT && left > 0) || running[1] || running[2] || running[3]) ->
        if :: st == IN_FLIGHT && left > 0 -> left-- :: else -> skip fi;
-       TICK(1); TICK(2); TICK(3); printf("T tick: lease of token %d left %d\n", tok, left) }
+       REPLICA_TICK TICK(1); TICK(2); TICK(3); printf("T tick: lease of token %d left %d\n", tok, left) }
   DELIVER(1)
   DELIVER(2)
   DELIVER(3)
+  FAILOVER_STEPS
   od
 }
 
