@@ -18,6 +18,11 @@ the workspace; it declares rust-version 1.98 and builds on 1.95 with --ignore-ru
 the report takes the mean store batch sizes (idempotency_store_batch_size{op}); --no-server-metrics
 runs them without a metrics recorder (the batch sizes are then not measured).
 
+Replica acknowledgements (issue 32): a private Redis primary with one replica (redis-server),
+fresh keys without and with RedisStore::with_replica_acks(1, 1 s), alternated 3 times; updates
+that section of docs/BENCHMARKS.md in place:
+  cargo run --release -p idempotency-bench -- --replica-acks-only --concurrency 1,16,64
+
 A short comparison on Redis only (3 s per cell, 16 connections, no cluster), into /tmp/bench:
   cargo run --release -p idempotency-bench -- --stores redis --concurrency 16 \\
       --redis-cluster-urls '' --out-dir /tmp/bench";
@@ -112,6 +117,17 @@ pub(crate) struct RunArgs {
     /// servers (the section shows the median of each).
     #[arg(long, default_value_t = 3)]
     pub(crate) encryption_rounds: usize,
+    /// Only the replica-acknowledgement runs (issue 32): the guard on a
+    /// private Redis primary with one replica, fresh keys without and with
+    /// `RedisStore::with_replica_acks(1, 1 s)`, alternated: updates that
+    /// section of an existing report in place and leaves everything else
+    /// alone. Needs `redis-server` (Debian: redis-server).
+    #[arg(long)]
+    pub(crate) replica_acks_only: bool,
+    /// How many times the replica-acknowledgement runs alternate (the
+    /// section shows the median of each).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) replica_acks_rounds: usize,
     /// Row counts of the growth runs, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1_000_000, 10_000_000])]
     pub(crate) growth_rows: Vec<u64>,
@@ -166,6 +182,9 @@ pub(crate) enum App {
     /// The handler behind our guard in single-commit transactional mode
     /// (PostgreSQL: the key held by an advisory lock, one commit).
     GuardSingleCommit,
+    /// The handler behind our guard on Redis, every claim and completion
+    /// waiting for one replica (`RedisStore::with_replica_acks(1, 1 s)`).
+    GuardReplicaAcks,
     /// The handler behind the peer crate `idempotent` 0.3.0 (its Valkey/Redis
     /// store, our thin middleware: `peer.rs`).
     Peer,

@@ -215,7 +215,11 @@ impl Bench {
         // The guard's batch sizes over the load alone (seeding excluded).
         let scrapes = matches!(
             app,
-            App::Guard | App::GuardCached | App::GuardTx | App::GuardSingleCommit
+            App::Guard
+                | App::GuardCached
+                | App::GuardTx
+                | App::GuardSingleCommit
+                | App::GuardReplicaAcks
         ) && !self.args.no_server_metrics;
         let batches_before = if scrapes {
             scrape(child.address).await

@@ -33,6 +33,7 @@ mod peer;
 mod peer2;
 mod plot;
 mod raw;
+mod replicas;
 mod report;
 mod results;
 mod server;

@@ -15,6 +15,10 @@ use crate::setup::{BenchDatabase, delete_redis_keys};
 pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let command = command_line(&args);
     args.redis_cluster_urls.retain(|url| !url.trim().is_empty());
+    if args.replica_acks_only {
+        // Its runs use the private primary alone: no cluster to clean up.
+        args.redis_cluster_urls.clear();
+    }
     if args.smoke {
         args.duration_ms = 100;
         args.warmup_ms = 50;
@@ -26,8 +30,10 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         // CI must not compile the peer 2.0.0 crate.
         args.no_peer2 = true;
     }
-    let wants_peer2 =
-        !args.no_peer2 && !args.growth_only && args.stores.iter().any(|store| store == "redis");
+    let wants_peer2 = !args.no_peer2
+        && !args.growth_only
+        && !args.replica_acks_only
+        && args.stores.iter().any(|store| store == "redis");
     let peer2_bin = match (&args.peer2_bin, wants_peer2) {
         (_, false) => None,
         (Some(bin), true) => Some(bin.clone()),
@@ -73,16 +79,28 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         sqlite_dir: tempfile::tempdir()?,
         peer2_bin,
     };
+    // The replica-acknowledgement runs use a private primary with a replica.
+    let replicated = if bench.args.replica_acks_only {
+        let pair = crate::replicas::ReplicatedRedis::start()?;
+        bench.args.redis_url = pair.url.clone();
+        Some(pair)
+    } else {
+        None
+    };
     let measured = if bench.args.growth_only {
         Ok(Vec::new())
     } else if bench.args.encryption_only {
         bench.measure(bench.encryption_plan()).await
+    } else if bench.args.replica_acks_only {
+        bench.measure(bench.replica_acks_plan()).await
     } else {
         bench.measure_all().await
     };
     let growth = match (
         &measured,
-        (bench.args.growth || bench.args.growth_only) && !bench.args.encryption_only,
+        (bench.args.growth || bench.args.growth_only)
+            && !bench.args.encryption_only
+            && !bench.args.replica_acks_only,
     ) {
         (Ok(_), true) => crate::growth::run(&mut bench).await,
         _ => Ok(Vec::new()),
@@ -97,6 +115,7 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     if let Err(error) = bench.db.drop_database().await {
         eprintln!("warning: could not drop the benchmark database: {error:#}");
     }
+    drop(replicated);
     let rows = measured?;
     let growth = growth?;
     let mut settings = settings;
@@ -111,6 +130,14 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     if bench.args.encryption_only {
         crate::report::replace_encryption(&results, &markdown)?;
         eprintln!("updated the encryption section of {}", markdown.display());
+        return Ok(());
+    }
+    if bench.args.replica_acks_only {
+        crate::report::replace_replica_acks(&results, &markdown)?;
+        eprintln!(
+            "updated the replica-acknowledgement section of {}",
+            markdown.display()
+        );
         return Ok(());
     }
     if bench.args.growth_only {
@@ -155,6 +182,15 @@ fn command_line(args: &RunArgs) -> String {
         extra.push("--encryption-only".to_owned());
         if args.encryption_rounds != 3 {
             extra.push(format!("--encryption-rounds {}", args.encryption_rounds));
+        }
+    }
+    if args.replica_acks_only {
+        extra.push("--replica-acks-only".to_owned());
+        if args.replica_acks_rounds != 3 {
+            extra.push(format!(
+                "--replica-acks-rounds {}",
+                args.replica_acks_rounds
+            ));
         }
     }
     if args.stores != ["postgres", "sqlite", "redis", "tiered"] {
@@ -346,6 +382,30 @@ impl Bench {
                     (App::GuardEncrypted, Scenario::GuardEncryptedFresh),
                     (App::Guard, Scenario::GuardReplay),
                     (App::GuardEncrypted, Scenario::GuardEncryptedReplay),
+                ] {
+                    plan.push(Step::Http {
+                        app,
+                        store: Some(StoreName::Redis),
+                        scenario,
+                        concurrency,
+                        large: false,
+                    });
+                }
+            }
+        }
+        plan
+    }
+
+    /// The replica-acknowledgement runs: on the private primary with a
+    /// replica, at each concurrency level, fresh keys without and with one
+    /// replica's acknowledgement, alternated `replica_acks_rounds` times.
+    fn replica_acks_plan(&self) -> Vec<Step> {
+        let mut plan = Vec::new();
+        for &concurrency in &self.args.concurrency {
+            for _ in 0..self.args.replica_acks_rounds.max(1) {
+                for (app, scenario) in [
+                    (App::Guard, Scenario::GuardFresh),
+                    (App::GuardReplicaAcks, Scenario::GuardReplicaAcksFresh),
                 ] {
                     plan.push(Step::Http {
                         app,

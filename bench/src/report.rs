@@ -1,9 +1,9 @@
 //! `docs/BENCHMARKS.md`: settings, machine, targets, ratios and every run.
 //!
-//! The file is rewritten whole on every run except three blocks kept from
-//! the file already there: the growth figures and the encryption figures
-//! (when this run did not measure them; they say when they were measured)
-//! and the hand-written notes.
+//! The file is rewritten whole on every run except four blocks kept from
+//! the file already there: the growth figures, the encryption figures and
+//! the replica-acknowledgement figures (when this run did not measure
+//! them; they say when they were measured) and the hand-written notes.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -14,6 +14,8 @@ const GROWTH_BEGIN: &str = "<!-- growth:begin -->";
 const GROWTH_END: &str = "<!-- growth:end -->";
 const ENCRYPTION_BEGIN: &str = "<!-- encryption:begin -->";
 const ENCRYPTION_END: &str = "<!-- encryption:end -->";
+const REPLICA_ACKS_BEGIN: &str = "<!-- replica-acks:begin -->";
+const REPLICA_ACKS_END: &str = "<!-- replica-acks:end -->";
 const NOTES_BEGIN: &str = "<!-- notes:begin (kept by the harness) -->";
 const NOTES_END: &str = "<!-- notes:end -->";
 
@@ -544,6 +546,104 @@ fn encryption(results: &Results, date: &str) -> String {
     out
 }
 
+/// The replica-acknowledgement block: the guard on a Redis primary with one
+/// replica, fresh keys without and with `WAIT 1` behind every claim and
+/// completion, the median of every run of each.
+fn replica_acks(results: &Results, date: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{REPLICA_ACKS_BEGIN}");
+    let rounds = results
+        .rows
+        .iter()
+        .filter(|r| r.scenario == Scenario::GuardReplicaAcksFresh)
+        .filter(|r| Some(&r.concurrency) == results.settings.concurrency.first())
+        .count();
+    let _ = writeln!(
+        out,
+        "Measured {date} with `{}`: the guard on a private Redis 7 primary with one replica (both on this machine, no persistence), fresh keys, without replica acknowledgements (`RedisStore`) and with one (`RedisStore::with_replica_acks(1, 1 s)`: `WAIT 1 1000` pipelined behind every claim and completion script, one per batch), alternated, {rounds} run(s) of each; the median of each is shown. Both runs pay the replication stream; only the `WAIT` differs. Load before the run {}, after it {}. No target: the figure is the price of a claim that survives a failover (docs/GUARANTEES.md, \"Replicated Redis\").\n",
+        results.settings.command,
+        results.settings.machine_before,
+        results
+            .settings
+            .machine_after
+            .map_or_else(|| "?".to_owned(), |l| l.to_string()),
+    );
+    let _ = writeln!(
+        out,
+        "| connections | no acks req/s | 1 ack req/s | throughput cost | CPU µs/req no acks → 1 ack | p50 ms no acks → 1 ack | p99 ms no acks → 1 ack | mean claims per batch no acks → 1 ack |\n|---:|---:|---:|---:|---|---|---|---|"
+    );
+    let pick = |scenario: Scenario, c: usize, f: &dyn Fn(&Row) -> Option<f64>| {
+        median(
+            results
+                .rows
+                .iter()
+                .filter(|r| r.store == "redis" && r.scenario == scenario && r.concurrency == c)
+                .filter_map(f)
+                .collect(),
+        )
+    };
+    let (plain, acked) = (Scenario::GuardFresh, Scenario::GuardReplicaAcksFresh);
+    let one = |v: f64, digits: usize| {
+        if v.is_nan() {
+            "–".to_owned()
+        } else {
+            format!("{v:.digits$}")
+        }
+    };
+    for &c in &results.settings.concurrency {
+        let throughput = |s| pick(s, c, &|r: &Row| Some(r.summary.throughput));
+        let (a, b) = (throughput(plain), throughput(acked));
+        if a.is_nan() || b.is_nan() {
+            continue;
+        }
+        let cpu = |s| pick(s, c, &|r: &Row| r.cpu_us);
+        let p50 = |s| pick(s, c, &|r: &Row| Some(r.summary.p50_us));
+        let p99 = |s| pick(s, c, &|r: &Row| Some(r.summary.p99_us));
+        let batch = |s| pick(s, c, &|r: &Row| r.batches.as_ref().and_then(|b| b.claim));
+        let _ = writeln!(
+            out,
+            "| {c} | {} | {} | {:+.1} % | {} → {} | {} → {} | {} → {} | {} → {} |",
+            rate(a),
+            rate(b),
+            (1.0 - b / a) * 100.0,
+            one(cpu(plain), 0),
+            one(cpu(acked), 0),
+            ms(p50(plain)),
+            ms(p50(acked)),
+            ms(p99(plain)),
+            ms(p99(acked)),
+            one(batch(plain), 2),
+            one(batch(acked), 2),
+        );
+    }
+    let _ = writeln!(out, "{REPLICA_ACKS_END}");
+    out
+}
+
+/// Replaces the replica-acknowledgement section of the report at `path`
+/// with this run's (adding it before the table of every run when missing).
+pub(crate) fn replace_replica_acks(results: &Results, path: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        anyhow::anyhow!("{}: {error} (run the full benchmark first)", path.display())
+    })?;
+    let new = replica_acks(results, &date_of(results));
+    let text = match block(&text, REPLICA_ACKS_BEGIN, REPLICA_ACKS_END) {
+        Some(old) => text.replacen(&old, new.trim_end(), 1),
+        None => {
+            let at = text.find("\n## Every run").unwrap_or(text.len());
+            format!(
+                "{}\n## Replica acknowledgements (Redis, issue 32)\n\n{}{}",
+                &text[..at],
+                new,
+                &text[at..]
+            )
+        }
+    };
+    std::fs::write(path, text)?;
+    println!("{new}");
+    Ok(())
+}
+
 /// Replaces the encryption section of the report at `path` with this run's.
 pub(crate) fn replace_encryption(results: &Results, path: &Path) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(path).map_err(|error| {
@@ -799,6 +899,18 @@ pub(crate) async fn write(
                     "{ENCRYPTION_BEGIN}\nNot measured yet: run `cargo run --release -p idempotency-bench -- --encryption-only`.\n{ENCRYPTION_END}"
                 );
             }
+        }
+    }
+    let _ = writeln!(out, "\n## Replica acknowledgements (Redis, issue 32)\n");
+    match block(&previous, REPLICA_ACKS_BEGIN, REPLICA_ACKS_END) {
+        Some(kept) => {
+            let _ = writeln!(out, "{kept}");
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "{REPLICA_ACKS_BEGIN}\nNot measured yet: run `cargo run --release -p idempotency-bench -- --replica-acks-only --concurrency 1,16,64`.\n{REPLICA_ACKS_END}"
+            );
         }
     }
     let _ = writeln!(out, "\n## Every run\n");

@@ -29,6 +29,7 @@ pub(crate) enum Scenario {
     GuardEncryptedFresh,
     GuardEncryptedReplay,
     GuardCachedReplay,
+    GuardReplicaAcksFresh,
 }
 
 impl Scenario {
@@ -53,6 +54,7 @@ impl Scenario {
             Self::GuardEncryptedFresh => "guard, sealed responses, fresh keys",
             Self::GuardEncryptedReplay => "guard, sealed responses, replays",
             Self::GuardCachedReplay => "guard, replays, replay cache",
+            Self::GuardReplicaAcksFresh => "guard, 1 replica ack, fresh keys",
         }
     }
 }

@@ -176,6 +176,21 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 )),
             }
         }
+        App::GuardReplicaAcks => {
+            anyhow::ensure!(
+                args.store == Some(StoreName::Redis),
+                "--app guard-replica-acks runs on --store redis"
+            );
+            let store = RedisStore::connect(&args.redis_url, &args.prefix)
+                .await?
+                .with_replica_acks(1, Duration::from_secs(1));
+            Guarded {
+                keys: None,
+                replay_cache_mib: cache,
+                forward: None,
+            }
+            .over(store)
+        }
         App::GuardTx => Router::new()
             .route(PATH, post(create_order_tx))
             .route_layer(

@@ -173,7 +173,11 @@ impl Child {
         if config.metrics
             && matches!(
                 config.app,
-                App::Guard | App::GuardCached | App::GuardTx | App::GuardSingleCommit
+                App::Guard
+                    | App::GuardCached
+                    | App::GuardTx
+                    | App::GuardSingleCommit
+                    | App::GuardReplicaAcks
             )
         {
             command.arg("--metrics");
