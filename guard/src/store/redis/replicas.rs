@@ -182,3 +182,37 @@ impl RedisStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_replicas_is_off_and_the_timeout_is_clamped() {
+        assert_eq!(ReplicaAcks::new(0, Duration::from_millis(100)), None);
+        let timeout_ms = |timeout| ReplicaAcks::new(1, timeout).map(|acks| acks.timeout_ms);
+        // `WAIT n 0` would block forever.
+        assert_eq!(timeout_ms(Duration::ZERO), Some(1));
+        assert_eq!(timeout_ms(Duration::from_micros(300)), Some(1));
+        assert_eq!(timeout_ms(Duration::from_millis(250)), Some(250));
+        assert_eq!(timeout_ms(Duration::from_secs(30)), Some(1000));
+    }
+
+    #[test]
+    fn too_few_acknowledgements_are_not_replicated() {
+        let wanted = ReplicaAcks::new(2, Duration::from_millis(100));
+        let acked = |count: Option<i64>| Acked {
+            value: Value::Int(1),
+            acks: count.zip(wanted),
+        };
+        assert!(acked(None).replicated().is_ok(), "acknowledgements off");
+        assert!(acked(Some(2)).replicated().is_ok());
+        assert!(acked(Some(3)).replicated().is_ok());
+        for (count, reported) in [(1, 1), (0, 0), (-1, 0)] {
+            match acked(Some(count)).replicated() {
+                Err(StoreError::NotReplicated { wanted: 2, acked }) => assert_eq!(acked, reported),
+                other => panic!("{count} of 2 acknowledgements: {other:?}"),
+            }
+        }
+    }
+}
