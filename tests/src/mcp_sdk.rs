@@ -37,12 +37,13 @@ pub fn typescript() -> PathBuf {
     )
 }
 
-/// Installs the SDKs (once per test process) when `path` is missing, then
-/// fails with what to run when it is still not there.
+/// Runs `scripts/mcp-sdk-clients` once per test process (it checks the
+/// pinned versions, and installs only what is missing: a venv whose `mcp`
+/// is absent or of another version is repaired, not just one whose Python
+/// is missing), then fails with what to run when `path` is still not there.
 fn installed(path: PathBuf, what: &str) -> PathBuf {
     static INSTALLED: OnceLock<()> = OnceLock::new();
-    if !path.exists() {
-        INSTALLED.get_or_init(|| {
+    INSTALLED.get_or_init(|| {
             let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/mcp-sdk-clients");
             let status = std::process::Command::new(&script).status();
             assert!(
@@ -50,8 +51,7 @@ fn installed(path: PathBuf, what: &str) -> PathBuf {
                 "{} failed ({status:?}): it needs python3 with venv (Debian: python3-venv) and npm (Debian: npm)",
                 script.display()
             );
-        });
-    }
+    });
     assert!(
         path.exists(),
         "{what} is not installed ({} is missing): run scripts/mcp-sdk-clients",
