@@ -24,38 +24,17 @@ use std::time::Duration;
 use idempotency_consumer::nats::JetStreamConsumer;
 use idempotency_consumer::nats::async_nats::{self, jetstream};
 use idempotency_consumer::{Inbox, KeySource};
-use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    orders_inbox::main("orders-consumer-nats", run).await
+}
+
+async fn run(settings: orders_inbox::Settings) -> anyhow::Result<()> {
     let url = std::env::var("NATS_URL").unwrap_or_else(|_| "127.0.0.1:4222".to_owned());
     let stream = std::env::var("STREAM").unwrap_or_else(|_| "ORDERS".to_owned());
-    let database = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "sqlite://orders-consumer.db?mode=rwc".to_owned());
-    // STORE=sql (DATABASE_URL), redis or tiered (REDIS_URL, REDIS_PREFIX).
-    let kind: StoreKind = std::env::var("STORE")
-        .unwrap_or_else(|_| "sql".to_owned())
-        .parse()
-        .map_err(|error: String| anyhow::anyhow!("STORE: {error}"))?;
-    let redis_url = std::env::var("REDIS_URL").ok();
-    if kind != StoreKind::Sql && redis_url.is_none() {
-        anyhow::bail!("STORE={kind:?} needs REDIS_URL (a redis:// URL)");
-    }
-    let prefix = std::env::var("REDIS_PREFIX").unwrap_or_else(|_| "orders".to_owned());
-    let store = AnyStore::open(&StoreOptions {
-        kind,
-        database_url: &database,
-        redis_url: redis_url.as_deref(),
-        redis_prefix: &prefix,
-        notifications: false,
-        encryption: None,
-    })
-    .await?;
-    // How long a killed consumer's keys stay in flight before they turn
-    // abandoned (and are parked): the engine's lease.
-    let lease = std::time::Duration::from_secs(number("LEASE_SECS", 60)?);
-    let concurrency = number("CONCURRENCY", 16)?;
-    store.migrate().await?;
+    let store = settings.open().await?;
+    let (lease, concurrency) = (settings.lease, settings.concurrency);
     let context = jetstream::new(async_nats::connect(&url).await?);
     let js_stream = context
         .get_or_create_stream(jetstream::stream::Config {
@@ -71,7 +50,7 @@ async fn main() -> anyhow::Result<()> {
     let drain = inbox.engine().drain();
     let adapter = JetStreamConsumer::new(inbox, stream.as_str(), context.clone())
         .with_key(KeySource::MessageId)
-        .with_concurrency(usize::try_from(concurrency).unwrap_or(usize::MAX));
+        .with_concurrency(concurrency);
     // The adapter's settings: a short ack wait (kept alive by heartbeats
     // while a message is in hand) and a few messages in hand per slot.
     let consumer = js_stream
@@ -103,7 +82,8 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     println!(
-        "consuming {stream}.new (records: STORE={kind:?}, DATABASE_URL={database}); Ctrl-C to stop"
+        "consuming {stream}.new (records: {}); Ctrl-C to stop",
+        settings.describe()
     );
     adapter
         .run(consumer, orders_inbox::handle, async {
@@ -112,14 +92,4 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     drain.wait().await;
     Ok(())
-}
-
-/// A whole number from the environment, or `default` when unset.
-fn number(name: &str, default: u64) -> anyhow::Result<u64> {
-    match std::env::var(name) {
-        Ok(value) => value
-            .parse()
-            .map_err(|_| anyhow::anyhow!("{name} must be a whole number, not {value:?}")),
-        Err(_) => Ok(default),
-    }
 }

@@ -23,39 +23,18 @@ use idempotency_consumer::rabbitmq::lapin::options::{BasicPublishOptions, QueueD
 use idempotency_consumer::rabbitmq::lapin::types::FieldTable;
 use idempotency_consumer::rabbitmq::lapin::{BasicProperties, Connection, ConnectionProperties};
 use idempotency_consumer::{Inbox, KeySource};
-use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    orders_inbox::main("orders-consumer", run).await
+}
+
+async fn run(settings: orders_inbox::Settings) -> anyhow::Result<()> {
     let amqp = std::env::var("AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
     let queue = std::env::var("QUEUE").unwrap_or_else(|_| "orders".to_owned());
-    let database = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "sqlite://orders-consumer.db?mode=rwc".to_owned());
-    // STORE=sql (DATABASE_URL), redis or tiered (REDIS_URL, REDIS_PREFIX).
-    let kind: StoreKind = std::env::var("STORE")
-        .unwrap_or_else(|_| "sql".to_owned())
-        .parse()
-        .map_err(|error: String| anyhow::anyhow!("STORE: {error}"))?;
-    let redis_url = std::env::var("REDIS_URL").ok();
-    if kind != StoreKind::Sql && redis_url.is_none() {
-        anyhow::bail!("STORE={kind:?} needs REDIS_URL (a redis:// URL)");
-    }
-    let prefix = std::env::var("REDIS_PREFIX").unwrap_or_else(|_| "orders".to_owned());
-    let store = AnyStore::open(&StoreOptions {
-        kind,
-        database_url: &database,
-        redis_url: redis_url.as_deref(),
-        redis_prefix: &prefix,
-        notifications: false,
-        encryption: None,
-    })
-    .await?;
-    // How long a killed consumer's keys stay in flight before they turn
-    // abandoned (and are parked): the engine's lease.
-    let lease = std::time::Duration::from_secs(number("LEASE_SECS", 60)?);
-    let concurrency = number("CONCURRENCY", 16)?;
-    store.migrate().await?;
+    let store = settings.open().await?;
+    let (lease, concurrency) = (settings.lease, settings.concurrency);
     let connection = Connection::connect(&amqp, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
     let durable = QueueDeclareOptions {
@@ -86,7 +65,8 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     println!(
-        "consuming {queue} (records: STORE={kind:?}, DATABASE_URL={database}); Ctrl-C to stop"
+        "consuming {queue} (records: {}); Ctrl-C to stop",
+        settings.describe()
     );
     let inbox = Inbox::new(orders_inbox::engine(store, lease).await?);
     let drain = inbox.engine().drain();
@@ -99,14 +79,4 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     drain.wait().await;
     Ok(())
-}
-
-/// A whole number from the environment, or `default` when unset.
-fn number(name: &str, default: u64) -> anyhow::Result<u64> {
-    match std::env::var(name) {
-        Ok(value) => value
-            .parse()
-            .map_err(|_| anyhow::anyhow!("{name} must be a whole number, not {value:?}")),
-        Err(_) => Ok(default),
-    }
 }

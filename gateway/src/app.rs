@@ -72,7 +72,7 @@ impl Gateway {
         config: Config,
         metrics: Option<PrometheusHandle>,
     ) -> Result<Self, GatewayError> {
-        config.validate()?;
+        config.check()?;
         let kind: StoreKind = config.store_kind.parse().map_err(ConfigError::Invalid)?;
         let mut options = StoreOptions::sql(&config.store);
         options.kind = kind;

@@ -55,8 +55,15 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The TOML does not parse, or names an unknown field.
-    #[error("the configuration does not parse")]
-    Parse(#[source] toml::de::Error),
+    #[error("the configuration does not parse: line {line}, column {column}: {message}")]
+    Parse {
+        /// The line of the first problem (from 1).
+        line: usize,
+        /// Its column (from 1).
+        column: usize,
+        /// What is wrong there, on one line.
+        message: String,
+    },
     /// A value is out of range or inconsistent with another.
     #[error("invalid configuration: {0}")]
     Invalid(String),
@@ -64,9 +71,27 @@ pub enum ConfigError {
     #[error("the JWT key cannot be loaded")]
     JwtKey(#[source] jsonwebtoken::errors::Error),
     /// The encryption keys cannot be read.
-    #[error("the encryption keys cannot be read")]
-    EncryptionKeys(#[source] idempotency_guard::store::encrypted::KeysError),
+    #[error("the encryption keys of {from} cannot be used")]
+    EncryptionKeys {
+        /// Where they were read: the setting and the variable or file.
+        from: String,
+        /// Why.
+        #[source]
+        source: idempotency_guard::store::encrypted::KeysError,
+    },
+    /// A store setting (`store`, `store_kind`, `redis`) cannot work.
+    #[error(transparent)]
+    Store(#[from] idempotency_guard::store::SettingsError),
 }
+
+/// What the gateway's messages call its store settings: the TOML key, and
+/// the environment variable that overrides it.
+const STORE_SETTING_NAMES: idempotency_guard::store::SettingNames =
+    idempotency_guard::store::SettingNames {
+        kind: "store_kind",
+        database_url: "`store` (DATABASE_URL)",
+        redis_url: "`redis` (REDIS_URL)",
+    };
 
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
@@ -653,12 +678,22 @@ impl Config {
     /// [`ConfigError::EncryptionKeys`] when the keys named cannot be read
     /// or parsed (a named variable that is unset included).
     pub fn encryption_keys(&self) -> Result<Option<EncryptionKeys>, ConfigError> {
-        let keys = match (&self.encryption_keys_env, &self.encryption_keys_file) {
-            (Some(name), _) => EncryptionKeys::from_env(name).map(Some),
-            (None, Some(path)) => EncryptionKeys::from_file(path).map(Some),
-            (None, None) => EncryptionKeys::from_environment(),
+        use idempotency_guard::store::encrypted::{KEYS_FILE_VARIABLE, KEYS_VARIABLE};
+        let (keys, from) = match (&self.encryption_keys_env, &self.encryption_keys_file) {
+            (Some(name), _) => (
+                EncryptionKeys::from_env(name).map(Some),
+                format!("encryption_keys_env (the variable {name})"),
+            ),
+            (None, Some(path)) => (
+                EncryptionKeys::from_file(path).map(Some),
+                format!("encryption_keys_file ({})", path.display()),
+            ),
+            (None, None) => (
+                EncryptionKeys::from_environment(),
+                format!("{KEYS_VARIABLE} or {KEYS_FILE_VARIABLE}"),
+            ),
         };
-        keys.map_err(ConfigError::EncryptionKeys)
+        keys.map_err(|source| ConfigError::EncryptionKeys { from, source })
     }
 
     /// Parses a configuration from TOML text.
@@ -667,7 +702,43 @@ impl Config {
     ///
     /// [`ConfigError::Parse`] for bad TOML or an unknown field.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(ConfigError::Parse)
+        toml::from_str(text).map_err(|error: toml::de::Error| {
+            // toml's own message spans lines (a snippet with a caret): keep
+            // its first line's words and give the position as numbers.
+            let start = error.span().map_or(0, |span| span.start.min(text.len()));
+            let before = &text[..start];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |at| at + 1) + 1;
+            let message = error
+                .message()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            ConfigError::Parse {
+                line,
+                column,
+                message,
+            }
+        })
+    }
+
+    /// Everything that can be checked without a server or the upstream:
+    /// [`Config::validate`], the store settings (the URL each store kind
+    /// needs and its scheme), the encryption keys and the scope source
+    /// (the JWT key included). `idempotency-gateway --check` runs it.
+    ///
+    /// # Errors
+    ///
+    /// The first [`ConfigError`] found.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.validate()?;
+        let mut options = idempotency_guard::store::StoreOptions::sql(&self.store);
+        options.kind = self.store_kind.parse().map_err(ConfigError::Invalid)?;
+        options.redis_url = self.redis.as_deref();
+        options.check(STORE_SETTING_NAMES)?;
+        self.encryption_keys()?;
+        crate::scope::ScopeSource::from_config(&self.scope)?;
+        Ok(())
     }
 
     /// Reads a configuration file.

@@ -264,16 +264,117 @@ async fn render_metrics(State(state): State<AppState>) -> String {
     state.metrics.render()
 }
 
+/// The exit code of a configuration error (as clap's own usage errors).
+const CONFIGURATION_ERROR: u8 = 2;
+
+/// What the environment asks for, checked before anything starts.
+struct Settings {
+    log_format: idempotency_guard::telemetry::logs::LogFormat,
+    url: String,
+    listen: std::net::SocketAddr,
+    lease: u64,
+    store_timeout: u64,
+    guarded: bool,
+    single_commit: bool,
+    kind: StoreKind,
+    redis_url: Option<String>,
+    prefix: String,
+    notifications: bool,
+    encryption: Option<EncryptionKeys>,
+}
+
+/// A variable's value parsed, or its default when unset; the error names
+/// the variable and what it expects.
+fn number(name: &str, default: u64) -> anyhow::Result<u64> {
+    std::env::var(name).map_or(Ok(default), |value| {
+        value
+            .trim()
+            .parse()
+            .with_context(|| format!("{name} must be a whole number, not {value:?}"))
+    })
+}
+
+impl Settings {
+    fn from_env() -> anyhow::Result<Self> {
+        use idempotency_guard::store::SettingNames;
+        use idempotency_guard::telemetry::logs::LogFormat;
+        let log_format = LogFormat::from_env(LogFormat::Text)?;
+        let url =
+            std::env::var("DATABASE_URL").unwrap_or_else(|_| "sqlite://payments.db".to_owned());
+        let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+        let listen = listen.parse().with_context(|| {
+            format!("LISTEN must be an address such as 127.0.0.1:3000, not {listen:?}")
+        })?;
+        let single_commit = match std::env::var("SINGLE_COMMIT").as_deref() {
+            Err(_) | Ok("true") => true,
+            Ok("false") => false,
+            Ok(other) => anyhow::bail!("SINGLE_COMMIT must be true or false, not {other:?}"),
+        };
+        let kind: StoreKind = std::env::var("STORE")
+            .unwrap_or_else(|_| "sql".into())
+            .parse()
+            .map_err(|error: String| anyhow::anyhow!("STORE: {error}"))?;
+        let settings = Self {
+            log_format,
+            listen,
+            lease: number("LEASE_SECS", 60)?,
+            store_timeout: number("STORE_TIMEOUT_MS", 5000)?,
+            guarded: std::env::var("IDEMPOTENCY_GUARD").map_or(true, |v| v != "off"),
+            single_commit,
+            kind,
+            redis_url: std::env::var("REDIS_URL").ok(),
+            prefix: std::env::var("REDIS_PREFIX").unwrap_or_else(|_| "idem".into()),
+            notifications: std::env::var("PG_NOTIFY").is_ok_and(|v| v == "true"),
+            // Encryption at rest: IDEMPOTENCY_ENCRYPTION_KEYS or
+            // IDEMPOTENCY_ENCRYPTION_KEYS_FILE (`<id>:<base64 of 32 bytes>`,
+            // the first sealing); unset, responses are stored in clear.
+            encryption: EncryptionKeys::from_environment()
+                .context("IDEMPOTENCY_ENCRYPTION_KEYS or IDEMPOTENCY_ENCRYPTION_KEYS_FILE")?,
+            url,
+        };
+        settings.store_options().check(SettingNames::ENVIRONMENT)?;
+        Ok(settings)
+    }
+
+    fn store_options(&self) -> StoreOptions<'_> {
+        StoreOptions {
+            kind: self.kind,
+            database_url: &self.url,
+            redis_url: self.redis_url.as_deref(),
+            redis_prefix: &self.prefix,
+            notifications: self.notifications,
+            encryption: self.encryption.as_ref(),
+        }
+    }
+}
+
+/// Configuration errors exit 2 and runtime failures 1, each with one line
+/// on standard error (the error and its causes, no backtrace).
 #[tokio::main]
-pub(crate) async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    let settings = match Settings::from_env() {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("payments: {error:#}");
+            return std::process::ExitCode::from(CONFIGURATION_ERROR);
+        }
+    };
+    match run(settings).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("payments: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(settings: Settings) -> anyhow::Result<()> {
     let subscriber = tracing_subscriber::registry()
         .with(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with(idempotency_guard::telemetry::logs::fmt_layer(
-            idempotency_guard::telemetry::logs::LogFormat::from_env(
-                idempotency_guard::telemetry::logs::LogFormat::Text,
-            )?,
+            settings.log_format,
         ));
     // Traces over OTLP/HTTP when built with `--features otel` and
     // OTEL_EXPORTER_OTLP_ENDPOINT is set (e.g. http://127.0.0.1:4318).
@@ -286,46 +387,18 @@ pub(crate) async fn main() -> anyhow::Result<()> {
             .map(idempotency_guard::telemetry::otel::layer),
     );
     subscriber.init();
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "sqlite://payments.db".to_owned());
-    let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
-    let lease = std::env::var("LEASE_SECS")
-        .ok()
-        .map(|v| v.parse())
-        .transpose()
-        .context("LEASE_SECS")?
-        .unwrap_or(60);
-    let store_timeout = std::env::var("STORE_TIMEOUT_MS")
-        .ok()
-        .map(|v| v.parse())
-        .transpose()
-        .context("STORE_TIMEOUT_MS")?
-        .unwrap_or(5000);
-    let guarded = std::env::var("IDEMPOTENCY_GUARD").map_or(true, |v| v != "off");
-    let single_commit = match std::env::var("SINGLE_COMMIT").as_deref() {
-        Err(_) | Ok("true") => true,
-        Ok("false") => false,
-        Ok(other) => anyhow::bail!("SINGLE_COMMIT must be true or false, not {other:?}"),
-    };
-
-    let kind: StoreKind = std::env::var("STORE")
-        .unwrap_or_else(|_| "sql".into())
-        .parse()
-        .map_err(anyhow::Error::msg)?;
-    let redis_url = std::env::var("REDIS_URL").ok();
-    let prefix = std::env::var("REDIS_PREFIX").unwrap_or_else(|_| "idem".into());
-    let notifications = std::env::var("PG_NOTIFY").is_ok_and(|v| v == "true");
-    // Encryption at rest: IDEMPOTENCY_ENCRYPTION_KEYS or
-    // IDEMPOTENCY_ENCRYPTION_KEYS_FILE (`<id>:<base64 of 32 bytes>`, the
-    // first sealing); unset, responses are stored in clear.
-    let encryption = EncryptionKeys::from_environment().context("the encryption keys")?;
-    let options = StoreOptions {
+    let Settings {
+        ref url,
+        listen,
+        lease,
+        store_timeout,
+        guarded,
+        single_commit,
         kind,
-        database_url: &url,
-        redis_url: redis_url.as_deref(),
-        redis_prefix: &prefix,
-        notifications,
-        encryption: encryption.as_ref(),
-    };
+        ref encryption,
+        ..
+    } = settings;
+    let options = settings.store_options();
     let store = AnyStore::open(&options)
         .await
         .with_context(|| format!("open the {kind:?} store"))?;
@@ -334,7 +407,7 @@ pub(crate) async fn main() -> anyhow::Result<()> {
         .await
         .context("run the idempotency migrations")?;
     // The payments live in DATABASE_URL, whichever store keeps the records.
-    let payments_db = AnyStore::connect(&url)
+    let payments_db = AnyStore::connect(url)
         .await
         .with_context(|| format!("connect to {url}"))?;
     let db = match payments_db {

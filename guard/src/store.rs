@@ -23,6 +23,9 @@ pub mod tiered;
 mod any;
 pub use any::{AnyStore, StoreKind, StoreOptions};
 
+mod settings;
+pub use settings::{SettingNames, SettingsError};
+
 pub mod admin;
 pub use admin::AdminStore;
 

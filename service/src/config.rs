@@ -84,41 +84,10 @@ pub struct Config {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// `STORE=redis` or `STORE=tiered` without a Redis URL.
-    #[error(
-        "STORE={store} needs REDIS_URL (a redis:// URL, or several comma-separated for a cluster)"
-    )]
-    MissingRedisUrl {
-        /// The store kind asked for.
-        store: &'static str,
-    },
-    /// `REDIS_URL` of another scheme.
-    #[error("REDIS_URL must start with redis:// or rediss:// (it starts with {scheme:?})")]
-    RedisScheme {
-        /// What it starts with (never the whole URL: it may hold a password).
-        scheme: String,
-    },
-    /// `DATABASE_URL` of another scheme.
-    #[error(
-        "DATABASE_URL must start with postgres://, postgresql:// or sqlite: (it starts with {scheme:?})"
-    )]
-    DatabaseScheme {
-        /// What it starts with (never the whole URL: it may hold a password).
-        scheme: String,
-    },
-    /// `STORE=tiered` over a database that is not PostgreSQL.
-    #[error(
-        "STORE=tiered keeps its records in PostgreSQL: DATABASE_URL must start with postgres://"
-    )]
-    TieredNeedsPostgres,
-}
-
-/// The scheme of a URL (up to and including `:`), for messages.
-fn scheme_of(url: &str) -> String {
-    match url.find(':') {
-        Some(end) => url[..=end].to_owned(),
-        None => url.chars().take(12).collect(),
-    }
+    /// A store setting (`STORE`, `DATABASE_URL`, `REDIS_URL`), checked by
+    /// the guard's one set of rules.
+    #[error(transparent)]
+    Store(#[from] idempotency_guard::store::SettingsError),
 }
 
 impl Config {
@@ -128,34 +97,11 @@ impl Config {
     ///
     /// The first [`ConfigError`] found.
     pub fn check(&self) -> Result<(), ConfigError> {
-        use idempotency_guard::store::StoreKind;
-        let postgres = self.database_url.starts_with("postgres://")
-            || self.database_url.starts_with("postgresql://");
-        if !postgres && !self.database_url.starts_with("sqlite:") {
-            return Err(ConfigError::DatabaseScheme {
-                scheme: scheme_of(&self.database_url),
-            });
-        }
-        let store = match self.store {
-            StoreKind::Redis => "redis",
-            StoreKind::Tiered => "tiered",
-            _ => return Ok(()),
-        };
-        let Some(redis_url) = self.redis_url.as_deref().filter(|url| !url.is_empty()) else {
-            return Err(ConfigError::MissingRedisUrl { store });
-        };
-        if let Some(bad) = redis_url
-            .split(',')
-            .map(str::trim)
-            .find(|url| !url.starts_with("redis://") && !url.starts_with("rediss://"))
-        {
-            return Err(ConfigError::RedisScheme {
-                scheme: scheme_of(bad),
-            });
-        }
-        if store == "tiered" && !postgres {
-            return Err(ConfigError::TieredNeedsPostgres);
-        }
+        use idempotency_guard::store::{SettingNames, StoreOptions};
+        let mut options = StoreOptions::sql(&self.database_url);
+        options.kind = self.store;
+        options.redis_url = self.redis_url.as_deref();
+        options.check(SettingNames::ENVIRONMENT)?;
         Ok(())
     }
 }

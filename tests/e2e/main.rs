@@ -11,4 +11,5 @@ mod deploy_files;
 mod hostile_input;
 mod lost_response;
 mod retry_client;
+mod startup;
 mod storm;

@@ -21,6 +21,7 @@ pub mod proxy;
 pub mod raw_http;
 pub mod redis_server;
 pub mod replication;
+#[cfg(feature = "storm")]
 pub mod storm;
 mod watchdog;
 

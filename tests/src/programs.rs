@@ -1,9 +1,10 @@
 //! The workspace's own programs, for end-to-end tests that start them as
 //! real processes: the service (`idempotency-service`), the guard's
-//! payments example and the consumer's redelivery-storm example.
+//! payments example, and the consumer's redelivery-storm and orders
+//! examples.
 //!
 //! Each stays in its own crate (this crate compiles none of their files);
-//! the first call builds all three with one `cargo build`, in the profile
+//! the first call builds them all with one `cargo build`, in the profile
 //! and target directory of the program asking (a no-op after `cargo test
 //! --workspace`, which builds every binary and example), and returns the
 //! path of the one asked for.
@@ -22,6 +23,9 @@ pub enum Program {
     /// The consumer's redelivery-storm process
     /// (`consumer/examples/storm-consumer.rs`).
     StormConsumer,
+    /// The consumer's RabbitMQ orders example
+    /// (`consumer/examples/orders-consumer.rs`).
+    OrdersConsumer,
 }
 
 impl Program {
@@ -31,6 +35,7 @@ impl Program {
             Self::StatusService => "idempotency-service",
             Self::Payments => "examples/payments",
             Self::StormConsumer => "examples/storm-consumer",
+            Self::OrdersConsumer => "examples/orders-consumer",
         }
     }
 }
@@ -50,7 +55,7 @@ fn profile_dir() -> Result<PathBuf, String> {
     Ok(dir.to_path_buf())
 }
 
-/// Builds the three programs once per process.
+/// Builds the programs once per process.
 fn build(profile_dir: &Path) -> Result<(), String> {
     let target_dir = profile_dir
         .parent()
@@ -65,7 +70,8 @@ fn build(profile_dir: &Path) -> Result<(), String> {
         .arg("--target-dir")
         .arg(target_dir)
         .args(["--workspace", "--bin", "idempotency-service"])
-        .args(["--example", "payments", "--example", "storm-consumer"]);
+        .args(["--example", "payments", "--example", "storm-consumer"])
+        .args(["--example", "orders-consumer"]);
     if profile_dir
         .file_name()
         .is_some_and(|name| name == "release")

@@ -8,14 +8,118 @@
 //! redelivery runs it, once; nothing is parked. Elsewhere (SQLite, Redis)
 //! the effect is the printed line alone, and a kill between the claim and
 //! the ack parks the order as `outcome-unknown` for a person.
+//!
+//! Both read their store settings the same way ([`Settings`]), and exit 2
+//! with one line naming the variable on a configuration error.
 
 use std::time::Duration;
 
 use idempotency_consumer::Incoming;
 use idempotency_guard::Engine;
 use idempotency_guard::engine::RunContext;
-use idempotency_guard::store::{AnyStore, TransactionalStore as _};
+use idempotency_guard::store::{
+    AnyStore, SettingNames, StoreKind, StoreOptions, TransactionalStore as _,
+};
 use idempotency_guard::transaction::TxRejection;
+
+/// The exit code of a configuration error (as clap's own usage errors).
+const CONFIGURATION_ERROR: u8 = 2;
+
+/// The store settings both examples read: `DATABASE_URL`, `STORE`,
+/// `REDIS_URL`, `REDIS_PREFIX`, `LEASE_SECS` and `CONCURRENCY`.
+pub(crate) struct Settings {
+    /// `DATABASE_URL` (default `sqlite://orders-consumer.db?mode=rwc`).
+    pub(crate) database: String,
+    /// `STORE`: `sql`, `redis` or `tiered`.
+    pub(crate) kind: StoreKind,
+    redis_url: Option<String>,
+    prefix: String,
+    /// How long a killed consumer's keys stay in flight before they turn
+    /// abandoned (and are parked): the engine's lease.
+    pub(crate) lease: Duration,
+    /// `CONCURRENCY`: orders handled at once.
+    pub(crate) concurrency: usize,
+}
+
+impl Settings {
+    /// Reads and checks the settings.
+    pub(crate) fn from_env() -> anyhow::Result<Self> {
+        let kind: StoreKind = std::env::var("STORE")
+            .unwrap_or_else(|_| "sql".to_owned())
+            .parse()
+            .map_err(|error: String| anyhow::anyhow!("STORE: {error}"))?;
+        let settings = Self {
+            database: std::env::var("DATABASE_URL")
+                .unwrap_or_else(|_| "sqlite://orders-consumer.db?mode=rwc".to_owned()),
+            kind,
+            redis_url: std::env::var("REDIS_URL").ok(),
+            prefix: std::env::var("REDIS_PREFIX").unwrap_or_else(|_| "orders".to_owned()),
+            lease: Duration::from_secs(number("LEASE_SECS", 60)?),
+            concurrency: usize::try_from(number("CONCURRENCY", 16)?).unwrap_or(usize::MAX),
+        };
+        settings.options().check(SettingNames::ENVIRONMENT)?;
+        Ok(settings)
+    }
+
+    fn options(&self) -> StoreOptions<'_> {
+        StoreOptions {
+            kind: self.kind,
+            database_url: &self.database,
+            redis_url: self.redis_url.as_deref(),
+            redis_prefix: &self.prefix,
+            notifications: false,
+            encryption: None,
+        }
+    }
+
+    /// Opens the store and applies its migrations.
+    pub(crate) async fn open(&self) -> anyhow::Result<AnyStore> {
+        let store = AnyStore::open(&self.options()).await?;
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// The store, for a log line: its kind and the database's scheme (a
+    /// URL may hold a password).
+    pub(crate) fn describe(&self) -> String {
+        let scheme = self.database.split(':').next().unwrap_or_default();
+        format!("STORE={:?}, DATABASE_URL={scheme}:…", self.kind)
+    }
+}
+
+/// A variable's value parsed, or its default when unset.
+fn number(name: &str, default: u64) -> anyhow::Result<u64> {
+    match std::env::var(name) {
+        Ok(value) => value
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{name} must be a whole number, not {value:?}")),
+        Err(_) => Ok(default),
+    }
+}
+
+/// Runs an example's `main`: a configuration error exits 2, a runtime
+/// failure 1, each with one line on standard error (no backtrace).
+pub(crate) async fn main<F, Fut>(name: &str, run: F) -> std::process::ExitCode
+where
+    F: FnOnce(Settings) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let settings = match Settings::from_env() {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("{name}: {error:#}");
+            return std::process::ExitCode::from(CONFIGURATION_ERROR);
+        }
+    };
+    match run(settings).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{name}: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
 
 /// The orders handled, on PostgreSQL (the primary key refuses a second run).
 const CREATE: &str = "create table if not exists handled_orders (

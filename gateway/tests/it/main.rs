@@ -10,6 +10,7 @@ mod mcp;
 mod outcomes;
 mod pass_through;
 mod scope;
+mod startup;
 mod stores;
 mod storm;
 mod support;
