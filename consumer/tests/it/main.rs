@@ -69,6 +69,22 @@ per_store!(
     crate::webhook::refused_deliveries_store_nothing
 );
 per_store!(
+    webhook_github_fresh_id,
+    crate::webhook::a_github_delivery_resent_under_a_fresh_id_does_not_run_again
+);
+per_store!(
+    webhook_standard_fresh_id,
+    crate::webhook::a_standard_webhooks_delivery_resent_under_a_fresh_id_is_refused
+);
+per_store!(
+    webhook_stripe,
+    crate::webhook::a_stripe_delivery_runs_once_and_forged_or_stale_ones_are_refused
+);
+per_store!(
+    webhook_stripe_rotation,
+    crate::webhook::a_second_stripe_secret_verifies_while_one_is_rolled
+);
+per_store!(
     rabbit_twin,
     crate::rabbitmq::a_copy_behind_its_twin_waits_without_holding_a_slot
 );
