@@ -22,7 +22,10 @@
 //! guard (to watch retries double-charge), `IDEMPOTENCY_ENCRYPTION_KEYS`
 //! (or a file named by `IDEMPOTENCY_ENCRYPTION_KEYS_FILE`:
 //! `<id>:<base64 of 32 bytes>` entries, the first sealing) to seal stored
-//! responses with AES-256-GCM; built with `--features otel`,
+//! responses with AES-256-GCM, with `IDEMPOTENCY_REQUIRE_SEALED` (default
+//! `true`: a stored response without the sealed marker is refused, 503;
+//! `false` replays it, for records stored in clear before encryption was
+//! turned on); built with `--features otel`,
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` (e.g. `http://127.0.0.1:4318`) exports
 //! the guard's spans over OTLP/HTTP. The scope is the `X-Tenant`
 //! header (`default` when absent). When the records are in PostgreSQL (the
@@ -41,6 +44,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idempotency_guard::store::TransactionalStore as _;
+use idempotency_guard::store::encrypted::require_sealed_from_environment;
 use idempotency_guard::store::{AnyStore, EncryptionKeys, StoreKind, StoreOptions};
 use idempotency_guard::{Drain, IdempotencyLayer, Tx};
 use serde::{Deserialize, Serialize};
@@ -281,6 +285,7 @@ struct Settings {
     prefix: String,
     notifications: bool,
     encryption: Option<EncryptionKeys>,
+    require_sealed: bool,
 }
 
 /// A variable's value parsed, or its default when unset; the error names
@@ -330,6 +335,11 @@ impl Settings {
             // the first sealing); unset, responses are stored in clear.
             encryption: EncryptionKeys::from_environment()
                 .context("IDEMPOTENCY_ENCRYPTION_KEYS or IDEMPOTENCY_ENCRYPTION_KEYS_FILE")?,
+            // IDEMPOTENCY_REQUIRE_SEALED (default true): with encryption, a
+            // record without the sealed marker is refused (503), not
+            // replayed; `false` while records stored in clear before
+            // encryption was turned on age out.
+            require_sealed: require_sealed_from_environment()?,
             url,
         };
         settings.store_options().check(SettingNames::ENVIRONMENT)?;
@@ -344,6 +354,7 @@ impl Settings {
             redis_prefix: &self.prefix,
             notifications: self.notifications,
             encryption: self.encryption.as_ref(),
+            require_sealed: self.require_sealed,
         }
     }
 }
@@ -396,6 +407,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         single_commit,
         kind,
         ref encryption,
+        require_sealed,
         ..
     } = settings;
     let options = settings.store_options();
@@ -460,7 +472,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("listen on {listen}"))?;
-    tracing::info!(%listen, database = %url.split('@').next_back().unwrap_or(""), transactional, single_commit = transactional && single_commit, guarded, encrypted = encryption.is_some(), "payments example listening");
+    tracing::info!(%listen, database = %url.split('@').next_back().unwrap_or(""), transactional, single_commit = transactional && single_commit, guarded, encrypted = encryption.is_some(), require_sealed = encryption.is_some() && require_sealed, "payments example listening");
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;

@@ -52,6 +52,7 @@ async fn connect(config: &Config) -> Result<AnyStore, ServiceError> {
         // The service reads statuses and whether a body is stored, both
         // kept in clear by encryption at rest: it needs no key.
         encryption: None,
+        require_sealed: true,
     })
     .await
     .map_err(ServiceError::Connect)

@@ -69,6 +69,7 @@ impl Settings {
             redis_prefix: &self.prefix,
             notifications: false,
             encryption: None,
+            require_sealed: true,
         }
     }
 

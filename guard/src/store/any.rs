@@ -60,6 +60,19 @@ pub struct StoreOptions<'a> {
     /// [`EncryptionKeys::from_environment`]). Transactional mode is then
     /// unavailable (its completion would bypass the sealing).
     pub encryption: Option<&'a EncryptionKeys>,
+    /// With `encryption`: whether a completed response without the sealed
+    /// marker is refused ([`StoreError::Corrupt`], 503) instead of replayed
+    /// as it is ([`EncryptedStore::with_require_sealed`]). Either way such
+    /// a read is logged and counted in
+    /// [`idempotency_unsealed_reads_total`](crate::store::encrypted::UNSEALED_READS_TOTAL).
+    /// Without `encryption` it has no effect.
+    ///
+    /// The default value ([`StoreOptions::sql`]) is `true`: a new
+    /// deployment stores nothing in clear, so a clear record was planted by
+    /// whoever can write the store. When turning encryption on over
+    /// records already stored in clear, set it to `false` until their
+    /// retention has passed, then back to `true`.
+    pub require_sealed: bool,
 }
 
 impl<'a> StoreOptions<'a> {
@@ -72,6 +85,7 @@ impl<'a> StoreOptions<'a> {
             redis_prefix: "idem",
             notifications: false,
             encryption: None,
+            require_sealed: true,
         }
     }
 }
@@ -165,7 +179,9 @@ impl AnyStore {
     pub async fn open(options: &StoreOptions<'_>) -> Result<Self, StoreError> {
         let store = Self::open_plain(options).await?;
         Ok(match options.encryption {
-            Some(keys) => store.with_encryption(keys.clone()),
+            Some(keys) => store
+                .with_encryption(keys.clone())
+                .with_require_sealed(options.require_sealed),
             None => store,
         })
     }
@@ -179,6 +195,7 @@ impl AnyStore {
             redis_prefix,
             notifications,
             encryption: _,
+            require_sealed: _,
         } = *options;
         match kind {
             #[cfg(feature = "postgres")]
@@ -257,8 +274,10 @@ impl AnyStore {
 
     /// Seals this store's responses with `keys` from now on (an
     /// [`EncryptedStore`] around it; a store already sealed takes the new
-    /// keys). Records written before stay readable: those in clear as they
-    /// are, sealed ones while their key is among `keys`.
+    /// keys and keeps its `require_sealed`). Records written before stay
+    /// readable: those in clear as they are (unless
+    /// [`AnyStore::with_require_sealed`] refuses them), sealed ones while
+    /// their key is among `keys`.
     ///
     /// Transactional mode is unavailable over the result
     /// ([`TransactionalStore::postgres`](crate::store::TransactionalStore::postgres)
@@ -275,20 +294,81 @@ impl AnyStore {
             Self::Tiered(store) => Self::EncryptedTiered(EncryptedStore::new(store, keys)),
             #[cfg(feature = "postgres")]
             Self::EncryptedPostgres(store) => {
-                Self::EncryptedPostgres(EncryptedStore::new(store.inner().clone(), keys))
+                let required = store.requires_sealed();
+                Self::EncryptedPostgres(
+                    EncryptedStore::new(store.inner().clone(), keys).with_require_sealed(required),
+                )
             }
             #[cfg(feature = "sqlite")]
             Self::EncryptedSqlite(store) => {
-                Self::EncryptedSqlite(EncryptedStore::new(store.inner().clone(), keys))
+                let required = store.requires_sealed();
+                Self::EncryptedSqlite(
+                    EncryptedStore::new(store.inner().clone(), keys).with_require_sealed(required),
+                )
             }
             #[cfg(feature = "redis")]
             Self::EncryptedRedis(store) => {
-                Self::EncryptedRedis(EncryptedStore::new(store.inner().clone(), keys))
+                let required = store.requires_sealed();
+                Self::EncryptedRedis(
+                    EncryptedStore::new(store.inner().clone(), keys).with_require_sealed(required),
+                )
             }
             #[cfg(feature = "redis")]
             Self::EncryptedTiered(store) => {
-                Self::EncryptedTiered(EncryptedStore::new(store.inner().clone(), keys))
+                let required = store.requires_sealed();
+                Self::EncryptedTiered(
+                    EncryptedStore::new(store.inner().clone(), keys).with_require_sealed(required),
+                )
             }
+        }
+    }
+
+    /// Over an encrypted store: sets whether a completed response without
+    /// the sealed marker is refused (see
+    /// [`EncryptedStore::with_require_sealed`]). A store in clear is
+    /// returned as it is.
+    ///
+    /// The default value is `false` after [`AnyStore::with_encryption`];
+    /// [`AnyStore::open`] applies [`StoreOptions::require_sealed`] (default
+    /// `true`).
+    #[must_use]
+    pub fn with_require_sealed(self, required: bool) -> Self {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::EncryptedPostgres(store) => {
+                Self::EncryptedPostgres(store.with_require_sealed(required))
+            }
+            #[cfg(feature = "sqlite")]
+            Self::EncryptedSqlite(store) => {
+                Self::EncryptedSqlite(store.with_require_sealed(required))
+            }
+            #[cfg(feature = "redis")]
+            Self::EncryptedRedis(store) => {
+                Self::EncryptedRedis(store.with_require_sealed(required))
+            }
+            #[cfg(feature = "redis")]
+            Self::EncryptedTiered(store) => {
+                Self::EncryptedTiered(store.with_require_sealed(required))
+            }
+            #[allow(unreachable_patterns)]
+            plain => plain,
+        }
+    }
+
+    /// Whether records without the sealed marker are refused: `Some` over
+    /// an encrypted store, `None` over one in clear.
+    pub fn requires_sealed(&self) -> Option<bool> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::EncryptedPostgres(store) => Some(store.requires_sealed()),
+            #[cfg(feature = "sqlite")]
+            Self::EncryptedSqlite(store) => Some(store.requires_sealed()),
+            #[cfg(feature = "redis")]
+            Self::EncryptedRedis(store) => Some(store.requires_sealed()),
+            #[cfg(feature = "redis")]
+            Self::EncryptedTiered(store) => Some(store.requires_sealed()),
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 

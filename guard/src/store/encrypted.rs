@@ -66,6 +66,40 @@ pub const KEYS_VARIABLE: &str = "IDEMPOTENCY_ENCRYPTION_KEYS";
 /// ([`EncryptionKeys::from_environment`]).
 pub const KEYS_FILE_VARIABLE: &str = "IDEMPOTENCY_ENCRYPTION_KEYS_FILE";
 
+/// The environment variable apps read the `require_sealed` switch from
+/// ([`require_sealed_from_environment`]): `true` (the default when unset)
+/// or `false`.
+pub const REQUIRE_SEALED_VARIABLE: &str = "IDEMPOTENCY_REQUIRE_SEALED";
+
+/// Whether an encrypted store refuses records without the sealed marker,
+/// from [`REQUIRE_SEALED_VARIABLE`]: `true` or `1`, `false` or `0`.
+///
+/// The default value is `true`: a new deployment has no record written
+/// in clear, so one found there was planted. An operator turning
+/// encryption on over records already stored sets it to `false` until
+/// those records' retention has passed.
+///
+/// # Errors
+///
+/// [`KeysError::RequireSealed`] for another value.
+pub fn require_sealed_from_environment() -> Result<bool, KeysError> {
+    match std::env::var(REQUIRE_SEALED_VARIABLE) {
+        Err(_) => Ok(true),
+        Ok(value) => parse_require_sealed(&value),
+    }
+}
+
+/// `true` or `1`, `false` or `0` (surrounding whitespace ignored).
+fn parse_require_sealed(value: &str) -> Result<bool, KeysError> {
+    match value.trim() {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(KeysError::RequireSealed {
+            value: value.to_owned(),
+        }),
+    }
+}
+
 /// The encryption keys: the current one seals, every one opens.
 #[derive(Clone)]
 pub struct EncryptionKeys {
@@ -102,6 +136,12 @@ pub enum KeysError {
     DuplicateId {
         /// The entry's position, from 1.
         index: usize,
+    },
+    /// [`REQUIRE_SEALED_VARIABLE`] is neither `true` nor `false`.
+    #[error("IDEMPOTENCY_REQUIRE_SEALED is {value:?}: expected true or false")]
+    RequireSealed {
+        /// The value found.
+        value: String,
     },
     /// The keys file could not be read.
     #[error("cannot read the encryption keys file {path}")]
@@ -241,8 +281,11 @@ impl<S> EncryptedStore<S> {
     /// it is. Either way such a read is logged and counted in
     /// `idempotency_unsealed_reads_total`.
     ///
-    /// The default value is `false`, so records written before encryption
-    /// was turned on still replay; turn it on for a new deployment.
+    /// The default value is `false` here, so records written before
+    /// encryption was turned on still replay; the configured entry points
+    /// ([`StoreOptions::require_sealed`](crate::store::StoreOptions::require_sealed),
+    /// `IDEMPOTENCY_REQUIRE_SEALED`, the gateway's `require_sealed`) turn it
+    /// on by default, for a new deployment.
     ///
     /// # Warning
     ///
@@ -259,6 +302,12 @@ impl<S> EncryptedStore<S> {
     pub fn with_require_sealed(mut self, required: bool) -> Self {
         self.require_sealed = required;
         self
+    }
+
+    /// Whether a completed response without the sealed marker is refused
+    /// (see [`EncryptedStore::with_require_sealed`]).
+    pub fn requires_sealed(&self) -> bool {
+        self.require_sealed
     }
 
     /// The store underneath (what it holds is sealed).
@@ -561,5 +610,22 @@ mod tests {
             EncryptionKeys::parse("bad id:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="),
             Err(KeysError::Malformed { .. })
         ));
+    }
+
+    #[test]
+    fn the_require_sealed_switch_parses_true_or_false_only() {
+        assert!(parse_require_sealed("true").unwrap());
+        assert!(parse_require_sealed(" 1 ").unwrap());
+        assert!(!parse_require_sealed("false").unwrap());
+        assert!(!parse_require_sealed("0").unwrap());
+        for bad in ["", "yes", "off", "TRUE "] {
+            assert!(
+                matches!(
+                    parse_require_sealed(bad),
+                    Err(KeysError::RequireSealed { .. })
+                ),
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -379,3 +379,101 @@ async fn a_redis_store_opened_with_configured_keys_seals_what_the_guard_stores()
             .await;
     }
 }
+
+/// Completes `key` in `store` with a response in clear, for
+/// `POST /things` with `body` (what the guard would fingerprint), as
+/// whoever can write the store would plant it.
+async fn plant_in_clear<S: Store>(store: &S, key: &str, body: &str) {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    let fingerprint = Fingerprint::of_request(
+        &http::Method::POST,
+        "/things",
+        &headers,
+        body.as_bytes(),
+    );
+    let new = NewRecord {
+        scope: "default",
+        key,
+        fingerprint: &fingerprint,
+        method: "POST",
+        path: "/things",
+        token: LeaseToken::new(),
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+        transactional: false,
+    };
+    let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
+        panic!("{key} was already claimed");
+    };
+    let mut response_headers = HeaderMap::new();
+    response_headers.insert("content-type", HeaderValue::from_static("text/plain"));
+    let planted = StoredResponse {
+        status: StatusCode::CREATED,
+        headers: response_headers,
+        body: Some(Bytes::from_static(b"planted in clear")),
+    };
+    store.complete(&lease, &planted).await.unwrap();
+}
+
+/// The `require_sealed` switch by configuration (`StoreOptions`, as the
+/// example app, the consumers and the gateway build it): on by default, a
+/// record planted in clear in the PostgreSQL behind the encrypted store is
+/// refused (503, the handler not run); turned off, it is replayed. Counted
+/// in `idempotency_unsealed_reads_total{refused}` either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_options_require_sealed_records_by_default_and_can_allow_clear_ones() {
+    use idempotency_guard::IdempotencyLayer;
+    use idempotency_guard::store::encrypted::UNSEALED_READS_TOTAL;
+    use idempotency_guard::store::{AnyStore, StoreOptions};
+
+    crate::metrics_probe::install();
+    let database = idempotency_tests::postgres_database().await;
+    let mut options = StoreOptions::sql(&database.url);
+    assert!(options.require_sealed, "strict by default");
+    let plain = AnyStore::open(&options).await.unwrap();
+    plain.migrate().await.unwrap();
+    let body = r#"{"amount":7}"#;
+    plant_in_clear(&plain, "planted", body).await;
+    let keys = keys(KEY_A);
+    options.encryption = Some(&keys);
+
+    let strict = AnyStore::open(&options).await.unwrap();
+    assert_eq!(strict.requires_sealed(), Some(true));
+    let refused = || crate::metrics_probe::counter(UNSEALED_READS_TOTAL, &[("refused", "true")]);
+    let allowed = || crate::metrics_probe::counter(UNSEALED_READS_TOTAL, &[("refused", "false")]);
+    let before = refused();
+    let (router, runs) = crate::support::app(IdempotencyLayer::new(strict));
+    let answer = crate::support::send(&router, "planted", body).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.problem(), "store-unavailable");
+    assert_eq!(runs.get(), 0, "neither replayed nor run");
+    assert!(refused() > before, "the refused read is counted");
+
+    options.require_sealed = false;
+    let lenient = AnyStore::open(&options).await.unwrap();
+    assert_eq!(lenient.requires_sealed(), Some(false));
+    let before = allowed();
+    let (router, runs) = crate::support::app(IdempotencyLayer::new(lenient));
+    let answer = crate::support::send(&router, "planted", body).await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    assert_eq!(answer.body.as_ref(), b"planted in clear");
+    assert_eq!(answer.header("idempotent-replayed"), Some("true"));
+    assert_eq!(runs.get(), 0);
+    assert!(allowed() > before, "the allowed read is counted too");
+    // A key the guard stores itself is sealed, and reads under either setting.
+    let fresh = crate::support::send(&router, "fresh", body).await;
+    assert_eq!(fresh.status, StatusCode::CREATED);
+    assert_eq!(runs.get(), 1);
+    let (strict_again, _) = crate::support::app(IdempotencyLayer::new(
+        AnyStore::open(&StoreOptions {
+            require_sealed: true,
+            ..options
+        })
+        .await
+        .unwrap(),
+    ));
+    let replay = crate::support::send(&strict_again, "fresh", body).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.body, fresh.body);
+}
