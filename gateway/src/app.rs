@@ -80,6 +80,7 @@ impl Gateway {
         options.redis_prefix = &config.redis_prefix;
         let keys = config.encryption_keys()?;
         options.encryption = keys.as_ref();
+        options.require_sealed = config.require_sealed;
         let store = AnyStore::open(&options)
             .await
             .map_err(GatewayError::Store)?;

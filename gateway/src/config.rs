@@ -134,6 +134,18 @@ pub struct Config {
     /// `encryption_keys_env`).
     #[serde(default)]
     pub encryption_keys_file: Option<PathBuf>,
+    /// With encryption at rest: whether a stored response without the
+    /// sealed marker is refused (503 `store-unavailable`, never replayed)
+    /// instead of replayed as it is. Either way such a read is logged and
+    /// counted in `idempotency_unsealed_reads_total{refused}`. Set it to
+    /// `false` only while records stored in clear before encryption was
+    /// turned on age out (their retention), then remove it. Env override:
+    /// `IDEMPOTENCY_REQUIRE_SEALED` (`true` or `false`).
+    ///
+    /// The default value is `true`: a new deployment stores nothing in
+    /// clear, so a clear record was planted by whoever can write the store.
+    #[serde(default = "yes")]
+    pub require_sealed: bool,
     /// The guarded routes; every other request passes through untouched.
     pub routes: Vec<RouteConfig>,
     /// Where a guarded request's scope comes from.

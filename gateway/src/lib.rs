@@ -23,7 +23,8 @@
 //!
 //! then `idempotency-gateway --config gateway.toml`. Flags and environment
 //! variables override the file: `LISTEN`, `UPSTREAM_URL`, `DATABASE_URL`,
-//! `REDIS_URL`, `STORE_KIND`. See [`config`] for every setting.
+//! `REDIS_URL`, `STORE_KIND`, `IDEMPOTENCY_REQUIRE_SEALED`. See [`config`]
+//! for every setting.
 //!
 //! # MCP servers and A2A agents
 //!

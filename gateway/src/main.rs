@@ -7,6 +7,9 @@ use anyhow::Context;
 use clap::Parser;
 use idempotency_gateway::config::Config;
 use idempotency_gateway::{Gateway, GatewayError, serve, shutdown_signal};
+use idempotency_guard::store::encrypted::{
+    REQUIRE_SEALED_VARIABLE, require_sealed_from_environment,
+};
 use idempotency_guard::telemetry::logs::{LogFormat, fmt_layer};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -115,6 +118,9 @@ fn configure(cli: &Cli) -> anyhow::Result<Config> {
     }
     if let Some(kind) = &cli.store_kind {
         config.store_kind.clone_from(kind);
+    }
+    if std::env::var_os(REQUIRE_SEALED_VARIABLE).is_some() {
+        config.require_sealed = require_sealed_from_environment()?;
     }
     config.check().with_context(|| format!("{path}"))?;
     Ok(config)

@@ -11,5 +11,6 @@ mod deploy_files;
 mod hostile_input;
 mod lost_response;
 mod retry_client;
+mod sealed;
 mod startup;
 mod storm;

@@ -85,7 +85,10 @@ fn assert_one_line(program: Program, env: &[(&str, &str)], names: &[&str]) {
 /// The store rows both examples share (their settings are read the same
 /// way through the guard's `StoreOptions::check`).
 /// A row: the settings, and what the one line must name.
-type Row = (&'static [(&'static str, &'static str)], &'static [&'static str]);
+type Row = (
+    &'static [(&'static str, &'static str)],
+    &'static [&'static str],
+);
 
 const STORE_ROWS: [Row; 5] = [
     (&[("STORE", "redis")], &["STORE=redis", "REDIS_URL"]),

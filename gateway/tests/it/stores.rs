@@ -151,3 +151,109 @@ async fn on_the_tiered_store() {
     )
     .await;
 }
+
+/// Plants a completed record in clear for `POST /payments` with `body`
+/// under `key` in the store at `url`, as whoever can write the store could.
+async fn plant_in_clear(url: &str, key: &str, body: &str) {
+    use idempotency_guard::store::{AnyStore, Claim, LeaseToken, NewRecord};
+    use idempotency_guard::{Fingerprint, Store as _, StoredResponse};
+
+    let store = AnyStore::connect(url).await.expect("the gateway's store");
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    let fingerprint =
+        Fingerprint::of_request(&http::Method::POST, "/payments", &headers, body.as_bytes());
+    let new = NewRecord {
+        scope: "default",
+        key,
+        fingerprint: &fingerprint,
+        method: "POST",
+        path: "/payments",
+        token: LeaseToken::new(),
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+        transactional: false,
+    };
+    let Claim::Acquired(lease) = store.claim(&new).await.expect("a claim") else {
+        panic!("{key} was already claimed");
+    };
+    let mut response_headers = http::HeaderMap::new();
+    response_headers.insert("content-type", http::HeaderValue::from_static("text/plain"));
+    let planted = StoredResponse {
+        status: http::StatusCode::CREATED,
+        headers: response_headers,
+        body: Some(bytes::Bytes::from_static(b"planted in clear")),
+    };
+    store.complete(&lease, &planted).await.expect("completed");
+}
+
+/// The gateway's `require_sealed`: with encryption at rest configured, a
+/// record planted in clear in its store is refused (503, not forwarded) by
+/// default; `require_sealed = false` in the TOML, or
+/// `IDEMPOTENCY_REQUIRE_SEALED=false`, replays it. Counted on `/metrics`
+/// either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_planted_in_clear_is_refused_unless_require_sealed_is_off() {
+    const KEYS: &str = "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("an HTTP client");
+    let body = r#"{"amount":9}"#;
+    let cases: [(&str, &[(&str, &str)], bool); 4] = [
+        (ROUTES, &[("IDEMPOTENCY_ENCRYPTION_KEYS", KEYS)], true),
+        (
+            "require_sealed = true\n[[routes]]\npath = \"/payments\"\n",
+            &[("IDEMPOTENCY_ENCRYPTION_KEYS", KEYS)],
+            true,
+        ),
+        (
+            "require_sealed = false\n[[routes]]\npath = \"/payments\"\n",
+            &[("IDEMPOTENCY_ENCRYPTION_KEYS", KEYS)],
+            false,
+        ),
+        (
+            ROUTES,
+            &[
+                ("IDEMPOTENCY_ENCRYPTION_KEYS", KEYS),
+                ("IDEMPOTENCY_REQUIRE_SEALED", "false"),
+            ],
+            false,
+        ),
+    ];
+    for (config, env, strict) in cases {
+        let stack = stack(config, env).await;
+        let key = uuid::Uuid::new_v4().to_string();
+        plant_in_clear(&stack.store_url, &key, body).await;
+        let answer = pay(&http, &stack.url("/payments"), &key, body)
+            .send()
+            .await
+            .expect("an answer");
+        let status = answer.status();
+        let replayed = answer.headers().contains_key("idempotent-replayed");
+        let text = answer.text().await.expect("a body");
+        if strict {
+            assert_eq!(status, 503, "{config} {env:?}: {text}");
+            assert!(text.contains("store-unavailable"), "{text}");
+        } else {
+            assert_eq!(status, 201, "{config} {env:?}: {text}");
+            assert!(replayed, "replayed");
+            assert_eq!(text, "planted in clear");
+        }
+        assert_eq!(stack.executions("/payments").await, 0, "never forwarded");
+        let metrics = reqwest::get(stack.url("/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        let series = format!("idempotency_unsealed_reads_total{{refused=\"{strict}\"}}");
+        assert!(
+            metrics.lines().any(|line| line.starts_with(&series)),
+            "{series} on /metrics"
+        );
+    }
+}

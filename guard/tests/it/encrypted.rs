@@ -386,12 +386,8 @@ async fn a_redis_store_opened_with_configured_keys_seals_what_the_guard_stores()
 async fn plant_in_clear<S: Store>(store: &S, key: &str, body: &str) {
     let mut headers = HeaderMap::new();
     headers.insert("content-type", HeaderValue::from_static("application/json"));
-    let fingerprint = Fingerprint::of_request(
-        &http::Method::POST,
-        "/things",
-        &headers,
-        body.as_bytes(),
-    );
+    let fingerprint =
+        Fingerprint::of_request(&http::Method::POST, "/things", &headers, body.as_bytes());
     let new = NewRecord {
         scope: "default",
         key,
@@ -449,6 +445,10 @@ async fn store_options_require_sealed_records_by_default_and_can_allow_clear_one
     assert_eq!(answer.problem(), "store-unavailable");
     assert_eq!(runs.get(), 0, "neither replayed nor run");
     assert!(refused() > before, "the refused read is counted");
+    // The refusal frees nothing: asked again, the same answer, still not run.
+    let again = crate::support::send(&router, "planted", body).await;
+    assert_eq!(again.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(runs.get(), 0);
 
     options.require_sealed = false;
     let lenient = AnyStore::open(&options).await.unwrap();
