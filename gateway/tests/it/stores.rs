@@ -190,6 +190,9 @@ async fn plant_in_clear(url: &str, key: &str, body: &str) {
     store.complete(&lease, &planted).await.expect("completed");
 }
 
+/// A configuration, its environment, and whether unsealed records are refused.
+type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bool);
+
 /// The gateway's `require_sealed`: with encryption at rest configured, a
 /// record planted in clear in its store is refused (503, not forwarded) by
 /// default; `require_sealed = false` in the TOML, or
@@ -203,7 +206,7 @@ async fn a_record_planted_in_clear_is_refused_unless_require_sealed_is_off() {
         .build()
         .expect("an HTTP client");
     let body = r#"{"amount":9}"#;
-    let cases: [(&str, &[(&str, &str)], bool); 4] = [
+    let cases: [Case<'_>; 4] = [
         (ROUTES, &[("IDEMPOTENCY_ENCRYPTION_KEYS", KEYS)], true),
         (
             "require_sealed = true\n[[routes]]\npath = \"/payments\"\n",
