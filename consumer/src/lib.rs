@@ -55,10 +55,12 @@
 //! # Webhooks
 //!
 //! [`webhook::WebhookLayer`] (feature `webhook`) verifies a Standard
-//! Webhooks (or GitHub) signature before anything is stored, and hands the
-//! delivery id on as the `Idempotency-Key` of the
-//! [`idempotency_guard::IdempotencyLayer`] behind it: a repeat delivery
-//! gets the stored 2xx without running.
+//! Webhooks, GitHub or Stripe signature before anything is stored, and
+//! hands a key the signature covers (`webhook-id`, the body's digest,
+//! Stripe's event id) on as the `Idempotency-Key` of the
+//! [`idempotency_guard::IdempotencyLayer`] behind it: a repeat delivery,
+//! or a captured one resent under a fresh id header, gets the stored 2xx
+//! without running.
 
 mod error;
 mod inbox;
