@@ -36,10 +36,11 @@
 //! body is the only thing an attacker cannot change. Keying on its digest
 //! makes a GitHub redelivery (the same payload, the same
 //! `X-GitHub-Delivery`) and any copy under a fresh delivery id the same
-//! key, so the handler runs once. The id header is not compared with the
-//! body's first id (that would need a record of its own and would only
-//! change the copy's answer, not whether it runs). Two GitHub events are
-//! never byte for byte the same body in practice (each carries its own
+//! key, so the handler runs once. Keying on both (refusing a new id for a
+//! body already seen) was the alternative; it would change only what the
+//! copy is answered (a refusal instead of the stored 2xx), not whether it
+//! runs, and would need a second record per delivery. Two GitHub events
+//! are not byte for byte the same body in practice (each carries its own
 //! ids and times); if two were, the second would be taken for a repeat.
 //!
 //! [`WebhookLayer::with_delivery_id`] changes the key; a key the scheme does

@@ -24,8 +24,13 @@
 //! whose ciphertext does not authenticate, fails with
 //! [`StoreError::Corrupt`] (the request answers 503, never a garbled
 //! replay) and counts in `idempotency_decrypt_failures_total{reason}`.
-//! Records written before encryption was turned on (no `idempotency-sealed`
-//! header) are read as they are.
+//! A completed record without the `idempotency-sealed` header (written
+//! before encryption was turned on, or planted by whoever can write the
+//! store) is read as it is by a store built here, and refused
+//! ([`StoreError::Corrupt`]) with [`EncryptedStore::with_require_sealed`],
+//! which every configured entry point turns on by default
+//! ([`StoreOptions::require_sealed`](crate::store::StoreOptions::require_sealed));
+//! either way it is logged and counted in `idempotency_unsealed_reads_total`.
 //!
 //! Keys come from an environment variable or a file
 //! ([`EncryptionKeys::parse`]: `<id>:<base64 of 32 bytes>` entries, the
