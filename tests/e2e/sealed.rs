@@ -119,27 +119,3 @@ async fn the_payments_example_refuses_a_record_planted_in_clear_unless_told_othe
         assert_eq!(count, 0, "{switch:?}: no payment ran");
     }
 }
-
-/// A value that is neither `true` nor `false` stops the app at start,
-/// naming the variable.
-#[test]
-fn the_payments_example_refuses_to_start_with_a_bad_switch() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!(
-        "sqlite://{}?mode=rwc",
-        dir.path().join("payments.db").display()
-    );
-    let output = std::process::Command::new(programs::path(Program::Payments))
-        .env("DATABASE_URL", &url)
-        .env("LISTEN", "127.0.0.1:0")
-        .env("IDEMPOTENCY_ENCRYPTION_KEYS", KEYS)
-        .env("IDEMPOTENCY_REQUIRE_SEALED", "maybe")
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("IDEMPOTENCY_REQUIRE_SEALED"),
-        "the error names the variable: {stderr}"
-    );
-}

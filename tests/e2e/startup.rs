@@ -10,7 +10,7 @@ use idempotency_tests::programs::{self, Program};
 
 /// The variables the examples read, cleared so the environment running
 /// the tests does not leak in.
-const SETTINGS: [&str; 14] = [
+const SETTINGS: [&str; 15] = [
     "DATABASE_URL",
     "STORE",
     "REDIS_URL",
@@ -23,6 +23,7 @@ const SETTINGS: [&str; 14] = [
     "LOG_FORMAT",
     "IDEMPOTENCY_ENCRYPTION_KEYS",
     "IDEMPOTENCY_ENCRYPTION_KEYS_FILE",
+    "IDEMPOTENCY_REQUIRE_SEALED",
     "AMQP_URL",
     "PUBLISH",
 ];
@@ -112,7 +113,7 @@ const STORE_ROWS: [Row; 5] = [
 
 #[test]
 fn the_payments_example_names_each_bad_setting_on_one_line() {
-    let own: [Row; 6] = [
+    let own: [Row; 7] = [
         (
             &[("LEASE_SECS", "soon")],
             &["LEASE_SECS", "whole number", "soon"],
@@ -129,6 +130,10 @@ fn the_payments_example_names_each_bad_setting_on_one_line() {
         (
             &[("IDEMPOTENCY_ENCRYPTION_KEYS", "k1:not-base64")],
             &["IDEMPOTENCY_ENCRYPTION_KEYS", "<id>:<base64 of 32 bytes>"],
+        ),
+        (
+            &[("IDEMPOTENCY_REQUIRE_SEALED", "maybe")],
+            &["IDEMPOTENCY_REQUIRE_SEALED", "maybe", "true or false"],
         ),
         (&[("LOG_FORMAT", "yaml")], &["LOG_FORMAT", "yaml"]),
     ];

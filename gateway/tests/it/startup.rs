@@ -9,7 +9,7 @@ const BINARY: &str = env!("CARGO_BIN_EXE_idempotency-gateway");
 
 /// The variables the gateway reads, cleared so the environment running the
 /// tests does not leak in.
-const SETTINGS: [&str; 10] = [
+const SETTINGS: [&str; 11] = [
     "GATEWAY_CONFIG",
     "LISTEN",
     "UPSTREAM_URL",
@@ -19,6 +19,7 @@ const SETTINGS: [&str; 10] = [
     "LOG_FORMAT",
     "IDEMPOTENCY_ENCRYPTION_KEYS",
     "IDEMPOTENCY_ENCRYPTION_KEYS_FILE",
+    "IDEMPOTENCY_REQUIRE_SEALED",
     "NO_SUCH_SECRET",
 ];
 
@@ -145,6 +146,18 @@ fn each_configuration_error_is_one_line_naming_what_to_set() {
             None,
             vec![("IDEMPOTENCY_ENCRYPTION_KEYS", "k1:not-base64")],
             vec!["IDEMPOTENCY_ENCRYPTION_KEYS", "<id>:<base64 of 32 bytes>"],
+        ),
+        (
+            base.clone(),
+            None,
+            vec![("IDEMPOTENCY_REQUIRE_SEALED", "maybe")],
+            vec!["IDEMPOTENCY_REQUIRE_SEALED", "maybe", "true or false"],
+        ),
+        (
+            format!("require_sealed = \"yes\"\n{base}"),
+            None,
+            vec![],
+            vec!["line 1", "expected a boolean"],
         ),
         (
             format!(
