@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, RunContext, Settle, Settled};
-use idempotency_guard::{Fingerprint, IdempotencyKey, Store, StoredResponse};
+use idempotency_guard::{Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 use tokio::sync::Semaphore;
 
 use crate::local::{Entry, LocalRuns};
@@ -76,6 +76,9 @@ pub enum DeadReason {
     Poison,
     /// The message carries no key (or one that is not 1 to 255 visible ASCII).
     NoKey,
+    /// The message's scope cannot be stored (empty, over 255 bytes, or a
+    /// control character): no redelivery would ever run it.
+    ScopeInvalid,
 }
 
 impl Verdict {
@@ -89,6 +92,7 @@ impl Verdict {
             Self::Park(ParkReason::KeyReused) => "parked-key-reused",
             Self::DeadLetter(DeadReason::Poison) => "dead-letter",
             Self::DeadLetter(DeadReason::NoKey) => "dead-letter-no-key",
+            Self::DeadLetter(DeadReason::ScopeInvalid) => "dead-letter-scope-invalid",
         }
     }
 
@@ -99,6 +103,7 @@ impl Verdict {
             Self::Park(ParkReason::KeyReused) => "key-reused",
             Self::DeadLetter(DeadReason::Poison) => "poison",
             Self::DeadLetter(DeadReason::NoKey) => "no-key",
+            Self::DeadLetter(DeadReason::ScopeInvalid) => "scope-invalid",
             Self::Ack | Self::Redeliver { .. } => "",
         }
     }
@@ -286,9 +291,14 @@ impl<S: Store> Inbox<S> {
         E: Display + Send + 'static,
     {
         let source = incoming.source.clone();
-        if incoming.key.parse::<IdempotencyKey>().is_err() {
+        let Ok(key) = IdempotencyKey::from_raw(&incoming.key) else {
             return self.no_key(&source);
-        }
+        };
+        let Ok(scope) = Scope::new(incoming.scope.as_str()) else {
+            let verdict = Verdict::DeadLetter(DeadReason::ScopeInvalid);
+            count(&source, verdict);
+            return verdict;
+        };
         // Held until this copy's run has settled: a copy behind it waits.
         let _running_here = loop {
             match self.local.enter(&incoming.scope, &incoming.key) {
@@ -309,13 +319,9 @@ impl<S: Store> Inbox<S> {
             None => None,
         };
         let attempt = incoming.attempt;
-        let job = Job::new(
-            incoming.scope.clone(),
-            incoming.key.clone(),
-            Fingerprint::of_bytes(&incoming.payload),
-        )
-        .with_request("MESSAGE", incoming.source.clone())
-        .with_route(incoming.source.clone());
+        let job = Job::new(scope, key, Fingerprint::of_bytes(&incoming.payload))
+            .with_request("MESSAGE", incoming.source.clone())
+            .with_route(incoming.source.clone());
         let handler = Arc::clone(handler);
         let answer = self
             .engine

@@ -9,7 +9,6 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
-use idempotency_guard::layer::MAX_SCOPE_LEN;
 use idempotency_guard::problem::Problem;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
@@ -115,8 +114,9 @@ pub enum ScopeSource {
     Jwt(Box<JwtVerifier>),
 }
 
+/// Whether `scope` follows [`Scope`](idempotency_guard::Scope)'s rule.
 fn valid_scope(scope: &str) -> bool {
-    !scope.is_empty() && scope.len() <= MAX_SCOPE_LEN
+    idempotency_guard::Scope::new(scope).is_ok()
 }
 
 impl ScopeSource {

@@ -7,7 +7,7 @@ use std::future::Future;
 
 use futures_util::FutureExt;
 use idempotency_guard::engine::{Answer, Job, Refusal, Settle};
-use idempotency_guard::{Engine, Fingerprint, Store, StoredResponse};
+use idempotency_guard::{Engine, Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 
 use crate::refusal::GrpcRefusal;
 
@@ -15,9 +15,9 @@ use crate::refusal::GrpcRefusal;
 #[derive(Debug)]
 pub(crate) struct Call<'a> {
     /// The scope (a tenant, a principal).
-    pub(crate) scope: String,
+    pub(crate) scope: Scope,
     /// The idempotency key, validated.
-    pub(crate) key: String,
+    pub(crate) key: IdempotencyKey,
     /// The full method name, `/pkg.Service/Method`.
     pub(crate) method: &'a str,
     /// The request message as it came (for a layer: the length-prefixed
@@ -81,7 +81,7 @@ where
     Fut: Future<Output = Ending<T>> + Send + 'static,
     T: Send + 'static,
 {
-    let key = call.key.clone();
+    let key = call.key.as_str().to_owned();
     let job = Job::new(call.scope, call.key, fingerprint(call.method, call.message))
         .with_request("POST", call.method)
         .with_route(call.method);

@@ -168,7 +168,7 @@ impl GrpcRefusal {
         match self {
             Self::KeyMissing => "this method requires an idempotency key: send one unique key per operation and reuse it on every retry of that operation".into(),
             Self::KeyInvalid(error) => format!("{error}; a key is 1 to 255 visible ASCII characters, sent once"),
-            Self::ScopeInvalid => "the scope of this call is empty or longer than 255 bytes".into(),
+            Self::ScopeInvalid => "the scope of this call is empty, longer than 255 bytes, or holds a control character".into(),
             Self::BodyTooLarge { limit } => format!("the request message exceeds the guard's limit of {limit} bytes"),
             Self::BodyUnreadable => "the request message could not be read to its end".into(),
             Self::KeyReused { .. } => "this key was already used with a different request (method or message); use a new key for a new operation".into(),

@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use http::HeaderValue;
-use idempotency_guard::{Engine, IDEMPOTENT_REPLAYED, IdempotencyKey, Store};
+use idempotency_guard::{Engine, IDEMPOTENT_REPLAYED, IdempotencyKey, Scope, Store};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
@@ -60,19 +60,19 @@ where
 {
     let raw = key(request.get_ref());
     let key = match IdempotencyKey::from_raw(&raw) {
-        Ok(key) => key.into_string(),
+        Ok(key) => key,
         Err(_) if raw.is_empty() => return Err(GrpcRefusal::KeyMissing.to_status()),
         Err(error) => return Err(GrpcRefusal::KeyInvalid(error).to_status()),
     };
     let Some(scope) = request.extensions().get::<CallScope>() else {
         return Err(GrpcRefusal::LayerMissing.to_status());
     };
-    if scope.scope().is_empty() || scope.scope().len() > 255 {
+    let Ok(valid_scope) = Scope::new(scope.scope()) else {
         return Err(GrpcRefusal::ScopeInvalid.to_status());
-    }
+    };
     let message = request.get_ref().encode_to_vec();
     let call = Call {
-        scope: scope.scope().to_owned(),
+        scope: valid_scope,
         key,
         method: scope.method(),
         message: &message,

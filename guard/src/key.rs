@@ -1,4 +1,7 @@
-//! The `Idempotency-Key` header: parsing and validation only.
+//! The two names of a record, `(scope, key)`, with their rules in one
+//! place: [`IdempotencyKey`] (the `Idempotency-Key` header: parsing and
+//! validation) and [`Scope`]. Every adapter builds both before it builds a
+//! [`Job`](crate::Job), so none validates on its own.
 
 use std::fmt;
 
@@ -301,6 +304,135 @@ mod tests {
                 prop_assert!((1..=255).contains(&len));
                 prop_assert!(key.as_str().bytes().all(|b| (0x21..=0x7e).contains(&b)));
             }
+        }
+    }
+}
+
+/// The longest scope accepted, in bytes.
+pub const MAX_SCOPE_LEN: usize = 255;
+
+/// A validated scope: the namespace of a key (a tenant, a principal, a
+/// queue), 1 to 255 bytes of UTF-8 with no control character (the rule
+/// every store can hold: PostgreSQL's check constraint, and no NUL).
+///
+/// ```
+/// use idempotency_guard::Scope;
+///
+/// let scope = Scope::new("tenant-a").unwrap();
+/// assert_eq!(scope.as_str(), "tenant-a");
+/// assert!(Scope::new("").is_err());
+/// assert!(Scope::new("x".repeat(256)).is_err());
+/// assert!(Scope::new("nul\0inside").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Scope(String);
+
+/// Why a scope was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScopeError {
+    /// The scope is empty.
+    #[error("the scope is empty")]
+    Empty,
+    /// The scope is longer than [`MAX_SCOPE_LEN`] bytes.
+    #[error("the scope is longer than 255 bytes")]
+    TooLong,
+    /// The scope holds a control character.
+    #[error("the scope holds a control character")]
+    ControlCharacter,
+}
+
+impl Scope {
+    /// Validates `scope`: 1 to 255 bytes, no control character.
+    ///
+    /// # Errors
+    ///
+    /// The [`ScopeError`] saying what is wrong.
+    pub fn new(scope: impl Into<String>) -> Result<Self, ScopeError> {
+        let scope = scope.into();
+        if scope.is_empty() {
+            return Err(ScopeError::Empty);
+        }
+        if scope.len() > MAX_SCOPE_LEN {
+            return Err(ScopeError::TooLong);
+        }
+        if scope.chars().any(char::is_control) {
+            return Err(ScopeError::ControlCharacter);
+        }
+        Ok(Self(scope))
+    }
+
+    /// The scope as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Consumes the scope and returns its string.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::str::FromStr for Scope {
+    type Err = ScopeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<String> for Scope {
+    type Error = ScopeError;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<&str> for Scope {
+    type Error = ScopeError;
+
+    fn try_from(s: &str) -> Result<Self, Self::Error> {
+        Self::new(s)
+    }
+}
+
+impl AsRef<str> for Scope {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Scope").field(&self.0).finish()
+    }
+}
+
+#[cfg(test)]
+mod scope_tests {
+    use super::*;
+
+    #[test]
+    fn the_scope_rule_as_a_table() {
+        let rows: [(String, Result<(), ScopeError>); 8] = [
+            ("tenant-a".into(), Ok(())),
+            ("x".repeat(255), Ok(())),
+            ("é".repeat(127), Ok(())),
+            ("é".repeat(128), Err(ScopeError::TooLong)),
+            (String::new(), Err(ScopeError::Empty)),
+            ("x".repeat(256), Err(ScopeError::TooLong)),
+            ("a\0b".into(), Err(ScopeError::ControlCharacter)),
+            ("tab\there".into(), Err(ScopeError::ControlCharacter)),
+        ];
+        for (scope, expected) in rows {
+            assert_eq!(Scope::new(scope.clone()).map(|_| ()), expected, "{scope:?}");
         }
     }
 }

@@ -194,7 +194,7 @@ pub use decision::{AbandonedPolicy, InFlightPolicy};
 pub use engine::{Drain, Engine, FailureMode};
 pub use events::RecordEvents;
 pub use fingerprint::Fingerprint;
-pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError};
+pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_SCOPE_LEN, Scope, ScopeError};
 pub use layer::{FinalResponse, IdempotencyLayer, IdempotencyService, OutcomeUnknown};
 pub use migrate::MigrationError;
 pub use problem::Rejection;

@@ -240,7 +240,7 @@ impl Rejection {
             ),
             Self::ScopeInvalid => (
                 "Request scope invalid",
-                "The scope of this request is empty or longer than 255 bytes.".into(),
+                "The scope of this request is empty, longer than 255 bytes, or holds a control character.".into(),
             ),
             Self::BodyTooLarge { limit } => (
                 "Request body too large",

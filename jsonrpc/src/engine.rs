@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle};
 use idempotency_guard::telemetry::Outcome as Counted;
-use idempotency_guard::{Fingerprint, Store, StoredResponse};
+use idempotency_guard::{Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 
 use crate::reply::RpcRefusal;
 
@@ -49,8 +49,8 @@ pub(crate) enum Outcome<T> {
 
 /// What identifies one guarded call to the engine.
 pub(crate) struct GuardedCall {
-    pub(crate) scope: String,
-    pub(crate) key: String,
+    pub(crate) scope: Scope,
+    pub(crate) key: IdempotencyKey,
     pub(crate) fingerprint: Fingerprint,
     /// The JSON-RPC method (shown by the status service as the method).
     pub(crate) method: String,

@@ -138,7 +138,9 @@ impl RpcRefusal {
             Self::HandlerFailed => {
                 "The call failed unexpectedly and its idempotency key was released; retrying with the same key is safe."
             }
-            Self::ScopeInvalid => "The caller's scope is empty or longer than 255 bytes.",
+            Self::ScopeInvalid => {
+                "The caller's scope is empty, longer than 255 bytes, or holds a control character."
+            }
             Self::BatchNotGuarded => {
                 "A JSON-RPC batch may not hold a guarded call: send each guarded call on its own."
             }

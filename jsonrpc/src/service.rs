@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idempotency_guard::telemetry::{Outcome as Counted, attempt_label};
-use idempotency_guard::{IDEMPOTENT_REPLAYED, KeyError, OutcomeUnknown, Rejection, Store};
+use idempotency_guard::{IDEMPOTENT_REPLAYED, KeyError, OutcomeUnknown, Rejection, Scope, Store};
 use serde_json::value::RawValue;
 use tower::{Service, ServiceExt};
 
@@ -22,9 +22,6 @@ use crate::engine::{self, Ending, GuardedCall, Outcome, Stored};
 use crate::envelope::{self, Envelope};
 use crate::layer::{Config, MissingKey};
 use crate::reply::{self, Kept, RpcRefusal, SseScanner};
-
-/// The longest scope accepted, in bytes (as the axum layer's).
-const MAX_SCOPE_LEN: usize = 255;
 
 /// The boxed error of a body.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -217,7 +214,7 @@ where
         )
     };
     let key = match call.key {
-        Ok(ref key) => key.as_str().to_owned(),
+        Ok(ref key) => key.clone(),
         Err(KeyError::Missing) if config.missing_key == MissingKey::PassThrough => {
             return (Counted::Unguarded, pass_through(inner, request).await);
         }
@@ -225,10 +222,9 @@ where
         Err(_) => return rejected(&RpcRefusal::KeyInvalid),
     };
     let (parts, body) = request.into_parts();
-    let scope = (config.scope)(&parts);
-    if scope.is_empty() || scope.len() > MAX_SCOPE_LEN {
+    let Ok(scope) = Scope::new((config.scope)(&parts)) else {
         return rejected(&RpcRefusal::ScopeInvalid);
-    }
+    };
     let request = Request::from_parts(parts, body);
     let guarded = GuardedCall {
         scope,
@@ -244,14 +240,14 @@ where
     .await;
     let response = match outcome {
         Outcome::Ran(reply) => return (counted, reply),
-        Outcome::Replay(Some(stored)) => replay(&stored, &call.id, &key, accept),
+        Outcome::Replay(Some(stored)) => replay(&stored, &call.id, key.as_str(), accept),
         Outcome::Replay(None) => refusal(
             &RpcRefusal::ResponseNotStored,
             Some(&call.id),
-            Some(&key),
+            Some(key.as_str()),
             accept,
         ),
-        Outcome::Refused(refused) => refusal(&refused, Some(&call.id), Some(&key), accept),
+        Outcome::Refused(refused) => refusal(&refused, Some(&call.id), Some(key.as_str()), accept),
     };
     (counted, Ok(response))
 }

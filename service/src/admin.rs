@@ -485,17 +485,16 @@ async fn store_call<T>(
 /// (PostgreSQL refuses a NUL in text: checked here, it is a 400, not a
 /// store failure).
 fn valid_scope(scope: &str) -> Result<(), AdminProblem> {
-    if scope.is_empty() || scope.len() > 255 {
-        return Err(AdminProblem::BadRequest(
-            "a scope is 1 to 255 bytes".to_owned(),
-        ));
-    }
-    if scope.chars().any(char::is_control) {
-        return Err(AdminProblem::BadRequest(
+    use idempotency_guard::ScopeError;
+    match idempotency_guard::Scope::new(scope) {
+        Ok(_) => Ok(()),
+        Err(ScopeError::ControlCharacter) => Err(AdminProblem::BadRequest(
             "a scope has no control characters".to_owned(),
-        ));
+        )),
+        Err(_) => Err(AdminProblem::BadRequest(
+            "a scope is 1 to 255 bytes".to_owned(),
+        )),
     }
-    Ok(())
 }
 
 /// A listing cursor (`after`): a key, so 1 to 255 bytes without control

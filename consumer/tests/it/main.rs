@@ -45,6 +45,10 @@ per_store!(
     crate::rabbitmq::a_poison_message_is_dead_lettered_and_the_queue_flows
 );
 per_store!(
+    rabbit_long_scope,
+    crate::rabbitmq::an_over_long_scope_is_dead_lettered_not_redelivered
+);
+per_store!(
     rabbit_parked,
     crate::rabbitmq::an_abandoned_key_is_parked_not_run
 );

@@ -294,7 +294,11 @@ pub(crate) async fn an_abandoned_key_is_parked_not_run<S: Store>(store: S) {
     let payload = br#"{"order":9}"#;
     // An earlier run of order-9 lost track of its outcome.
     let engine = Engine::new(store.clone());
-    let job = Job::new(queue.clone(), "order-9", Fingerprint::of_bytes(payload));
+    let job = Job::new(
+        idempotency_guard::Scope::new(queue.clone()).expect("a valid scope"),
+        "order-9".parse().expect("a valid key"),
+        Fingerprint::of_bytes(payload),
+    );
     engine
         .run(job, |_run| async { Settle::Abandon { reply: () } })
         .await;
@@ -406,4 +410,69 @@ pub(crate) async fn a_copy_behind_its_twin_waits_without_holding_a_slot<S: Store
     assert_eq!(ready(&connection, &queue).await, 0, "every copy acked");
     assert_eq!(effects.of("slow"), 1, "two copies, one effect");
     assert_eq!(calls.load(Ordering::SeqCst), 4, "the copy ran no handler");
+}
+
+/// A scope no store can hold (here 300 bytes) is the message's fault, not
+/// the store's: it is dead-lettered with its reason once, its handler never
+/// runs, nothing is stored, and it is not redelivered (on PostgreSQL it
+/// used to hit the check constraint and come back forever; Redis took it).
+pub(crate) async fn an_over_long_scope_is_dead_lettered_not_redelivered<S: Store>(store: S) {
+    let connection = Arc::new(rabbit().await);
+    let queue = unique("long-scope");
+    let _cleanup = declare_queue(&connection, &queue).await;
+    let calls = Arc::new(AtomicU32::new(0));
+    let long_scope = "s".repeat(300);
+    let consumer = RabbitConsumer::new(inbox(store.clone()), &queue)
+        .with_scope(move |_queue, _payload| long_scope.clone());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = {
+        let (connection, calls) = (Arc::clone(&connection), Arc::clone(&calls));
+        tokio::spawn(async move {
+            let handler = move |_message: Incoming, _run: RunContext| {
+                let calls = Arc::clone(&calls);
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), &str>(())
+                }
+            };
+            let _ = consumer
+                .run(&connection, handler, async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        })
+    };
+    publish(&connection, &queue, "order-1", b"{}").await;
+    let dead = format!("{queue}.dead");
+    eventually(Duration::from_secs(20), "the dead letter", || {
+        let connection = Arc::clone(&connection);
+        let dead = dead.clone();
+        async move { ready(&connection, &dead).await == 1 }
+    })
+    .await;
+    let channel = connection.create_channel().await.unwrap();
+    let letter = channel
+        .basic_get(dead.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("the dead letter");
+    let headers = letter.properties.headers().clone().unwrap();
+    assert_eq!(
+        headers.inner().get(REASON_HEADER),
+        Some(&AMQPValue::LongString("scope-invalid".into()))
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "the handler never ran");
+    assert_eq!(ready(&connection, &queue).await, 0, "not redelivered");
+    assert!(
+        store
+            .get(&"s".repeat(300), "order-1")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing stored"
+    );
+    drop(stop);
+    let _ = task.await;
+    delete_queues(&connection, &queue).await;
 }

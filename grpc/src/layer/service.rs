@@ -13,7 +13,7 @@ use futures_util::FutureExt;
 use http::{HeaderMap, Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use idempotency_guard::{Engine, IdempotencyKey, KeyError, Store};
+use idempotency_guard::{Engine, IdempotencyKey, KeyError, Scope, Store};
 use tonic::metadata::MetadataMap;
 use tower::{Service, ServiceExt};
 
@@ -22,9 +22,6 @@ use crate::engine::{self, Call, Ended, Ending};
 use crate::exchange::{BoxError, Captured, Exchange, capture};
 use crate::outcome::{Keep, keep};
 use crate::refusal::GrpcRefusal;
-
-/// The longest scope accepted, in bytes (as the HTTP guard's).
-const MAX_SCOPE_LEN: usize = 255;
 
 /// The service [`GrpcIdempotencyLayer`](super::GrpcIdempotencyLayer) wraps
 /// around a tonic server's routes.
@@ -214,9 +211,9 @@ where
             Err(KeyError::Missing) => return refuse(&GrpcRefusal::KeyMissing),
             Err(error) => return refuse(&GrpcRefusal::KeyInvalid(error)),
         };
-        if scope.is_empty() || scope.len() > MAX_SCOPE_LEN {
+        let Ok(scope) = Scope::new(scope) else {
             return refuse(&GrpcRefusal::ScopeInvalid);
-        }
+        };
         let (parts, body) = request.into_parts();
         let limit = self.config.request_limit;
         let message = match Limited::new(body, limit).collect().await {
@@ -226,7 +223,6 @@ where
             }
             Err(_) => return refuse(&GrpcRefusal::BodyUnreadable),
         };
-        let key = key.into_string();
         let call = Call {
             scope,
             key: key.clone(),
@@ -236,6 +232,7 @@ where
         let request =
             Request::from_parts(parts, tonic::body::Body::new(Full::new(message.clone())));
         let (inner, stored_limit) = (self.inner, self.config.stored_response_limit);
+        let key = key.into_string();
         let work_key = key.clone();
         let (ended, outcome) = engine::run(&self.engine, call, move || {
             run_method(inner, request, stored_limit, work_key)

@@ -38,8 +38,8 @@ pub(super) enum Acquired<T> {
 impl<S: Store> Engine<S> {
     fn new_record<'a>(&self, job: &'a Job, token: LeaseToken) -> NewRecord<'a> {
         NewRecord {
-            scope: &job.scope,
-            key: &job.key,
+            scope: job.scope.as_str(),
+            key: job.key.as_str(),
             fingerprint: &job.fingerprint,
             method: &job.method,
             path: &job.path,
@@ -68,7 +68,7 @@ impl<S: Store> Engine<S> {
     )]
     pub(super) async fn acquire<T>(&self, job: &Job) -> Acquired<T> {
         if let Some(cache) = self.replay_cache() {
-            match cache.get(&job.scope, &job.key, &job.fingerprint) {
+            match cache.get(job.scope.as_str(), job.key.as_str(), &job.fingerprint) {
                 Some(Hit::Replay(stored)) => return Acquired::Answer(Answer::Replay(stored)),
                 Some(Hit::Reused) => {
                     return Acquired::Answer(Answer::Refused(Refusal::KeyReused));
@@ -128,8 +128,8 @@ impl<S: Store> Engine<S> {
                                     }
                                     .lives();
                                     cache.put(
-                                        &job.scope,
-                                        &job.key,
+                                        job.scope.as_str(),
+                                        job.key.as_str(),
                                         record.fingerprint,
                                         stored.clone(),
                                         lives,
@@ -213,9 +213,12 @@ impl<S: Store> Engine<S> {
         wait_left: Duration,
     ) -> Result<Option<Record>, StoreError> {
         // Subscribe before reading again, so a completion in between is seen.
-        let subscription = self.store.events().subscribe(&job.scope, &job.key);
+        let subscription = self
+            .store
+            .events()
+            .subscribe(job.scope.as_str(), job.key.as_str());
         let current = self
-            .timed("get", self.store.get(&job.scope, &job.key))
+            .timed("get", self.store.get(job.scope.as_str(), job.key.as_str()))
             .await?;
         match current {
             Some(current)
@@ -226,7 +229,7 @@ impl<S: Store> Engine<S> {
                 // and by its lease (a crashed holder publishes nothing).
                 let bound = wait_left.min(current.lease_remaining());
                 let _ = tokio::time::timeout(bound, subscription.changed()).await;
-                self.timed("get", self.store.get(&job.scope, &job.key))
+                self.timed("get", self.store.get(job.scope.as_str(), job.key.as_str()))
                     .await
             }
             other => Ok(other),

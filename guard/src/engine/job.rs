@@ -2,17 +2,18 @@
 //! scope and key it runs under, the request's fingerprint, and what the
 //! status service and the metrics show).
 
-use crate::Fingerprint;
+use crate::{Fingerprint, IdempotencyKey, Scope};
 
 /// One request to run some work once: the key it runs under and what
 /// identifies the request (so a reuse of the key for another request is
 /// refused).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Job {
-    /// The namespace of the key (a tenant, a queue).
-    pub scope: String,
-    /// The idempotency key.
-    pub key: String,
+    /// The namespace of the key (a tenant, a queue): validated, 1 to 255
+    /// bytes.
+    pub scope: Scope,
+    /// The idempotency key: validated, 1 to 255 visible ASCII characters.
+    pub key: IdempotencyKey,
     /// The fingerprint of the request.
     pub fingerprint: Fingerprint,
     /// What kind of request it is (an HTTP method; `RUN` by default). Shown
@@ -28,10 +29,12 @@ pub struct Job {
 
 impl Job {
     /// A job for `key` in `scope`, with method `RUN` and an empty path.
-    pub fn new(scope: impl Into<String>, key: impl Into<String>, fingerprint: Fingerprint) -> Self {
+    /// Both are validated types, so an adapter cannot hand the engine a
+    /// scope or key a store cannot hold.
+    pub fn new(scope: Scope, key: IdempotencyKey, fingerprint: Fingerprint) -> Self {
         Self {
-            scope: scope.into(),
-            key: key.into(),
+            scope,
+            key,
             fingerprint,
             method: String::from("RUN"),
             path: String::new(),

@@ -8,14 +8,14 @@
 //!
 //! ```no_run
 //! use idempotency_guard::engine::{Answer, Engine, Job, Settle};
-//! use idempotency_guard::{Fingerprint, StoredResponse, store::sqlite::SqliteStore};
+//! use idempotency_guard::{Fingerprint, Scope, StoredResponse, store::sqlite::SqliteStore};
 //!
 //! # async fn f() -> anyhow::Result<()> {
 //! let store = SqliteStore::connect("sqlite://idempotency.db?mode=rwc").await?;
 //! store.migrate().await?;
 //! let engine = Engine::new(store);
 //! let payload = br#"{"amount": 100}"#;
-//! let job = Job::new("tenant-a", "order-42", Fingerprint::of_bytes(payload));
+//! let job = Job::new(Scope::new("tenant-a")?, "order-42".parse()?, Fingerprint::of_bytes(payload));
 //! let answer = engine
 //!     .run(job, |_run| async move {
 //!         // ... charge the card once ...
@@ -252,7 +252,7 @@ impl<S: Store> Engine<S> {
             let span = tracing::info_span!(
                 "idempotency.run",
                 idempotency.route = %job.route,
-                idempotency.key_hash = %crate::telemetry::otel::key_hash(&job.scope, &job.key),
+                idempotency.key_hash = %crate::telemetry::otel::key_hash(job.scope.as_str(), job.key.as_str()),
                 idempotency.outcome = tracing::field::Empty,
             );
             // Recorded inside the span (an `async` block awaiting the run

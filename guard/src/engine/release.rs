@@ -38,7 +38,9 @@ impl<'a, S: Store> PendingClaim<'a, S> {
 impl<S: Store> Drop for PendingClaim<'_, S> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
-            tracing::warn!(key = %lease.key, "the caller went away while its claim was on its way; releasing it in case it landed");
+            tracing::warn!(
+                "the caller went away while its claim was on its way; releasing it in case it landed"
+            );
             self.engine.release_if_running(lease);
         }
     }

@@ -83,13 +83,13 @@ impl<S: Store> Engine<S> {
                 answer
             }
             Some(Err(_panic)) => {
-                tracing::error!(key = %job.key, "the work panicked; its key is released");
+                tracing::error!(route = %job.route, "the work panicked; its key is released");
                 let ending = Ending::Release { keep_writes: false };
                 Box::pin(self.settle_logged(job, &lease, &transaction, ending)).await;
                 Answer::Refused(Refusal::Failed)
             }
             None => {
-                tracing::warn!(key = %job.key, "the work exceeded the maximum handler time");
+                tracing::warn!(route = %job.route, "the work exceeded the maximum handler time");
                 // No renewal may land after the lease is ended.
                 if let Some(renewals) = renewals.take() {
                     renewals.stop().await;
@@ -102,7 +102,9 @@ impl<S: Store> Engine<S> {
         if let Some(renewals) = renewals {
             renewals.stop().await;
         }
-        self.store.events().publish(&job.scope, &job.key);
+        self.store
+            .events()
+            .publish(job.scope.as_str(), job.key.as_str());
         // After the event, which drops any older copy: keep the new one.
         if let (Some(cache), Some(stored)) = (self.replay_cache(), stored) {
             let lives = Left::Completed {
@@ -110,7 +112,13 @@ impl<S: Store> Engine<S> {
                 since_claim: started.elapsed(),
             }
             .lives();
-            cache.put(&job.scope, &job.key, job.fingerprint, stored, lives);
+            cache.put(
+                job.scope.as_str(),
+                job.key.as_str(),
+                job.fingerprint,
+                stored,
+                lives,
+            );
         }
         answer
     }
@@ -163,7 +171,7 @@ impl<S: Store> Engine<S> {
             }) => {
                 // The work's writes did not commit: this answer must not say
                 // they did. A retry is safe either way.
-                tracing::error!(error = %error, key = %job.key, "transactional completion failed; writes rolled back");
+                tracing::error!(error = %error, route = %job.route, "transactional completion failed; writes rolled back");
                 let retry_after = self.config.policy.retry_after;
                 let answer = if matches!(error, StoreError::LeaseLost) {
                     count_lease_lost(&job.route, "complete");
@@ -183,7 +191,7 @@ impl<S: Store> Engine<S> {
                 if matches!(error, StoreError::LeaseLost) {
                     count_lease_lost(&job.route, "complete");
                 }
-                tracing::error!(error = %error, key = %job.key, "the outcome could not be stored");
+                tracing::error!(error = %error, route = %job.route, "the outcome could not be stored");
                 let answer = Answer::Ran {
                     reply,
                     settled: Settled::NotStored,
@@ -210,7 +218,7 @@ impl<S: Store> Engine<S> {
                 if matches!(error, StoreError::LeaseLost) {
                     count_lease_lost(&job.route, operation);
                 }
-                tracing::warn!(error = %error, key = %job.key, "could not settle the record after the work");
+                tracing::warn!(error = %error, route = %job.route, "could not settle the record after the work");
                 rolled_back
             }
         }
@@ -234,7 +242,9 @@ impl<S: Store> Engine<S> {
                     Ok(()) => {}
                     Err(StoreError::LeaseLost) => {
                         count_lease_lost(&route, "renew");
-                        tracing::error!(key = %lease.key, "lease lost while the work runs; its completion will be refused");
+                        tracing::error!(
+                            "lease lost while the work runs; its completion will be refused"
+                        );
                         return;
                     }
                     Err(error) => {

@@ -37,8 +37,8 @@ use crate::replay::ReplayPolicy;
 use crate::response::default_stored_status;
 use crate::store::Store;
 
-/// The longest scope accepted, in bytes.
-pub const MAX_SCOPE_LEN: usize = 255;
+/// The longest scope accepted, in bytes (the rule is [`Scope`](crate::Scope)'s).
+pub use crate::key::MAX_SCOPE_LEN;
 
 /// Marks a client-error response (400, 413, 415, 422) that the handler
 /// decided on after starting its work, so the guard stores it like any

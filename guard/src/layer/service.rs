@@ -17,13 +17,13 @@ use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower::{Service, ServiceExt};
 
-use super::{Config, FinalResponse, MAX_SCOPE_LEN, OutcomeUnknown, is_rejection_before_work};
+use super::{Config, FinalResponse, OutcomeUnknown, is_rejection_before_work};
 use crate::engine::{Answer, Engine, Job, RunContext, Settle};
 use crate::problem::Rejection;
 use crate::response::{BoxError, Captured, capture, headers_to_store, is_no_store};
 use crate::store::Store;
 use crate::telemetry::{MetricHandles, Outcome, attempt_label};
-use crate::{Fingerprint, IdempotencyKey, KeyError, StoredResponse};
+use crate::{Fingerprint, IdempotencyKey, KeyError, Scope, StoredResponse};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a route.
 pub struct IdempotencyService<S, I> {
@@ -205,10 +205,9 @@ where
             Err(error) => return Counted::rejected(Rejection::KeyInvalid(error)),
         };
         let (parts, body) = request.into_parts();
-        let scope = (self.config.scope)(&parts);
-        if scope.is_empty() || scope.len() > MAX_SCOPE_LEN {
+        let Ok(scope) = Scope::new((self.config.scope)(&parts)) else {
             return Counted::rejected(Rejection::ScopeInvalid);
-        }
+        };
         let body = match read_body(body, &parts.headers, self.config.body_limit).await {
             Ok(body) => body,
             Err(rejection) => return Counted::rejected(rejection),
@@ -218,7 +217,7 @@ where
         let job_key = key.as_str().to_owned();
         let job = Job {
             scope,
-            key: job_key.clone(),
+            key: key.clone(),
             fingerprint,
             method: parts.method.as_str().to_owned(),
             path,

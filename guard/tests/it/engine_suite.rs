@@ -66,7 +66,11 @@ fn key(name: &str) -> String {
 pub(crate) async fn engine_runs_once_under_200_concurrent_callers<S: Store>(db: TestDb<S>) {
     let engine = Engine::new(db.store.clone());
     let runs = Arc::new(AtomicUsize::new(0));
-    let job = Job::new("engine", key("storm"), Fingerprint::of_bytes(b"charge 100"));
+    let job = Job::new(
+        engine_scope(),
+        valid(key("storm")),
+        Fingerprint::of_bytes(b"charge 100"),
+    );
     let callers: Vec<_> = (0..200)
         .map(|_| {
             let (engine, runs, job) = (engine.clone(), Arc::clone(&runs), job.clone());
@@ -119,7 +123,11 @@ pub(crate) async fn engine_runs_once_under_200_concurrent_callers<S: Store>(db: 
 pub(crate) async fn engine_keeps_json_outcomes<S: Store>(db: TestDb<S>) {
     let engine = Engine::new(db.store.clone());
     let key = key("json");
-    let job = Job::new("engine", &key, Fingerprint::of_bytes(b"order 7"));
+    let job = Job::new(
+        engine_scope(),
+        valid(&key),
+        Fingerprint::of_bytes(b"order 7"),
+    );
     let first: Vec<u32> = engine
         .run_json(job.clone(), |_run| async { vec![7, 42] })
         .await
@@ -130,7 +138,11 @@ pub(crate) async fn engine_keeps_json_outcomes<S: Store>(db: TestDb<S>) {
         .await
         .unwrap();
     assert_eq!(replayed, [7, 42]);
-    let other = Job::new("engine", &key, Fingerprint::of_bytes(b"order 8"));
+    let other = Job::new(
+        engine_scope(),
+        valid(&key),
+        Fingerprint::of_bytes(b"order 8"),
+    );
     let reused = engine
         .run_json::<_, _, Vec<u32>>(other, |_run| async { panic!("ran for another payload") })
         .await;
@@ -181,7 +193,11 @@ impl<S: Store> Store for RetriedClaims<S> {
 pub(crate) async fn a_retried_claim_of_our_own_counts_as_acquired<S: Store>(db: TestDb<S>) {
     let engine = Engine::new(RetriedClaims(db.store.clone()));
     let runs = Arc::new(AtomicUsize::new(0));
-    let job = Job::new("engine", key("retried"), Fingerprint::of_bytes(b"x"));
+    let job = Job::new(
+        engine_scope(),
+        valid(key("retried")),
+        Fingerprint::of_bytes(b"x"),
+    );
     let counter = Arc::clone(&runs);
     let answer = engine
         .run(job.clone(), move |_run| async move {
@@ -197,7 +213,12 @@ pub(crate) async fn a_retried_claim_of_our_own_counts_as_acquired<S: Store>(db: 
         "the request was refused against its own claim: {answer:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let record = db.store.get("engine", &job.key).await.unwrap().unwrap();
+    let record = db
+        .store
+        .get("engine", job.key.as_str())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state(), RecordState::Completed);
 }
 
@@ -252,7 +273,7 @@ pub(crate) async fn replay_cache_answers_without_the_store_until_told<S: Store>(
     };
     let engine = Engine::new(store).with_replay_cache(1 << 20, Duration::from_secs(60));
     let key = key("cached");
-    let job = Job::new("engine", &key, Fingerprint::of_bytes(b"a"));
+    let job = Job::new(engine_scope(), valid(&key), Fingerprint::of_bytes(b"a"));
     let first: u32 = engine
         .run_json(job.clone(), |_run| async { 7 })
         .await
@@ -277,7 +298,7 @@ pub(crate) async fn replay_cache_answers_without_the_store_until_told<S: Store>(
     }
     let reused = engine
         .run_json::<_, _, u32>(
-            Job::new("engine", &key, Fingerprint::of_bytes(b"b")),
+            Job::new(engine_scope(), valid(&key), Fingerprint::of_bytes(b"b")),
             |_run| async { panic!("ran for another payload") },
         )
         .await;
@@ -557,7 +578,11 @@ pub(crate) async fn nested_mounts_have_their_own_fingerprints<S: Store>(db: Test
 /// `Failed`, the key is released, and a retry runs.
 pub(crate) async fn a_work_that_panics_before_its_future_releases_the_key<S: Store>(db: TestDb<S>) {
     let engine = Engine::new(db.store.clone());
-    let job = Job::new("engine", key("panics-early"), Fingerprint::of_bytes(b"x"));
+    let job = Job::new(
+        engine_scope(),
+        valid(key("panics-early")),
+        Fingerprint::of_bytes(b"x"),
+    );
     let answer = engine
         .run(job.clone(), |_run| -> std::future::Ready<Settle<()>> {
             panic!("the work failed before its future existed")
@@ -567,13 +592,13 @@ pub(crate) async fn a_work_that_panics_before_its_future_releases_the_key<S: Sto
         matches!(answer, Answer::Refused(Refusal::Failed)),
         "{answer:?}"
     );
-    let mut record = db.store.get("engine", &job.key).await.unwrap();
+    let mut record = db.store.get("engine", job.key.as_str()).await.unwrap();
     for _ in 0..50 {
         if record.is_none() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        record = db.store.get("engine", &job.key).await.unwrap();
+        record = db.store.get("engine", job.key.as_str()).await.unwrap();
     }
     assert!(record.is_none(), "the key was not released: {record:?}");
     let runs = Arc::new(AtomicUsize::new(0));
@@ -589,4 +614,14 @@ pub(crate) async fn a_work_that_panics_before_its_future_releases_the_key<S: Sto
         .await;
     assert!(matches!(retried, Answer::Ran { .. }), "{retried:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// The scope of the engine suite's jobs.
+fn engine_scope() -> idempotency_guard::Scope {
+    idempotency_guard::Scope::new("engine").expect("a valid scope")
+}
+
+/// `key`, validated as the engine takes it.
+fn valid(key: impl AsRef<str>) -> idempotency_guard::IdempotencyKey {
+    idempotency_guard::IdempotencyKey::from_raw(key.as_ref()).expect("a valid key")
 }

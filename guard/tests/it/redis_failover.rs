@@ -48,7 +48,11 @@ fn engine(store: RedisStore) -> Engine<RedisStore> {
 }
 
 fn job(key: &str) -> Job {
-    Job::new("failover", key, Fingerprint::of_bytes(b"charge 100"))
+    Job::new(
+        idempotency_guard::Scope::new("failover").expect("a valid scope"),
+        idempotency_guard::IdempotencyKey::from_raw(key).expect("a valid key"),
+        Fingerprint::of_bytes(b"charge 100"),
+    )
 }
 
 /// Runs the work for `key` (it counts its run and completes at once).
