@@ -179,6 +179,8 @@ pub mod purge;
 pub mod record;
 pub mod replay;
 pub mod response;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "postgres")]
