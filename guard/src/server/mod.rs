@@ -26,7 +26,7 @@
 //! heads itself, always with an **empty body** (hyper 1.x, h2 0.4):
 //!
 //! - HTTP/1.1 head (request line and fields) longer than the hard bound,
-//!   `max_uri_bytes + 2 × max_header_bytes + 400` (73,920 bytes with the
+//!   `max_uri_bytes + 2 × max_header_bytes + 400` (74,128 bytes with the
 //!   defaults; hyper's read buffer, `max_buf_size`, is set to it): 431,
 //!   connection closed;
 //! - more than 100 header fields: 431, connection closed;
