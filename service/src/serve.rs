@@ -140,9 +140,8 @@ pub async fn serve(config: Config) -> Result<(), ServiceError> {
     tracing::info!(listen = %config.listen, store = store.kind(), "key-status service listening");
     // Every connection bounded (header read, idle, HTTP/2 pings, the cap,
     // 414/431 for oversized heads), every request body given BODY_SECS.
-    let app = build_router(state).layer(BodyTimeoutLayer::new(Duration::from_secs(
-        config.body_secs,
-    )));
+    let app =
+        build_router(state).layer(BodyTimeoutLayer::new(Duration::from_secs(config.body_secs)));
     config
         .server()
         .serve(listener, move |_client| app.clone(), shutdown_signal())

@@ -261,7 +261,13 @@ pub async fn assert_default_head_bounds(address: SocketAddr, path: &str) {
     let fits = 32 * 1024 - 5 - 15 - 9;
     let answer = send(address, get(path, &padding(fits)).as_bytes(), b"", false).await;
     assert_eq!(answer.status, 200, "header bytes at the limit are served");
-    let answer = send(address, get(path, &padding(fits + 1)).as_bytes(), b"", false).await;
+    let answer = send(
+        address,
+        get(path, &padding(fits + 1)).as_bytes(),
+        b"",
+        false,
+    )
+    .await;
     assert_eq!(answer.status, 431, "header bytes over the limit");
     assert_eq!(answer.problem().as_deref(), Some("headers-too-large"));
     // hyper's own: more than 100 fields, and a head past the read buffer.
@@ -272,6 +278,9 @@ pub async fn assert_default_head_bounds(address: SocketAddr, path: &str) {
     let mut endless = get(path, "\r\nx-padding: ").into_bytes();
     endless.resize(DEFAULT_HARD_HEAD_BYTES, b'p');
     let answer = send_unfinished(address, &endless).await;
-    assert_eq!(answer.status, 431, "a head past hyper's buffer is hyper's 431");
+    assert_eq!(
+        answer.status, 431,
+        "a head past hyper's buffer is hyper's 431"
+    );
     assert!(answer.body.is_empty(), "hyper's 431 has no body");
 }

@@ -373,11 +373,16 @@ async fn held_body(to: SocketAddr, key: &str, length: usize) -> (Option<u16>, Tc
     let head = format!(
         "POST /payments HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\nidempotency-key: {key}\r\ncontent-length: {length}\r\n\r\n"
     );
-    stream.write_all(head.as_bytes()).await.expect("write the head");
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .expect("write the head");
     let mut early = [0u8; 12];
     match tokio::time::timeout(Duration::from_millis(300), stream.read_exact(&mut early)).await {
         Ok(Ok(_)) => {
-            let status = std::str::from_utf8(&early[9..12]).ok().and_then(|s| s.parse().ok());
+            let status = std::str::from_utf8(&early[9..12])
+                .ok()
+                .and_then(|s| s.parse().ok());
             (status, stream)
         }
         Ok(Err(error)) => panic!("the gateway closed a held body: {error}"),
@@ -430,7 +435,11 @@ async fn held_guarded_bodies_are_bounded_by_the_buffer_budget() {
     assert_eq!(answer.status, 503);
     assert_eq!(answer.problem().as_deref(), Some("body-buffer-full"));
     assert_eq!(answer.header("retry-after"), Some("1"));
-    assert_eq!(stack.executions("/payments").await, 1, "nothing ran but the warm-up");
+    assert_eq!(
+        stack.executions("/payments").await,
+        1,
+        "nothing ran but the warm-up"
+    );
 
     // The held bodies go: their bytes come back.
     drop(held);

@@ -215,11 +215,9 @@ where
             None => read_body(body, &parts.headers, self.config.body_limit)
                 .await
                 .map(|body| (body, None)),
-            Some(budget) => {
-                read_body_within(body, &parts.headers, self.config.body_limit, budget)
-                    .await
-                    .map(|(body, reservation)| (body, Some(reservation)))
-            }
+            Some(budget) => read_body_within(body, &parts.headers, self.config.body_limit, budget)
+                .await
+                .map(|(body, reservation)| (body, Some(reservation))),
         };
         // The reservation, if any, is held until the guard answers.
         let (body, _reservation) = match read {

@@ -110,7 +110,10 @@ mod tests {
         assert_eq!(refused.status(), StatusCode::URI_TOO_LONG);
         assert_eq!(refused.headers()[header::CONNECTION], "close");
         let refused = LIMITS.refusal(&request("/", 101)).expect("refused");
-        assert_eq!(refused.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        assert_eq!(
+            refused.status(),
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+        );
         assert_eq!(
             refused.headers()[header::CONTENT_TYPE],
             crate::problem::PROBLEM_JSON

@@ -27,7 +27,8 @@ fn fed_body() -> (mpsc::Sender<Result<Bytes, std::io::Error>>, Body) {
 async fn a_declared_body_past_the_budget_is_refused_and_the_budget_comes_back() {
     let db = idempotency_tests::sqlite().await;
     let budget = BodyBudget::new(1000);
-    let (router, runs) = app(IdempotencyLayer::new(db.store.clone()).with_body_budget(budget.clone()));
+    let (router, runs) =
+        app(IdempotencyLayer::new(db.store.clone()).with_body_budget(budget.clone()));
 
     // 600 declared bytes, 10 sent: the whole 600 is reserved, and held.
     let (feed, body) = fed_body();
@@ -70,15 +71,18 @@ async fn a_declared_body_past_the_budget_is_refused_and_the_budget_comes_back() 
     assert_eq!(held.status, StatusCode::CREATED, "{:?}", held.body);
     assert_eq!(budget.in_use(), 0, "every reservation was returned");
     let retried = send(&router, "refused", &"b".repeat(600)).await;
-    assert_eq!(retried.status, StatusCode::CREATED, "nothing was stored for the refusal");
+    assert_eq!(
+        retried.status,
+        StatusCode::CREATED,
+        "nothing was stored for the refusal"
+    );
     assert_eq!(runs.get(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chunked_body_is_refused_when_it_outgrows_the_budget() {
     let db = idempotency_tests::sqlite().await;
-    let (router, runs) =
-        app(IdempotencyLayer::new(db.store.clone()).with_max_buffered_bytes(1000));
+    let (router, runs) = app(IdempotencyLayer::new(db.store.clone()).with_max_buffered_bytes(1000));
     // No Content-Length: reserved as the chunks come, 400 at a time.
     let (feed, body) = fed_body();
     let chunked = tokio::spawn({

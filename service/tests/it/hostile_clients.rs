@@ -73,7 +73,9 @@ async fn service_binary(
     env: &[(&str, &str)],
 ) -> idempotency_tests::Process {
     let script = dir.path().join("service.sh");
-    let ulimit = limit.map_or_else(String::new, |limit| format!("ulimit -n {limit} || exit 1\n"));
+    let ulimit = limit.map_or_else(String::new, |limit| {
+        format!("ulimit -n {limit} || exit 1\n")
+    });
     std::fs::write(
         &script,
         format!(
@@ -103,7 +105,8 @@ async fn service_binary(
 
 /// `GET /v1/keys/{key}` with the token, over a fresh connection.
 async fn ask(to: std::net::SocketAddr, key: &str) -> idempotency_tests::raw_http::RawAnswer {
-    let head = format!("GET /v1/keys/{key} HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {TOKEN}");
+    let head =
+        format!("GET /v1/keys/{key} HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {TOKEN}");
     idempotency_tests::raw_http::send(to, head.as_bytes(), b"", false).await
 }
 
@@ -160,9 +163,19 @@ async fn idle_and_slow_connections_cannot_starve_a_client_under_a_low_descriptor
     // Under the cap, too, each is closed by its own deadline.
     let idle = TcpStream::connect(to).await.expect("connect");
     let slow = slow_head(to).await;
-    assert!(closed_within(idle, Duration::from_secs(15)).await, "an idle connection is closed");
-    assert!(closed_within(slow, Duration::from_secs(15)).await, "a slow head is closed");
-    assert_eq!(ask(to, "after").await.status, 404, "the service still serves");
+    assert!(
+        closed_within(idle, Duration::from_secs(15)).await,
+        "an idle connection is closed"
+    );
+    assert!(
+        closed_within(slow, Duration::from_secs(15)).await,
+        "a slow head is closed"
+    );
+    assert_eq!(
+        ask(to, "after").await.status,
+        404,
+        "the service still serves"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
