@@ -176,6 +176,7 @@ impl Gateway {
                     &self.upstream,
                     &self.scope,
                     limits,
+                    &budget,
                 )?;
                 app = app.merge(guarded);
                 continue;

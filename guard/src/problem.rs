@@ -153,8 +153,8 @@ pub enum Rejection {
     /// [`IdempotencyLayer::with_max_buffered_bytes`](crate::IdempotencyLayer::with_max_buffered_bytes));
     /// nothing ran.
     BodyBufferFull {
-        /// The key.
-        key: String,
+        /// The key, when it was read before the body.
+        key: Option<String>,
         /// The `Retry-After` hint.
         retry_after: Duration,
     },
@@ -309,9 +309,8 @@ impl Rejection {
             | Self::OutcomeUnknown { key }
             | Self::ResponseNotStored { key }
             | Self::HandlerTimeout { key, .. }
-            | Self::HandlerFailed { key }
-            | Self::BodyBufferFull { key, .. } => Some(key),
-            Self::StoreUnavailable { key, .. } => key.as_deref(),
+            | Self::HandlerFailed { key } => Some(key),
+            Self::StoreUnavailable { key, .. } | Self::BodyBufferFull { key, .. } => key.as_deref(),
             Self::KeyMissing
             | Self::KeyInvalid(_)
             | Self::ScopeInvalid

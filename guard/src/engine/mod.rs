@@ -420,8 +420,9 @@ impl<S: Store> Engine<S> {
         &self.metrics
     }
 
-    /// The `Retry-After` hint of the engine's refusals.
-    pub(crate) fn retry_after(&self) -> std::time::Duration {
+    /// The `Retry-After` hint of the engine's refusals (see
+    /// [`Engine::with_retry_after`]).
+    pub fn retry_after(&self) -> std::time::Duration {
         self.config.policy.retry_after
     }
 

@@ -11,6 +11,15 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use crate::problem::Rejection;
+use crate::response::BoxError;
 
 /// The bytes of guarded request bodies that may be buffered at once,
 /// shared by every layer given a clone of it (one budget for all the
@@ -67,25 +76,27 @@ impl BodyBudget {
     }
 
     /// Reserves `bytes`; `None` when the budget does not have them.
-    pub(crate) fn reserve(&self, bytes: usize) -> Option<Reservation> {
-        self.take(bytes).then(|| Reservation {
+    fn reserve(&self, bytes: usize) -> Option<BodyReservation> {
+        self.take(bytes).then(|| BodyReservation {
             budget: self.clone(),
             bytes,
         })
     }
 }
 
-/// Bytes taken from a [`BodyBudget`], returned when dropped.
+/// Bytes of a [`BodyBudget`] held by one request body ([`read_body`]),
+/// returned when dropped: keep it until the request is answered.
 #[derive(Debug)]
-pub(crate) struct Reservation {
+#[must_use = "the bytes are returned to the budget when it is dropped"]
+pub struct BodyReservation {
     budget: BodyBudget,
     bytes: usize,
 }
 
-impl Reservation {
+impl BodyReservation {
     /// Makes the reservation at least `bytes`; `false` when the budget
     /// does not have the difference.
-    pub(crate) fn cover(&mut self, bytes: usize) -> bool {
+    fn cover(&mut self, bytes: usize) -> bool {
         let Some(more) = bytes.checked_sub(self.bytes).filter(|&more| more > 0) else {
             return true;
         };
@@ -97,13 +108,105 @@ impl Reservation {
     }
 }
 
-impl Drop for Reservation {
+impl Drop for BodyReservation {
     fn drop(&mut self) {
         self.budget
             .inner
             .used
             .fetch_sub(self.bytes, Ordering::AcqRel);
     }
+}
+
+/// Why a request body was not read ([`read_body`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BodyReadError {
+    /// Over the limit (declared or read): 413 `body-too-large`.
+    TooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The body failed before its end: 400 `body-unreadable`.
+    Unreadable,
+    /// The budget has no room for it: 503 `body-buffer-full`.
+    BufferFull,
+}
+
+impl BodyReadError {
+    /// The rejection to answer with; `key` (when known) and `retry_after`
+    /// go into a `body-buffer-full` answer.
+    pub fn into_rejection(self, key: Option<String>, retry_after: Duration) -> Rejection {
+        match self {
+            Self::TooLarge { limit } => Rejection::BodyTooLarge { limit },
+            Self::Unreadable => Rejection::BodyUnreadable,
+            Self::BufferFull => Rejection::BodyBufferFull { key, retry_after },
+        }
+    }
+}
+
+/// The declared `Content-Length`, refused when over `limit`.
+fn declared_length(headers: &HeaderMap, limit: usize) -> Result<Option<usize>, BodyReadError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(length) if length > limit as u64 => Err(BodyReadError::TooLarge { limit }),
+        // Not over a `usize` limit: it fits.
+        Some(length) => Ok(usize::try_from(length).ok()),
+        None => Ok(None),
+    }
+}
+
+/// The error of a body read that failed with `error`.
+fn read_failure(error: &BoxError, limit: usize) -> BodyReadError {
+    if error.is::<LengthLimitError>() {
+        BodyReadError::TooLarge { limit }
+    } else {
+        BodyReadError::Unreadable
+    }
+}
+
+/// Reads a request body whole, up to `limit` bytes (a `Content-Length`
+/// over it is refused before any byte is read), within `budget` when there
+/// is one: a declared length is reserved before any byte is read, a
+/// chunked body as its chunks arrive, and the bytes are copied into one
+/// buffer as they come (each chunk freed at once), so what is held is what
+/// is reserved. Every adapter that buffers bodies (the axum layer, the
+/// JSON-RPC layer) reads them here.
+///
+/// # Errors
+///
+/// [`BodyReadError`]: too large, broken, or no room in the budget.
+pub async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    budget: Option<&BodyBudget>,
+) -> Result<(Bytes, Option<BodyReservation>), BodyReadError> {
+    let declared = declared_length(headers, limit)?;
+    let Some(budget) = budget else {
+        return match Limited::new(body, limit).collect().await {
+            Ok(collected) => Ok((collected.to_bytes(), None)),
+            Err(error) => Err(read_failure(&error, limit)),
+        };
+    };
+    let mut reservation = budget
+        .reserve(declared.unwrap_or(0))
+        .ok_or(BodyReadError::BufferFull)?;
+    let mut buffer = BytesMut::with_capacity(declared.unwrap_or(0));
+    let mut body = std::pin::pin!(Limited::new(body, limit));
+    while let Some(frame) = body.as_mut().frame().await {
+        let frame = frame.map_err(|error| read_failure(&error, limit))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if !reservation.cover(buffer.len() + data.len()) {
+            return Err(BodyReadError::BufferFull);
+        }
+        buffer.extend_from_slice(&data);
+    }
+    Ok((buffer.freeze(), Some(reservation)))
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode, header, request::Parts};
 use tower::Layer;
 
-pub use budget::BodyBudget;
+pub use budget::{BodyBudget, BodyReadError, BodyReservation, read_body};
 pub use service::{IdempotencyService, ResponseFuture};
 
 use crate::decision::{AbandonedPolicy, InFlightPolicy};

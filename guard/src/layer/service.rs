@@ -10,14 +10,13 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, OriginalUri};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{HeaderMap, Request, Response, header, request::Parts};
+use http::{Request, Response, request::Parts};
 use http_body::Body as HttpBody;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower::{Service, ServiceExt};
 
-use super::budget::{BodyBudget, Reservation};
+use super::budget::read_body;
 use super::{Config, FinalResponse, MAX_SCOPE_LEN, OutcomeUnknown, is_rejection_before_work};
 use crate::engine::{Answer, Engine, Job, RunContext, Settle};
 use crate::problem::Rejection;
@@ -210,26 +209,16 @@ where
         if scope.is_empty() || scope.len() > MAX_SCOPE_LEN {
             return Counted::rejected(Rejection::ScopeInvalid);
         }
-        let budget = self.config.body_budget.as_ref();
-        let read = match budget {
-            None => read_body(body, &parts.headers, self.config.body_limit)
-                .await
-                .map(|body| (body, None)),
-            Some(budget) => read_body_within(body, &parts.headers, self.config.body_limit, budget)
-                .await
-                .map(|(body, reservation)| (body, Some(reservation))),
-        };
         // The reservation, if any, is held until the guard answers.
-        let (body, _reservation) = match read {
-            Ok(read) => read,
-            Err(BodyRefusal::Rejected(rejection)) => return Counted::rejected(rejection),
-            Err(BodyRefusal::BufferFull) => {
-                return Counted::rejected(Rejection::BodyBufferFull {
-                    key: key.as_str().to_owned(),
-                    retry_after: self.engine.retry_after(),
-                });
-            }
-        };
+        let budget = self.config.body_budget.as_ref();
+        let (body, _reservation) =
+            match read_body(body, &parts.headers, self.config.body_limit, budget).await {
+                Ok(read) => read,
+                Err(error) => {
+                    let key = Some(key.as_str().to_owned());
+                    return Counted::rejected(error.into_rejection(key, self.engine.retry_after()));
+                }
+            };
         let path = path_and_query(&parts);
         let fingerprint = Fingerprint::of_request(&parts.method, &path, &parts.headers, &body);
         let job_key = key.as_str().to_owned();
@@ -364,81 +353,4 @@ fn path_and_query(parts: &Parts) -> String {
     uri.path_and_query()
         .map_or_else(|| uri.path(), |pq| pq.as_str())
         .to_owned()
-}
-
-/// Why a body was not read.
-enum BodyRefusal {
-    /// Too large or broken.
-    Rejected(Rejection),
-    /// The budget of buffered bodies has no room for it.
-    BufferFull,
-}
-
-impl From<Rejection> for BodyRefusal {
-    fn from(rejection: Rejection) -> Self {
-        Self::Rejected(rejection)
-    }
-}
-
-/// The declared `Content-Length`, refused when over `limit`.
-fn declared_length(headers: &HeaderMap, limit: usize) -> Result<Option<usize>, Rejection> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    match declared {
-        Some(length) if length > limit as u64 => Err(Rejection::BodyTooLarge { limit }),
-        // Not over a `usize` limit: it fits.
-        Some(length) => Ok(usize::try_from(length).ok()),
-        None => Ok(None),
-    }
-}
-
-/// The rejection of a body read that failed with `error`.
-fn read_failure(error: &BoxError, limit: usize) -> Rejection {
-    if error.is::<LengthLimitError>() {
-        Rejection::BodyTooLarge { limit }
-    } else {
-        Rejection::BodyUnreadable
-    }
-}
-
-/// Reads a request body up to `limit` bytes: a `Content-Length` over the
-/// limit is refused before any byte is read.
-async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, BodyRefusal> {
-    declared_length(headers, limit)?;
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) => Err(read_failure(&error, limit).into()),
-    }
-}
-
-/// Reads a request body as [`read_body`] does, within `budget`: a declared
-/// `Content-Length` is reserved before any byte is read, a chunked body as
-/// its chunks arrive; the bytes are copied into one buffer as they come
-/// (the chunks are freed at once), so what is held is what is reserved.
-async fn read_body_within(
-    body: Body,
-    headers: &HeaderMap,
-    limit: usize,
-    budget: &BodyBudget,
-) -> Result<(Bytes, Reservation), BodyRefusal> {
-    let declared = declared_length(headers, limit)?;
-    let mut reservation = budget
-        .reserve(declared.unwrap_or(0))
-        .ok_or(BodyRefusal::BufferFull)?;
-    let mut buffer = BytesMut::with_capacity(declared.unwrap_or(0));
-    let mut body = std::pin::pin!(Limited::new(body, limit));
-    while let Some(frame) = body.as_mut().frame().await {
-        let frame = frame.map_err(|error| read_failure(&error, limit))?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        let needed = buffer.len() + data.len();
-        if !reservation.cover(needed) {
-            return Err(BodyRefusal::BufferFull);
-        }
-        buffer.extend_from_slice(&data);
-    }
-    Ok((buffer.freeze(), reservation))
 }
