@@ -13,6 +13,7 @@ use axum::extract::{Request, State};
 use axum::middleware::from_fn_with_state;
 use axum::routing::{any, get};
 use http::{Method, Response, StatusCode, header};
+use idempotency_guard::layer::BodyBudget;
 use idempotency_guard::problem::Problem;
 use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
 use idempotency_guard::{
@@ -164,6 +165,8 @@ impl Gateway {
     pub fn router(&self) -> Result<Router, ConfigError> {
         let mut app = Router::new();
         let limits = &self.config.limits;
+        // One budget for every guarded route's buffered bodies.
+        let budget = BodyBudget::new(limits.buffered_body_bytes);
         let mismatch = StatusCode::from_u16(self.config.policy.mismatch_status)
             .map_err(|_| ConfigError::Invalid("policy.mismatch_status".to_owned()))?;
         for route in &self.config.routes {
@@ -174,6 +177,7 @@ impl Gateway {
                     &self.upstream,
                     &self.scope,
                     limits,
+                    &budget,
                 )?;
                 app = app.merge(guarded);
                 continue;
@@ -192,6 +196,7 @@ impl Gateway {
                         .unwrap_or_default()
                 })
                 .with_body_limit(limits.body_bytes)
+                .with_body_budget(budget.clone())
                 .with_stored_response_limit(limits.stored_response_bytes)
                 .with_mismatch_status(mismatch);
             let proxy = GuardedProxy {

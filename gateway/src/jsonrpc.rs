@@ -31,7 +31,9 @@
 //! | an event stream that ends before the call's response, or an answer over `limits.stored_response_bytes` | what arrived | abandoned |
 //!
 //! Every POST to the route is read whole (up to `limits.body_bytes`, 413
-//! beyond) to find its envelope; the calls not guarded (other tools,
+//! beyond; within the budget of `limits.buffered_body_bytes` shared with
+//! the other guarded routes, 503 `body-buffer-full` past it) to find its
+//! envelope; the calls not guarded (other tools,
 //! `initialize`, notifications) are then forwarded as they came, and their
 //! answers stream back. GET (the server's event stream) and DELETE (the end
 //! of a session) pass through untouched, without a scope.
@@ -45,6 +47,7 @@ use axum::middleware::from_fn_with_state;
 use axum::routing::any;
 use http::{Method, Response};
 use idempotency_guard::Engine;
+use idempotency_guard::layer::BodyBudget;
 use idempotency_guard::store::AnyStore;
 use idempotency_jsonrpc::{JsonRpcLayer, MissingKey};
 
@@ -92,6 +95,7 @@ pub(crate) fn router(
     upstream: &Upstream,
     scope: &Arc<ScopeSource>,
     limits: &LimitsConfig,
+    budget: &BodyBudget,
 ) -> Result<Router, ConfigError> {
     let missing_key = if route.key_required {
         MissingKey::Refuse
@@ -103,6 +107,7 @@ pub(crate) fn router(
         .with_missing_key(missing_key)
         .with_scope(scope_of)
         .with_body_limit(limits.body_bytes)
+        .with_body_budget(budget.clone())
         .with_stored_response_limit(limits.stored_response_bytes);
     for tool in &route.tools {
         layer = layer.with_tool(tool.as_str());

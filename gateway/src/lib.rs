@@ -41,7 +41,9 @@
 //!    target or method is not in canonical form, or that carries
 //!    `Idempotency-Key` on no guarded route, is refused with a 400
 //!    problem, and `CONNECT` with 501 (see [`target`]). Slow and idle
-//!    connections are closed by their deadlines (see [`connections`]).
+//!    connections are closed by their deadlines, oversized heads answered
+//!    414/431 (the guard's [`idempotency_guard::server`], set from
+//!    `[server]`).
 //! 1. A request on a configured route with a guarded method goes through
 //!    [`scope::establish_scope`]: its scope comes from a fixed value, a
 //!    header, or the `sub` of a verified JWT. Without one: 401
@@ -96,7 +98,6 @@
 
 pub mod app;
 pub mod config;
-pub mod connections;
 pub mod forward;
 pub mod jsonrpc;
 mod pool;

@@ -12,26 +12,19 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use http::{Method, Request, Response, StatusCode};
 use idempotency_guard::IDEMPOTENCY_KEY;
 use idempotency_guard::problem::Problem;
-use std::sync::atomic::{AtomicBool, Ordering};
+use idempotency_guard::server::{BodyTimeoutLayer, Server};
 use tokio::net::TcpListener;
 
 use crate::app::{Gateway, OWN_PATHS};
 use crate::config::{ConfigError, seconds};
-use crate::connections::{
-    BusyBody, Connections, DeadlineBody, Slot, connection_cap, raise_descriptor_limit,
-};
 use crate::forward::{ClientAddress, RouteMetrics, Upstream};
 use crate::target;
 
@@ -46,11 +39,8 @@ struct Dispatch {
     /// Whether a keyed request on a guarded method that no route names is
     /// refused (`policy.route_not_guarded = "refuse"`).
     refuse_unguarded_keys: bool,
-    /// The deadline of a guarded route's request body.
-    body_deadline: Duration,
     upstream: Upstream,
     unguarded: RouteMetrics,
-    connections: Arc<Connections>,
 }
 
 impl Dispatch {
@@ -130,63 +120,36 @@ struct ConnectionService {
     dispatch: Arc<Dispatch>,
     client: SocketAddr,
     address: Arc<ClientAddress>,
-    slot: Arc<Slot>,
 }
 
 type Answer = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
-impl hyper::service::Service<Request<Incoming>> for ConnectionService {
+impl tower::Service<Request<Body>> for ConnectionService {
     type Response = Response<Body>;
     type Error = Infallible;
     type Future = Answer;
 
-    fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let busy = self.dispatch.connections.busy(&self.slot);
-        let track = move |response: Response<Body>| {
-            Ok(response.map(|inner| Body::new(BusyBody { inner, _busy: busy })))
-        };
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
         if let Some(refusal) = self.dispatch.refusal(&request) {
-            return Box::pin(std::future::ready(track(refusal)));
+            return Box::pin(std::future::ready(Ok(refusal)));
         }
         if self.dispatch.routed(request.uri().path()) {
-            let expired = Arc::new(AtomicBool::new(false));
-            let deadline = self.dispatch.body_deadline;
-            let flag = Arc::clone(&expired);
-            let mut request = request
-                .map(move |body| Body::new(DeadlineBody::new(Body::new(body), deadline, flag)));
             request.extensions_mut().insert(ConnectInfo(self.client));
+            // The router is always ready.
             let mut router = self.dispatch.router.clone();
-            return Box::pin(async move {
-                let Ok(response) = tower::Service::call(&mut router, request).await;
-                if expired.load(Ordering::Acquire) {
-                    let mut late = Problem::new(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "body-timeout",
-                        "Body timeout",
-                        "The request body did not arrive in time; nothing was run.",
-                    )
-                    .into_response();
-                    late.headers_mut()
-                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                    return track(late);
-                }
-                track(response)
-            });
+            return Box::pin(tower::Service::call(&mut router, request));
         }
         let dispatch = Arc::clone(&self.dispatch);
         let address = Arc::clone(&self.address);
         Box::pin(async move {
-            let response = dispatch
+            Ok(dispatch
                 .upstream
-                .forward_from(
-                    request.map(Body::new),
-                    Some(&address),
-                    &dispatch.unguarded,
-                    false,
-                    0,
-                )
-                .await;
-            track(response)
+                .forward_from(request, Some(&address), &dispatch.unguarded, false, 0)
+                .await)
         })
     }
 }
@@ -195,6 +158,11 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
 /// accepting, lets open requests finish, and waits for every guarded
 /// upstream request still running (its client may be gone) so its outcome
 /// is stored or released, not lost. Returns whether every run ended in time.
+///
+/// Each connection is bounded by the guard's [`Server`] (header-read, idle
+/// and HTTP/2 keep-alive deadlines, the connection cap, 414/431 for
+/// oversized heads: `[server]`); a guarded route's request body must
+/// arrive within `server.body_seconds` (408 `body-timeout`).
 ///
 /// # Errors
 ///
@@ -206,9 +174,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<bool> {
     let invalid = |error: ConfigError| std::io::Error::new(std::io::ErrorKind::InvalidInput, error);
-    let router = gateway.router().map_err(invalid)?;
+    let config = gateway.config();
+    let server = &config.server;
+    let body_deadline = seconds("server.body_seconds", server.body_seconds).map_err(invalid)?;
+    let router = gateway
+        .router()
+        .map_err(invalid)?
+        .layer(BodyTimeoutLayer::new(body_deadline));
     let mut guarded = matchit::Router::new();
-    for route in &gateway.config().routes {
+    for route in &config.routes {
         guarded.insert(route.path.as_str(), ()).map_err(|error| {
             invalid(ConfigError::Invalid(format!(
                 "route {}: {error}",
@@ -217,8 +191,6 @@ pub async fn serve(
         })?;
     }
     let (upstream, unguarded) = gateway.pass_through();
-    let config = gateway.config();
-    let server = &config.server;
     let mut guarded_methods: Vec<Method> = Vec::new();
     for route in &config.routes {
         for method in route.parsed_methods().map_err(invalid)? {
@@ -227,20 +199,29 @@ pub async fn serve(
             }
         }
     }
-    let descriptors = raise_descriptor_limit();
-    let cap = connection_cap(server.max_connections, descriptors);
-    let idle = seconds("server.idle_seconds", server.idle_seconds).map_err(invalid)?;
-    let connections = Connections::new(cap, idle);
-    connections.spawn_sweeper();
+    let bounds = Server::new()
+        .with_header_read_timeout(
+            seconds("server.header_read_seconds", server.header_read_seconds).map_err(invalid)?,
+        )
+        .with_idle_timeout(seconds("server.idle_seconds", server.idle_seconds).map_err(invalid)?)
+        .with_http2_keep_alive(
+            seconds("server.http2_ping_seconds", server.http2_ping_seconds).map_err(invalid)?,
+            seconds(
+                "server.http2_ping_timeout_seconds",
+                server.http2_ping_timeout_seconds,
+            )
+            .map_err(invalid)?,
+        )
+        .with_max_connections(server.max_connections.max(1))
+        .with_max_uri_bytes(server.max_uri_bytes)
+        .with_max_header_bytes(server.max_header_bytes);
     let dispatch = Arc::new(Dispatch {
         router,
         guarded,
         guarded_methods,
         refuse_unguarded_keys: config.policy.route_not_guarded == "refuse",
-        body_deadline: seconds("server.body_seconds", server.body_seconds).map_err(invalid)?,
         upstream,
         unguarded,
-        connections: Arc::clone(&connections),
     });
     let drain = gateway.drain();
     tracing::info!(
@@ -249,78 +230,19 @@ pub async fn serve(
         store = gateway.store().kind(),
         encrypted = gateway.store().is_encrypted(),
         routes = gateway.config().routes.len(),
-        descriptors,
-        max_connections = cap,
         "gateway listening"
     );
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(
-            seconds("server.header_read_seconds", server.header_read_seconds).map_err(invalid)?,
-        );
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(
-            seconds("server.http2_ping_seconds", server.http2_ping_seconds).map_err(invalid)?,
-        )
-        .keep_alive_timeout(
-            seconds(
-                "server.http2_ping_timeout_seconds",
-                server.http2_ping_timeout_seconds,
-            )
-            .map_err(invalid)?,
-        );
-    let graceful = GracefulShutdown::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let (stream, client) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of descriptors, or a connection reset before it
-                    // was accepted: wait a little, as axum's loop does.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
+    bounds
+        .serve(
+            listener,
+            move |client: SocketAddr| ConnectionService {
+                dispatch: Arc::clone(&dispatch),
+                client,
+                address: Arc::new(ClientAddress::new(client.ip())),
             },
-            () = &mut shutdown => break,
-        };
-        let Some(admitted) = connections.admit() else {
-            // Every open connection is answering a request: this one waits
-            // for nothing, it is closed.
-            tracing::warn!(%client, cap, "connection cap reached; closing the new connection");
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let service = ConnectionService {
-            dispatch: Arc::clone(&dispatch),
-            client,
-            address: Arc::new(ClientAddress::new(client.ip())),
-            slot: Arc::clone(&admitted.slot),
-        };
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            let mut admitted = admitted;
-            tokio::select! {
-                ended = connection => {
-                    if let Err(error) = ended {
-                        tracing::trace!(error = %error, "connection ended");
-                    }
-                }
-                _ = &mut admitted.close => tracing::debug!("idle connection closed"),
-            }
-        });
-    }
-    drop(listener);
-    graceful.shutdown().await;
+            shutdown,
+        )
+        .await;
     let running = drain.running();
     tracing::info!(running, "stopped accepting; draining guarded runs");
     Ok(drain.wait().await)

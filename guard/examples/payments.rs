@@ -43,6 +43,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use idempotency_guard::server::{BodyTimeoutLayer, Server};
 use idempotency_guard::store::TransactionalStore as _;
 use idempotency_guard::store::encrypted::require_sealed_from_environment;
 use idempotency_guard::store::{AnyStore, EncryptionKeys, StoreKind, StoreOptions};
@@ -473,9 +474,13 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {listen}"))?;
     tracing::info!(%listen, database = %url.split('@').next_back().unwrap_or(""), transactional, single_commit = transactional && single_commit, guarded, encrypted = encryption.is_some(), require_sealed = encryption.is_some() && require_sealed, "payments example listening");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    // Every connection bounded (the guard's `server`, at its defaults: a
+    // 10 s header read, 60 s idle, a cap under the descriptor limit, 414
+    // and 431 problems), every request body given 30 s (408 problem).
+    let app = app.layer(BodyTimeoutLayer::new(Duration::from_secs(30)));
+    Server::new()
+        .serve(listener, move |_client| app.clone(), shutdown_signal())
+        .await;
     // Payments whose clients already left still finish and are stored.
     if let Some(drain) = drain {
         drain.wait().await;

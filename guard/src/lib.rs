@@ -40,6 +40,7 @@
 //! | scope from the app's scope function empty or over 255 bytes | 400 `scope-invalid` | no |
 //! | body over the limit (default 1 MiB) | 413 `body-too-large` | no |
 //! | body cannot be read to its end | 400 `body-unreadable` | no |
+//! | bodies being buffered at once fill the budget (`with_max_buffered_bytes`; off by default) | 503 `body-buffer-full` with `Retry-After` | no |
 //! | new key | handler's, stored before it is sent | yes, once |
 //! | same key and fingerprint, completed | stored status, headers and body, plus `Idempotent-Replayed: true` | no |
 //! | same key, different fingerprint | 409 `key-reused` (configurable, e.g. 422) | no |
@@ -179,6 +180,8 @@ pub mod purge;
 pub mod record;
 pub mod replay;
 pub mod response;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "postgres")]

@@ -148,6 +148,16 @@ pub enum Rejection {
         /// The `Retry-After` hint.
         retry_after: Duration,
     },
+    /// 503 `body-buffer-full`: the bodies being buffered already fill the
+    /// layer's budget (see
+    /// [`IdempotencyLayer::with_max_buffered_bytes`](crate::IdempotencyLayer::with_max_buffered_bytes));
+    /// nothing ran.
+    BodyBufferFull {
+        /// The key, when it was read before the body.
+        key: Option<String>,
+        /// The `Retry-After` hint.
+        retry_after: Duration,
+    },
     /// 504 `handler-timeout`: the guard cut the handler off at the maximum
     /// handler time.
     HandlerTimeout {
@@ -206,6 +216,7 @@ impl Rejection {
             Self::OutcomeUnknown { .. } => "outcome-unknown",
             Self::ResponseNotStored { .. } => "response-not-stored",
             Self::StoreUnavailable { .. } => "store-unavailable",
+            Self::BodyBufferFull { .. } => "body-buffer-full",
             Self::HandlerTimeout { .. } => "handler-timeout",
             Self::HandlerFailed { .. } => "handler-failed",
         }
@@ -222,7 +233,9 @@ impl Rejection {
             Self::RequestInFlight { .. }
             | Self::OutcomeUnknown { .. }
             | Self::ResponseNotStored { .. } => StatusCode::CONFLICT,
-            Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable { .. } | Self::BodyBufferFull { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::HandlerTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::HandlerFailed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -270,6 +283,10 @@ impl Rejection {
                 "Idempotency store unavailable",
                 "The idempotency store could not be reached, so the request was not processed. Retry later with the same key.".into(),
             ),
+            Self::BodyBufferFull { .. } => (
+                "Request bodies buffer full",
+                "The server is holding as many request bodies as it may at once, so this request was not read or processed. Retry after the time in Retry-After with the same key.".into(),
+            ),
             Self::HandlerTimeout { rolled_back: true, .. } => (
                 "Handler timed out",
                 "The request exceeded the maximum handler time and its effects were rolled back. Retrying with the same key is safe.".into(),
@@ -293,7 +310,7 @@ impl Rejection {
             | Self::ResponseNotStored { key }
             | Self::HandlerTimeout { key, .. }
             | Self::HandlerFailed { key } => Some(key),
-            Self::StoreUnavailable { key, .. } => key.as_deref(),
+            Self::StoreUnavailable { key, .. } | Self::BodyBufferFull { key, .. } => key.as_deref(),
             Self::KeyMissing
             | Self::KeyInvalid(_)
             | Self::ScopeInvalid
@@ -305,7 +322,8 @@ impl Rejection {
     fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::RequestInFlight { retry_after, .. }
-            | Self::StoreUnavailable { retry_after, .. } => Some(*retry_after),
+            | Self::StoreUnavailable { retry_after, .. }
+            | Self::BodyBufferFull { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use http::request::Parts;
+use idempotency_guard::layer::BodyBudget;
 use idempotency_guard::{Engine, Store};
 
 use crate::envelope::{Guarded, KeySource, MESSAGE_SEND};
@@ -44,6 +45,8 @@ pub(crate) struct Config {
     pub(crate) scope: ScopeFn,
     /// 1 MiB, as the axum layer: tool arguments are small.
     pub(crate) body_limit: usize,
+    /// None, as the axum layer: each body is bounded by `body_limit`.
+    pub(crate) body_budget: Option<BodyBudget>,
     /// 1 MiB, as the axum layer: a larger answer (or event stream up to the
     /// final response) reaches the first caller only.
     pub(crate) stored_response_limit: usize,
@@ -57,6 +60,7 @@ impl Default for Config {
             missing_key: MissingKey::Refuse,
             scope: Arc::new(|_| String::from("default")),
             body_limit: 1024 * 1024,
+            body_budget: None,
             stored_response_limit: 1024 * 1024,
         }
     }
@@ -202,6 +206,28 @@ impl<S: Store> JsonRpcLayer<S> {
     /// The default value is 1 MiB.
     pub fn with_body_limit(mut self, bytes: usize) -> Self {
         self.config.body_limit = bytes;
+        self
+    }
+
+    /// Sets the budget of request bodies buffered at once, which other
+    /// layers (the axum layer's routes) may share: past it a POST is
+    /// refused with 503 `body-buffer-full` (problem+json, `Retry-After`)
+    /// before its envelope is read. See
+    /// `IdempotencyLayer::with_max_buffered_bytes`.
+    ///
+    /// The default value is no budget.
+    ///
+    /// ```
+    /// # use idempotency_jsonrpc::JsonRpcLayer;
+    /// # fn f(engine: idempotency_guard::Engine<idempotency_guard::store::sqlite::SqliteStore>) {
+    /// use idempotency_guard::layer::BodyBudget;
+    /// let layer = JsonRpcLayer::new(engine)
+    ///     .with_tool("send_email")
+    ///     .with_body_budget(BodyBudget::new(64 * 1024 * 1024));
+    /// # }
+    /// ```
+    pub fn with_body_budget(mut self, budget: BodyBudget) -> Self {
+        self.config.body_budget = Some(budget);
         self
     }
 

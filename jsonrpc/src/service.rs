@@ -12,9 +12,10 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body as HttpBody;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
+use idempotency_guard::layer::read_body;
 use idempotency_guard::telemetry::{Outcome as Counted, attempt_label};
-use idempotency_guard::{IDEMPOTENT_REPLAYED, KeyError, OutcomeUnknown, Rejection, Scope, Store};
+use idempotency_guard::{IDEMPOTENT_REPLAYED, KeyError, OutcomeUnknown, Scope, Store};
 use serde_json::value::RawValue;
 use tower::{Service, ServiceExt};
 
@@ -155,11 +156,17 @@ where
             config,
         } = self;
         let (parts, body) = request.into_parts();
-        let body = match read_body(body, &parts.headers, config.body_limit).await {
-            Ok(body) => body,
-            // Not counted: no call is named before the envelope is read.
-            Err(rejection) => return Ok(rejection.into_response()),
-        };
+        // The reservation, if any, is held until the call is answered.
+        let budget = config.body_budget.as_ref();
+        let (body, _reservation) =
+            match read_body(body, &parts.headers, config.body_limit, budget).await {
+                Ok(read) => read,
+                // Not counted: no call is named before the envelope is read.
+                Err(error) => {
+                    let rejection = error.into_rejection(None, engine.retry_after());
+                    return Ok(rejection.into_response());
+                }
+            };
         let accept = Accept::of(&parts.headers);
         let attempt = attempt_label(&parts.headers);
         let call = match envelope::read(&body, &parts.headers, &config.guarded, &config.key_sources)
@@ -494,23 +501,6 @@ where
     B::Error: Into<BoxError>,
 {
     inner.oneshot(request).await.map(|r| r.map(Body::new))
-}
-
-/// Reads a request body up to `limit` bytes: a `Content-Length` over the
-/// limit is refused before any byte is read.
-async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, Rejection> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(Rejection::BodyTooLarge { limit });
-    }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(Rejection::BodyTooLarge { limit }),
-        Err(_) => Err(Rejection::BodyUnreadable),
-    }
 }
 
 #[cfg(test)]

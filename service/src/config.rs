@@ -74,6 +74,38 @@ pub struct Config {
     /// The `retry_after_seconds` hint for in-flight keys.
     #[arg(long, env = "RETRY_AFTER_SECS", default_value_t = 1)]
     pub retry_after_secs: u64,
+    /// Seconds a client may take to send a request head (HTTP/1.1); the
+    /// connection is closed past it.
+    #[arg(long, env = "HEADER_READ_SECS", default_value_t = 10)]
+    pub header_read_secs: u64,
+    /// Seconds a connection may stay open with no request being answered
+    /// on it (fresh, or between keep-alive requests).
+    #[arg(long, env = "IDLE_SECS", default_value_t = 60)]
+    pub idle_secs: u64,
+    /// Seconds a request body may take to arrive after its head (408
+    /// `body-timeout` past it).
+    #[arg(long, env = "BODY_SECS", default_value_t = 30)]
+    pub body_secs: u64,
+    /// Seconds between HTTP/2 keep-alive pings.
+    #[arg(long, env = "HTTP2_PING_SECS", default_value_t = 20)]
+    pub http2_ping_secs: u64,
+    /// Seconds an HTTP/2 ping may go unanswered before the connection is
+    /// closed.
+    #[arg(long, env = "HTTP2_PING_TIMEOUT_SECS", default_value_t = 20)]
+    pub http2_ping_timeout_secs: u64,
+    /// The most client connections open at once, lowered at start to fit
+    /// the descriptor limit (raised to its hard limit); at the cap a new
+    /// connection closes the oldest idle one.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// The longest request target (path and query), in bytes (414
+    /// `uri-too-long` past it).
+    #[arg(long, env = "MAX_URI_BYTES", default_value_t = 8192)]
+    pub max_uri_bytes: usize,
+    /// The most bytes of request header names and values, together (431
+    /// `headers-too-large` past it).
+    #[arg(long, env = "MAX_HEADER_BYTES", default_value_t = 32_768)]
+    pub max_header_bytes: usize,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "LOG_JSON", default_value_t = false, action = clap::ArgAction::Set)]
     pub log_json: bool,
@@ -88,6 +120,12 @@ pub enum ConfigError {
     /// the guard's one set of rules.
     #[error(transparent)]
     Store(#[from] idempotency_guard::store::SettingsError),
+    /// A connection deadline or limit of 0.
+    #[error("{variable} must be at least 1")]
+    Zero {
+        /// The variable.
+        variable: &'static str,
+    },
 }
 
 impl Config {
@@ -97,11 +135,41 @@ impl Config {
     ///
     /// The first [`ConfigError`] found.
     pub fn check(&self) -> Result<(), ConfigError> {
+        for (variable, value) in [
+            ("HEADER_READ_SECS", self.header_read_secs),
+            ("IDLE_SECS", self.idle_secs),
+            ("BODY_SECS", self.body_secs),
+            ("HTTP2_PING_SECS", self.http2_ping_secs),
+            ("HTTP2_PING_TIMEOUT_SECS", self.http2_ping_timeout_secs),
+            ("MAX_CONNECTIONS", self.max_connections as u64),
+            ("MAX_URI_BYTES", self.max_uri_bytes as u64),
+            ("MAX_HEADER_BYTES", self.max_header_bytes as u64),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Zero { variable });
+            }
+        }
         use idempotency_guard::store::{SettingNames, StoreOptions};
         let mut options = StoreOptions::sql(&self.database_url);
         options.kind = self.store;
         options.redis_url = self.redis_url.as_deref();
         options.check(SettingNames::ENVIRONMENT)?;
         Ok(())
+    }
+
+    /// The connection bounds of the server (the same as the gateway's
+    /// `[server]` and their defaults).
+    pub fn server(&self) -> idempotency_guard::server::Server {
+        use std::time::Duration;
+        idempotency_guard::server::Server::new()
+            .with_header_read_timeout(Duration::from_secs(self.header_read_secs))
+            .with_idle_timeout(Duration::from_secs(self.idle_secs))
+            .with_http2_keep_alive(
+                Duration::from_secs(self.http2_ping_secs),
+                Duration::from_secs(self.http2_ping_timeout_secs),
+            )
+            .with_max_connections(self.max_connections.max(1))
+            .with_max_uri_bytes(self.max_uri_bytes)
+            .with_max_header_bytes(self.max_header_bytes)
     }
 }

@@ -35,8 +35,10 @@ pub enum ApiProblem {
     /// lands here: percent-encode it).
     RouteNotFound,
     /// 405 `method-not-allowed`: the endpoint exists, not with this method
-    /// (answered before any token check; hyper itself answers 414 and 431
-    /// for a too-long target or head, with an empty body).
+    /// (answered before any token check). A too-long target or head is
+    /// answered 414 `uri-too-long` or 431 `headers-too-large` by the
+    /// server, before routing (see `idempotency_guard::server`, which also
+    /// lists what hyper answers itself, with an empty body).
     MethodNotAllowed,
 }
 

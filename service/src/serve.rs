@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idempotency_guard::server::BodyTimeoutLayer;
 use idempotency_guard::store::{AnyStore, StoreOptions};
 
 use crate::auth::{Tokens, TokensError};
@@ -138,15 +139,19 @@ pub async fn serve(config: Config) -> Result<(), ServiceError> {
             source,
         })?;
     tracing::info!(listen = %config.listen, store = store.kind(), "key-status service listening");
-    let served = axum::serve(listener, build_router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(ServiceError::Serve);
+    // Every connection bounded (header read, idle, HTTP/2 pings, the cap,
+    // 414/431 for oversized heads), every request body given BODY_SECS.
+    let app =
+        build_router(state).layer(BodyTimeoutLayer::new(Duration::from_secs(config.body_secs)));
+    config
+        .server()
+        .serve(listener, move |_client| app.clone(), shutdown_signal())
+        .await;
     if let Some(purge) = purge {
         purge.abort();
     }
     tracing::info!("key-status service stopped");
-    served
+    Ok(())
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

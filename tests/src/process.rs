@@ -115,6 +115,15 @@ impl Process {
         self.child.id()
     }
 
+    /// The process's resident memory now (`VmRSS`), in KiB.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// The process's peak resident memory so far (`VmHWM`), in KiB.
     pub fn peak_rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
@@ -122,6 +131,15 @@ impl Process {
             .lines()
             .find_map(|line| line.strip_prefix("VmHWM:"))
             .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// Waits for the process to exit (after a signal, say).
+    ///
+    /// # Panics
+    ///
+    /// When the process cannot be waited for.
+    pub async fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.wait().await.expect("wait for the process")
     }
 
     /// Kills the process with SIGKILL (no cleanup, no graceful shutdown) and

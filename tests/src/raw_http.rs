@@ -100,6 +100,61 @@ pub async fn send_endless(
     (answer, written)
 }
 
+/// Sends `bytes` (a head that is never finished, say) and reads the
+/// answer without sending more, so the server has read everything sent
+/// before it answers and closes (a close with unread bytes would reset the
+/// connection, and the answer could be lost).
+///
+/// # Panics
+///
+/// As [`send`].
+pub async fn send_unfinished(address: SocketAddr, bytes: &[u8]) -> RawAnswer {
+    let mut stream = TcpStream::connect(address).await.expect("connect");
+    let _ = stream.write_all(bytes).await;
+    read_answer(&mut stream).await
+}
+
+/// Opens a connection that sends a request head (`POST /payments`) one
+/// byte every 200 ms, until the server closes it; returns the half to read
+/// from.
+///
+/// # Panics
+///
+/// When the server cannot be reached.
+pub async fn slow_head(to: SocketAddr) -> tokio::net::tcp::OwnedReadHalf {
+    let stream = TcpStream::connect(to).await.expect("connect");
+    let (reader, mut writer) = stream.into_split();
+    tokio::spawn(async move {
+        let head = b"POST /payments HTTP/1.1\r\nhost: test\r\nx-padding: ";
+        if writer.write_all(head).await.is_err() {
+            return;
+        }
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if writer.write_all(b"a").await.is_err() {
+                return;
+            }
+        }
+    });
+    reader
+}
+
+/// Whether the server closes `stream` within `within` (EOF or an error;
+/// anything it sends first, such as a 408, is read past).
+pub async fn closed_within(mut stream: impl AsyncReadExt + Unpin, within: Duration) -> bool {
+    let mut buffer = [0u8; 1024];
+    tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
 async fn read_answer(stream: &mut (impl AsyncReadExt + Unpin)) -> RawAnswer {
     let mut raw = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(30), async {
@@ -174,4 +229,58 @@ fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
         body.extend_from_slice(raw.get(start..start + size)?);
         raw = raw.get(start + size + 2..)?;
     }
+}
+
+/// The length of the longest head the servers read with their default
+/// bounds (`guard::server`: 8 KiB target + 2 × 32 KiB header bytes + 400).
+pub const DEFAULT_HARD_HEAD_BYTES: usize = 8 * 1024 + 2 * 32 * 1024 + 400;
+
+/// Checks the head bounds of a server at their defaults (8 KiB target,
+/// 32 KiB of header names and values) on `path`, a `GET` that answers 200:
+/// at each limit it answers, one byte over it answers 414 `uri-too-long`
+/// or 431 `headers-too-large` (problem+json), and past hyper's own bounds
+/// (101 fields, a head longer than [`DEFAULT_HARD_HEAD_BYTES`]) hyper
+/// answers 431 with an empty body.
+///
+/// # Panics
+///
+/// When an answer is not the one expected.
+pub async fn assert_default_head_bounds(address: SocketAddr, path: &str) {
+    let get = |target: &str, fields: &str| format!("GET {target} HTTP/1.1\r\nhost: t{fields}");
+    // The target, path and query, at 8192 bytes and at 8193.
+    let at_limit = format!("{path}?pad={}", "a".repeat(8192 - path.len() - 5));
+    let answer = send(address, get(&at_limit, "").as_bytes(), b"", false).await;
+    assert_eq!(answer.status, 200, "a target at the limit is served");
+    let over = format!("{at_limit}a");
+    let answer = send(address, get(&over, "").as_bytes(), b"", false).await;
+    assert_eq!(answer.status, 414, "a target over the limit");
+    assert_eq!(answer.problem().as_deref(), Some("uri-too-long"));
+    // Header names and values: `host` (5), `connection: close` (15) and
+    // `x-padding` (9) plus its value; at 32768 bytes and at 32769.
+    let padding = |bytes: usize| format!("\r\nx-padding: {}", "p".repeat(bytes));
+    let fits = 32 * 1024 - 5 - 15 - 9;
+    let answer = send(address, get(path, &padding(fits)).as_bytes(), b"", false).await;
+    assert_eq!(answer.status, 200, "header bytes at the limit are served");
+    let answer = send(
+        address,
+        get(path, &padding(fits + 1)).as_bytes(),
+        b"",
+        false,
+    )
+    .await;
+    assert_eq!(answer.status, 431, "header bytes over the limit");
+    assert_eq!(answer.problem().as_deref(), Some("headers-too-large"));
+    // hyper's own: more than 100 fields, and a head past the read buffer.
+    let fields: String = (0..101).map(|n| format!("\r\nx-f{n}: v")).collect();
+    let answer = send(address, get(path, &fields).as_bytes(), b"", false).await;
+    assert_eq!(answer.status, 431, "101 fields are hyper's 431");
+    assert!(answer.body.is_empty(), "hyper's 431 has no body");
+    let mut endless = get(path, "\r\nx-padding: ").into_bytes();
+    endless.resize(DEFAULT_HARD_HEAD_BYTES, b'p');
+    let answer = send_unfinished(address, &endless).await;
+    assert_eq!(
+        answer.status, 431,
+        "a head past hyper's buffer is hyper's 431"
+    );
+    assert!(answer.body.is_empty(), "hyper's 431 has no body");
 }

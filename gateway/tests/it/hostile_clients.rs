@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idempotency_tests::raw_http;
+use idempotency_tests::raw_http::{self, closed_within, slow_head};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -230,42 +230,6 @@ async fn gateway_with_descriptor_limit(
     .await
 }
 
-/// Whether the server closes `stream` within `within` (EOF or an error;
-/// anything it sends first, such as a 408, is read past).
-async fn closed_within(mut stream: impl AsyncReadExt + Unpin, within: Duration) -> bool {
-    let mut buffer = [0u8; 1024];
-    tokio::time::timeout(within, async {
-        loop {
-            match stream.read(&mut buffer).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await
-    .is_ok()
-}
-
-/// A connection that sends a request head one byte every 200 ms, until
-/// the server closes it; the half to read from.
-pub(crate) async fn slow_head(to: SocketAddr) -> tokio::net::tcp::OwnedReadHalf {
-    let stream = TcpStream::connect(to).await.expect("connect");
-    let (reader, mut writer) = stream.into_split();
-    tokio::spawn(async move {
-        let head = b"POST /payments HTTP/1.1\r\nhost: test\r\nx-padding: ";
-        if writer.write_all(head).await.is_err() {
-            return;
-        }
-        loop {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            if writer.write_all(b"a").await.is_err() {
-                return;
-            }
-        }
-    });
-    reader
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_slow_connections_cannot_starve_a_client_under_a_low_descriptor_limit() {
     let stack = stack("[[routes]]\npath = \"/payments\"\n", &[]).await;
@@ -370,4 +334,148 @@ async fn a_guarded_body_slower_than_its_deadline_is_a_408_and_runs_nothing() {
     assert_eq!(stack.executions("/payments").await, 0);
     let retry = raw_pay(stack.gateway.address, "POST", "/payments", "slow-body").await;
     assert_eq!(retry.status, 201, "nothing was stored: the retry runs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_heads_are_414_and_431_problems_and_hyper_answers_the_rest_itself() {
+    let stack = stack("[[routes]]\npath = \"/payments\"\n", &[]).await;
+    raw_http::assert_default_head_bounds(stack.gateway.address, "/healthz").await;
+    // HTTP/2 (h2c): the same 431 problem for header bytes over the limit.
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let request = http::Request::get(stack.url("/healthz"))
+        .header("x-padding", "p".repeat(33 * 1024))
+        .body(Full::new(Bytes::new()))
+        .expect("a request");
+    let response = client.request(request).await.expect("an h2c answer");
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), 431);
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("a body")
+        .to_bytes();
+    assert!(
+        String::from_utf8_lossy(&body).contains("urn:idempotency:headers-too-large"),
+        "{body:?}"
+    );
+    // The route was never asked.
+    assert_eq!(stack.executions("/payments").await, 0);
+}
+
+/// A connection that sends a guarded head announcing `length` bytes and,
+/// unless it is answered within 300 ms, all but the last byte of the
+/// body, then holds; the answer it got early, if any, and the stream.
+async fn held_body(to: SocketAddr, key: &str, length: usize) -> (Option<u16>, TcpStream) {
+    let mut stream = TcpStream::connect(to).await.expect("connect");
+    let head = format!(
+        "POST /payments HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\nidempotency-key: {key}\r\ncontent-length: {length}\r\n\r\n"
+    );
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .expect("write the head");
+    let mut early = [0u8; 12];
+    match tokio::time::timeout(Duration::from_millis(300), stream.read_exact(&mut early)).await {
+        Ok(Ok(_)) => {
+            let status = std::str::from_utf8(&early[9..12])
+                .ok()
+                .and_then(|s| s.parse().ok());
+            (status, stream)
+        }
+        Ok(Err(error)) => panic!("the gateway closed a held body: {error}"),
+        Err(_) => {
+            stream
+                .write_all(&vec![b'7'; length - 1])
+                .await
+                .expect("write the body");
+            (None, stream)
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_guarded_bodies_are_bounded_by_the_buffer_budget() {
+    // A 16 MiB budget: 16 bodies of the 1 MiB limit at once.
+    let stack = stack(
+        "[[routes]]\npath = \"/payments\"\n[limits]\nbuffered_body_bytes = 16777216\n",
+        &[],
+    )
+    .await;
+    let to = stack.gateway.address;
+    let warm = raw_pay(to, "POST", "/payments", "warm-up").await;
+    assert_eq!(warm.status, 201);
+    let before = stack.gateway.rss_kib().expect("the gateway's VmRSS");
+
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for n in 0..50 {
+        let (early, stream) = held_body(to, &format!("held-{n}"), 1024 * 1024).await;
+        match early {
+            None => held.push(stream),
+            Some(503) => refused += 1,
+            Some(other) => panic!("held body {n} answered {other}"),
+        }
+    }
+    assert_eq!((held.len(), refused), (16, 34), "16 bodies fit the budget");
+    // Let the gateway read what was sent.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let during = stack.gateway.rss_kib().expect("the gateway's VmRSS");
+    let grown = during.saturating_sub(before);
+    println!("VmRSS {before} KiB before, {during} KiB with 16 held bodies (+{grown} KiB)");
+    // The bound documented in GUARANTEES.md: 1.5 × the budget plus 8 MiB.
+    assert!(
+        grown < (24 + 8) * 1024,
+        "the gateway grew by {grown} KiB holding bodies in a 16 MiB budget"
+    );
+    // The refusal, whole: a problem with Retry-After.
+    let answer = raw_pay(to, "POST", "/payments", "while-full").await;
+    assert_eq!(answer.status, 503);
+    assert_eq!(answer.problem().as_deref(), Some("body-buffer-full"));
+    assert_eq!(answer.header("retry-after"), Some("1"));
+    assert_eq!(
+        stack.executions("/payments").await,
+        1,
+        "nothing ran but the warm-up"
+    );
+
+    // The held bodies go: their bytes come back.
+    drop(held);
+    let mut status = 0;
+    for _ in 0..50 {
+        status = raw_pay(to, "POST", "/payments", "after").await.status;
+        if status == 201 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 201, "the budget came back");
+}
+
+#[test]
+fn a_buffer_budget_below_the_body_limit_and_zero_head_limits_are_configuration_errors() {
+    use idempotency_gateway::Config;
+    let base = "upstream = \"http://127.0.0.1:8000\"\n[[routes]]\npath = \"/payments\"\n";
+    let defaults = Config::from_toml(base).expect("it parses");
+    assert_eq!(defaults.limits.buffered_body_bytes, 64 * 1024 * 1024);
+    assert_eq!(defaults.server.max_uri_bytes, 8192);
+    assert_eq!(defaults.server.max_header_bytes, 32768);
+    defaults.validate().expect("the defaults validate");
+    for (rest, names) in [
+        (
+            "[limits]\nbody_bytes = 2048\nbuffered_body_bytes = 1024\n",
+            "limits.buffered_body_bytes",
+        ),
+        ("[server]\nmax_uri_bytes = 0\n", "server.max_uri_bytes"),
+        (
+            "[server]\nmax_header_bytes = 0\n",
+            "server.max_header_bytes",
+        ),
+    ] {
+        let config = Config::from_toml(&format!("{base}{rest}")).expect("it parses");
+        let error = config.validate().expect_err("refused").to_string();
+        assert!(error.contains(names), "{rest}: {error}");
+    }
 }

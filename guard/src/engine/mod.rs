@@ -420,6 +420,12 @@ impl<S: Store> Engine<S> {
         &self.metrics
     }
 
+    /// The `Retry-After` hint of the engine's refusals (see
+    /// [`Engine::with_retry_after`]).
+    pub fn retry_after(&self) -> std::time::Duration {
+        self.config.policy.retry_after
+    }
+
     /// Counts one request of an adapter over this engine (a JSON-RPC tool
     /// call, a message) in `idempotency_requests_total`, as the axum layer
     /// counts its own: `route` a name of few values (a route template, a

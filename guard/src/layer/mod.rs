@@ -19,6 +19,7 @@
 //! | anything carrying [`OutcomeUnknown`] in its extensions | no | abandoned (released in transactional mode when the run began its transaction) |
 //! | nothing before the maximum handler time | no | abandoned (released in transactional mode when the run began its transaction) |
 
+mod budget;
 mod service;
 #[cfg(feature = "postgres")]
 mod tx;
@@ -29,6 +30,7 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode, header, request::Parts};
 use tower::Layer;
 
+pub use budget::{BodyBudget, BodyReadError, BodyReservation, read_body};
 pub use service::{IdempotencyService, ResponseFuture};
 
 use crate::decision::{AbandonedPolicy, InFlightPolicy};
@@ -115,6 +117,9 @@ pub(crate) struct Config {
     pub(crate) body_limit: usize,
     /// 1 MiB: stored responses live in the store for the whole retention.
     pub(crate) stored_response_limit: usize,
+    /// None: each body is bounded by `body_limit`, and an app bounds its
+    /// connections; a proxy that takes bodies from anyone sets one.
+    pub(crate) body_budget: Option<BodyBudget>,
     /// Below 500, except 408, 425 and 429 (see [`default_stored_status`]).
     pub(crate) stored_statuses: fn(StatusCode) -> bool,
     /// 409, as Stripe answers; the IETF draft suggests 422.
@@ -133,6 +138,7 @@ impl Default for Config {
             scope: Arc::new(|_| String::from("default")),
             body_limit: 1024 * 1024,
             stored_response_limit: 1024 * 1024,
+            body_budget: None,
             stored_statuses: default_stored_status,
             mismatch_status: StatusCode::CONFLICT,
             excluded_headers: vec![header::DATE, header::SET_COOKIE],
@@ -277,6 +283,49 @@ impl<S: Store> IdempotencyLayer<S> {
     /// The default value is 1 MiB.
     pub fn with_body_limit(mut self, bytes: usize) -> Self {
         self.config_mut().body_limit = bytes;
+        self
+    }
+
+    /// Sets the most bytes of guarded request bodies this layer buffers at
+    /// once, over all its requests: a body that declares a `Content-Length`
+    /// reserves it before any byte is read, a chunked one as it arrives,
+    /// until the guard answers. Past it the answer is 503
+    /// `body-buffer-full` with `Retry-After`, and nothing runs. (A body
+    /// larger than the whole budget is always refused so: keep it at least
+    /// the body limit.) To share one budget between layers, use
+    /// [`IdempotencyLayer::with_body_budget`].
+    ///
+    /// The default value is no budget: each body is bounded by
+    /// [`IdempotencyLayer::with_body_limit`] alone.
+    ///
+    /// ```
+    /// # use idempotency_guard::{IdempotencyLayer, store::AnyStore};
+    /// # fn f(store: AnyStore) -> IdempotencyLayer<AnyStore> {
+    /// // 64 bodies of the default 1 MiB limit at once.
+    /// IdempotencyLayer::new(store).with_max_buffered_bytes(64 * 1024 * 1024)
+    /// # }
+    /// ```
+    pub fn with_max_buffered_bytes(self, bytes: usize) -> Self {
+        self.with_body_budget(BodyBudget::new(bytes))
+    }
+
+    /// Sets the budget of buffered request bodies to `budget`, which other
+    /// layers may share (one budget for every route of a process); see
+    /// [`IdempotencyLayer::with_max_buffered_bytes`].
+    ///
+    /// The default value is no budget.
+    ///
+    /// ```
+    /// # use idempotency_guard::{IdempotencyLayer, store::AnyStore};
+    /// # fn f(store: AnyStore) -> (IdempotencyLayer<AnyStore>, IdempotencyLayer<AnyStore>) {
+    /// use idempotency_guard::layer::BodyBudget;
+    /// let budget = BodyBudget::new(64 * 1024 * 1024);
+    /// let payments = IdempotencyLayer::new(store.clone()).with_body_budget(budget.clone());
+    /// let refunds = IdempotencyLayer::new(store).with_body_budget(budget);
+    /// # (payments, refunds) }
+    /// ```
+    pub fn with_body_budget(mut self, budget: BodyBudget) -> Self {
+        self.config_mut().body_budget = Some(budget);
         self
     }
 

@@ -12,11 +12,11 @@ use axum::body::Body;
 use axum::extract::{MatchedPath, OriginalUri};
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{HeaderMap, Request, Response, header, request::Parts};
+use http::{Request, Response, request::Parts};
 use http_body::Body as HttpBody;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower::{Service, ServiceExt};
 
+use super::budget::read_body;
 use super::{Config, FinalResponse, OutcomeUnknown, is_rejection_before_work};
 use crate::engine::{Answer, Engine, Job, RunContext, Settle};
 use crate::problem::Rejection;
@@ -208,10 +208,16 @@ where
         let Ok(scope) = Scope::new((self.config.scope)(&parts)) else {
             return Counted::rejected(Rejection::ScopeInvalid);
         };
-        let body = match read_body(body, &parts.headers, self.config.body_limit).await {
-            Ok(body) => body,
-            Err(rejection) => return Counted::rejected(rejection),
-        };
+        // The reservation, if any, is held until the guard answers.
+        let budget = self.config.body_budget.as_ref();
+        let (body, _reservation) =
+            match read_body(body, &parts.headers, self.config.body_limit, budget).await {
+                Ok(read) => read,
+                Err(error) => {
+                    let key = Some(key.as_str().to_owned());
+                    return Counted::rejected(error.into_rejection(key, self.engine.retry_after()));
+                }
+            };
         let path = path_and_query(&parts);
         let fingerprint = Fingerprint::of_request(&parts.method, &path, &parts.headers, &body);
         let job_key = key.as_str().to_owned();
@@ -346,21 +352,4 @@ fn path_and_query(parts: &Parts) -> String {
     uri.path_and_query()
         .map_or_else(|| uri.path(), |pq| pq.as_str())
         .to_owned()
-}
-
-/// Reads a request body up to `limit` bytes: a `Content-Length` over the
-/// limit is refused before any byte is read.
-async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, Rejection> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(Rejection::BodyTooLarge { limit });
-    }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(Rejection::BodyTooLarge { limit }),
-        Err(_) => Err(Rejection::BodyUnreadable),
-    }
 }

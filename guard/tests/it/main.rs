@@ -21,6 +21,7 @@ mod store_suite;
 mod guard_suite;
 #[macro_use]
 mod engine_suite;
+mod body_budget;
 mod cancellation;
 mod cross_process;
 #[macro_use]

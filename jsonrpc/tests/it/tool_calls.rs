@@ -292,6 +292,14 @@ async fn a_guarded_call_without_a_key_is_refused_and_sends_nothing() {
 /// answers with a task; the first `fail_first` executions answer a tool
 /// result with `isError: true`.
 async fn a2a_server<S: Store>(store: S, fail_first: u64) -> (SocketAddr, Arc<AtomicU64>) {
+    a2a_server_with(JsonRpcLayer::new(Engine::new(store)), fail_first).await
+}
+
+/// [`a2a_server`] behind `layer` (A2A's `message/send` added).
+async fn a2a_server_with<S: Store>(
+    layer: JsonRpcLayer<S>,
+    fail_first: u64,
+) -> (SocketAddr, Arc<AtomicU64>) {
     let runs = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&runs);
     let endpoint = post(move |axum::Json(request): axum::Json<Value>| {
@@ -306,8 +314,9 @@ async fn a2a_server<S: Store>(store: S, fail_first: u64) -> (SocketAddr, Arc<Ato
             axum::Json(json!({"jsonrpc": "2.0", "id": request["id"], "result": result}))
         }
     });
-    let layer = JsonRpcLayer::new(Engine::new(store)).with_a2a_message_send();
-    let app = Router::new().route("/mcp", endpoint).route_layer(layer);
+    let app = Router::new()
+        .route("/mcp", endpoint)
+        .route_layer(layer.with_a2a_message_send());
     (serve(app).await, runs)
 }
 
@@ -388,4 +397,55 @@ async fn a_body_over_the_limit_is_refused_before_it_is_read() {
     let problem: Value = response.json().await.unwrap();
     assert_eq!(problem["type"], "urn:idempotency:body-too-large");
     assert_eq!(outbox.count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_past_the_buffer_budget_is_refused_until_the_held_one_goes() {
+    use idempotency_guard::layer::BodyBudget;
+    use tokio::io::AsyncWriteExt;
+
+    let db = idempotency_tests::sqlite().await;
+    let budget = BodyBudget::new(900);
+    let layer = JsonRpcLayer::new(Engine::new(db.store.clone())).with_body_budget(budget.clone());
+    let (address, runs) = a2a_server_with(layer, 0).await;
+    // A POST that announces 800 bytes and sends 10: its 800 are reserved.
+    let mut held = tokio::net::TcpStream::connect(address).await.unwrap();
+    held.write_all(
+        b"POST /mcp HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: 800\r\n\r\n{\"jsonrpc\"",
+    )
+    .await
+    .unwrap();
+    for _ in 0..100 {
+        if budget.in_use() == 800 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(budget.in_use(), 800, "the declared length is reserved");
+    // A call of some 200 bytes does not fit beside it.
+    let response = reqwest::Client::new()
+        .post(format!("http://{address}/mcp"))
+        .header("content-type", "application/json")
+        .header("accept", BOTH)
+        .json(&message_send(1, "msg-budget"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "urn:idempotency:body-buffer-full");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
+    // The held body goes: its bytes come back, and the call runs.
+    drop(held);
+    for _ in 0..100 {
+        if budget.in_use() == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(budget.in_use(), 0, "the reservation was returned");
+    let answer = post_rpc(address, &message_send(2, "msg-budget"), BOTH).await;
+    assert_eq!(answer.message["result"]["id"], "task-1");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

@@ -1,11 +1,11 @@
-//! The client connections: a cap below the descriptor limit, an idle
-//! deadline, and the request-body deadline of guarded routes.
+//! The open client connections: a cap below the descriptor limit and an
+//! idle deadline.
 //!
 //! 1. At start the soft `RLIMIT_NOFILE` is raised to the hard limit
 //!    ([`raise_descriptor_limit`]); the cap on open client connections is
-//!    `server.max_connections`, lowered to half of what the limit leaves
-//!    after 64 descriptors of its own (each client connection may hold an
-//!    upstream one: `(limit - 64) / 2`).
+//!    the configured one, lowered to half of what the limit leaves after 64
+//!    descriptors of the process's own (a proxy's client connection may
+//!    hold an upstream one: `(limit - 64) / 2`; see [`connection_cap`]).
 //! 2. Each accepted connection gets a slot ([`Connections::admit`]). A
 //!    slot is busy while a request on it is being answered (its response
 //!    body included), idle otherwise: fresh, between keep-alive requests,
@@ -14,17 +14,13 @@
 //!    that sends a request is served while hundreds of sockets sit idle or
 //!    trickle their heads (nginx reuses idle keep-alive connections the
 //!    same way). When every slot is busy, the new connection is closed.
-//! 4. A sweep closes every connection idle for longer than
-//!    `server.idle_seconds`; hyper closes a connection whose head takes
-//!    longer than `server.header_read_seconds`.
-//! 5. A guarded route's request body must arrive within
-//!    `server.body_seconds` of its head ([`DeadlineBody`]); past it the
-//!    answer is 408 `body-timeout` and the connection closes.
+//! 4. A sweep closes every connection idle for longer than the idle
+//!    deadline; hyper closes a connection whose head takes longer than the
+//!    header-read deadline.
 
 use std::collections::BTreeMap;
-use std::future::Future as _;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -39,7 +35,7 @@ const RESERVED_DESCRIPTORS: u64 = 64;
 
 /// Raises the soft limit on open descriptors to the hard limit and returns
 /// the soft limit in force (`None` when it cannot be read or is unlimited).
-pub fn raise_descriptor_limit() -> Option<u64> {
+pub(crate) fn raise_descriptor_limit() -> Option<u64> {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let limit = getrlimit(Resource::Nofile);
     if limit.current != limit.maximum {
@@ -55,8 +51,10 @@ pub fn raise_descriptor_limit() -> Option<u64> {
     getrlimit(Resource::Nofile).current
 }
 
-/// The cap on open client connections under a descriptor limit.
-pub fn connection_cap(configured: usize, descriptors: Option<u64>) -> usize {
+/// The cap on open client connections under a descriptor limit: the
+/// configured one, at most half of what the limit leaves after 64
+/// descriptors of the process's own, at least 1.
+pub(crate) fn connection_cap(configured: usize, descriptors: Option<u64>) -> usize {
     let Some(descriptors) = descriptors else {
         return configured;
     };
@@ -220,7 +218,13 @@ impl Drop for Busy {
 /// A response body that keeps its connection busy until it is dropped.
 pub(crate) struct BusyBody {
     pub(crate) inner: Body,
-    pub(crate) _busy: Busy,
+    pub(crate) _busy: Option<Busy>,
+}
+
+impl std::fmt::Debug for BusyBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BusyBody").finish_non_exhaustive()
+    }
 }
 
 impl http_body::Body for BusyBody {
@@ -232,57 +236,6 @@ impl http_body::Body for BusyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         Pin::new(&mut self.get_mut().inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// A request body that fails once its deadline passes, and says so.
-pub(crate) struct DeadlineBody {
-    inner: Body,
-    deadline: Pin<Box<tokio::time::Sleep>>,
-    expired: Arc<AtomicBool>,
-}
-
-/// The error of a body whose deadline passed.
-#[derive(Debug, thiserror::Error)]
-#[error("the request body did not arrive within its deadline")]
-struct BodyDeadline;
-
-impl DeadlineBody {
-    /// `inner` with `within` to arrive; `expired` is set when it does not.
-    pub(crate) fn new(inner: Body, within: Duration, expired: Arc<AtomicBool>) -> Self {
-        Self {
-            inner,
-            deadline: Box::pin(tokio::time::sleep(within)),
-            expired,
-        }
-    }
-}
-
-impl http_body::Body for DeadlineBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        let this = self.get_mut();
-        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            return Poll::Ready(frame);
-        }
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            this.expired.store(true, Ordering::Release);
-            return Poll::Ready(Some(Err(axum::Error::new(BodyDeadline))));
-        }
-        Poll::Pending
     }
 
     fn is_end_stream(&self) -> bool {

@@ -1,0 +1,231 @@
+//! [`BodyBudget`]: a bound on the bytes of guarded request bodies being
+//! buffered at once, so many clients each holding a body open cannot take
+//! the process's memory.
+//!
+//! A body that declares its `Content-Length` reserves all of it before a
+//! byte is read (a client past the budget is told at once, before it sends
+//! its body); a chunked body reserves as its chunks arrive. The reservation
+//! is held while the request is guarded (its body read, the route run) and
+//! returned when the guard answers. Past the budget the answer is 503
+//! `body-buffer-full` with `Retry-After`, and nothing runs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use crate::problem::Rejection;
+use crate::response::BoxError;
+
+/// The bytes of guarded request bodies that may be buffered at once,
+/// shared by every layer given a clone of it (one budget for all the
+/// routes of a process).
+///
+/// ```
+/// use idempotency_guard::layer::BodyBudget;
+///
+/// let budget = BodyBudget::new(64 * 1024 * 1024);
+/// assert_eq!(budget.total(), 64 * 1024 * 1024);
+/// assert_eq!(budget.in_use(), 0);
+/// ```
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    total: usize,
+    used: AtomicUsize,
+}
+
+impl BodyBudget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: usize) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                total: bytes,
+                used: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The budget, in bytes.
+    pub fn total(&self) -> usize {
+        self.inner.total
+    }
+
+    /// The bytes reserved now.
+    pub fn in_use(&self) -> usize {
+        self.inner.used.load(Ordering::Acquire)
+    }
+
+    /// Takes `bytes` from the budget, if it has them.
+    fn take(&self, bytes: usize) -> bool {
+        let total = self.inner.total;
+        self.inner
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|&after| after <= total)
+            })
+            .is_ok()
+    }
+
+    /// Reserves `bytes`; `None` when the budget does not have them.
+    fn reserve(&self, bytes: usize) -> Option<BodyReservation> {
+        self.take(bytes).then(|| BodyReservation {
+            budget: self.clone(),
+            bytes,
+        })
+    }
+}
+
+/// Bytes of a [`BodyBudget`] held by one request body ([`read_body`]),
+/// returned when dropped: keep it until the request is answered.
+#[derive(Debug)]
+#[must_use = "the bytes are returned to the budget when it is dropped"]
+pub struct BodyReservation {
+    budget: BodyBudget,
+    bytes: usize,
+}
+
+impl BodyReservation {
+    /// Makes the reservation at least `bytes`; `false` when the budget
+    /// does not have the difference.
+    fn cover(&mut self, bytes: usize) -> bool {
+        let Some(more) = bytes.checked_sub(self.bytes).filter(|&more| more > 0) else {
+            return true;
+        };
+        if !self.budget.take(more) {
+            return false;
+        }
+        self.bytes = bytes;
+        true
+    }
+}
+
+impl Drop for BodyReservation {
+    fn drop(&mut self) {
+        self.budget
+            .inner
+            .used
+            .fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// Why a request body was not read ([`read_body`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BodyReadError {
+    /// Over the limit (declared or read): 413 `body-too-large`.
+    TooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The body failed before its end: 400 `body-unreadable`.
+    Unreadable,
+    /// The budget has no room for it: 503 `body-buffer-full`.
+    BufferFull,
+}
+
+impl BodyReadError {
+    /// The rejection to answer with; `key` (when known) and `retry_after`
+    /// go into a `body-buffer-full` answer.
+    pub fn into_rejection(self, key: Option<String>, retry_after: Duration) -> Rejection {
+        match self {
+            Self::TooLarge { limit } => Rejection::BodyTooLarge { limit },
+            Self::Unreadable => Rejection::BodyUnreadable,
+            Self::BufferFull => Rejection::BodyBufferFull { key, retry_after },
+        }
+    }
+}
+
+/// The declared `Content-Length`, refused when over `limit`.
+fn declared_length(headers: &HeaderMap, limit: usize) -> Result<Option<usize>, BodyReadError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(length) if length > limit as u64 => Err(BodyReadError::TooLarge { limit }),
+        // Not over a `usize` limit: it fits.
+        Some(length) => Ok(usize::try_from(length).ok()),
+        None => Ok(None),
+    }
+}
+
+/// The error of a body read that failed with `error`.
+fn read_failure(error: &BoxError, limit: usize) -> BodyReadError {
+    if error.is::<LengthLimitError>() {
+        BodyReadError::TooLarge { limit }
+    } else {
+        BodyReadError::Unreadable
+    }
+}
+
+/// Reads a request body whole, up to `limit` bytes (a `Content-Length`
+/// over it is refused before any byte is read), within `budget` when there
+/// is one: a declared length is reserved before any byte is read, a
+/// chunked body as its chunks arrive, and the bytes are copied into one
+/// buffer as they come (each chunk freed at once), so what is held is what
+/// is reserved. Every adapter that buffers bodies (the axum layer, the
+/// JSON-RPC layer) reads them here.
+///
+/// # Errors
+///
+/// [`BodyReadError`]: too large, broken, or no room in the budget.
+pub async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    budget: Option<&BodyBudget>,
+) -> Result<(Bytes, Option<BodyReservation>), BodyReadError> {
+    let declared = declared_length(headers, limit)?;
+    let Some(budget) = budget else {
+        return match Limited::new(body, limit).collect().await {
+            Ok(collected) => Ok((collected.to_bytes(), None)),
+            Err(error) => Err(read_failure(&error, limit)),
+        };
+    };
+    let mut reservation = budget
+        .reserve(declared.unwrap_or(0))
+        .ok_or(BodyReadError::BufferFull)?;
+    let mut buffer = BytesMut::with_capacity(declared.unwrap_or(0));
+    let mut body = std::pin::pin!(Limited::new(body, limit));
+    while let Some(frame) = body.as_mut().frame().await {
+        let frame = frame.map_err(|error| read_failure(&error, limit))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if !reservation.cover(buffer.len() + data.len()) {
+            return Err(BodyReadError::BufferFull);
+        }
+        buffer.extend_from_slice(&data);
+    }
+    Ok((buffer.freeze(), Some(reservation)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_are_bounded_and_returned_when_dropped() {
+        let budget = BodyBudget::new(100);
+        let first = budget.reserve(60).expect("room");
+        assert!(budget.reserve(41).is_none(), "past the budget");
+        let mut second = budget.reserve(40).expect("room");
+        assert_eq!(budget.in_use(), 100);
+        assert!(second.cover(40), "covered already");
+        assert!(!second.cover(41), "no room to grow");
+        drop(first);
+        assert!(second.cover(100));
+        assert_eq!(budget.in_use(), 100);
+        drop(second);
+        assert_eq!(budget.in_use(), 0);
+    }
+}
