@@ -591,7 +591,8 @@ impl<C: Send + 'static> Batches<C> {
         }
     }
 
-    /// The limits both batchers were made with.
+    /// The limits both batchers were made with (the Redis store reads them).
+    #[cfg(feature = "redis")]
     pub(crate) fn limits(&self) -> BatchLimits {
         self.claims.shared.limits
     }
