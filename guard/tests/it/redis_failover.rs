@@ -224,8 +224,28 @@ async fn with_replica_acks_a_failover_never_runs_a_claim_twice() {
     // closed until one attaches.
     assert!(is_unavailable(&run(&promoted, &runs, "refused").await));
     assert_eq!(runs.of("refused"), 0);
+    // Its unacknowledged claim is released in the background: wait for it,
+    // as above, or the next run can meet it still in flight.
+    let unacked_store = connect(&url, prefix).await;
+    let mut released = false;
+    for _ in 0..40 {
+        if unacked_store
+            .get("failover", "refused")
+            .await
+            .unwrap()
+            .is_none()
+        {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        released,
+        "the unacknowledged claim on the promoted replica is released"
+    );
     // Without acknowledgements there, the refused request runs, once.
-    let unacked = engine(connect(&url, prefix).await);
+    let unacked = engine(unacked_store);
     assert_eq!(
         ran(&run(&unacked, &runs, "refused").await),
         Some(Settled::Stored)
