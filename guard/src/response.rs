@@ -3,7 +3,7 @@
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt, stream};
-use http::{HeaderMap, HeaderName, StatusCode, header};
+use http::{HeaderMap, HeaderName, StatusCode};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, BodyStream};
 
@@ -97,7 +97,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use http::{HeaderValue, header};
 
     #[test]
     fn stores_what_the_spec_says() {
