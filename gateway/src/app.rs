@@ -73,7 +73,7 @@ impl Gateway {
         config: Config,
         metrics: Option<PrometheusHandle>,
     ) -> Result<Self, GatewayError> {
-        config.check()?;
+        Self::check(&config)?;
         let kind: StoreKind = config.store_kind.parse().map_err(ConfigError::Invalid)?;
         let mut options = StoreOptions::sql(&config.store);
         options.kind = kind;
@@ -89,6 +89,19 @@ impl Gateway {
             store.migrate().await.map_err(GatewayError::Migrate)?;
         }
         Self::with_store(config, store, metrics)
+    }
+
+    /// Everything that can be checked without a server or the upstream:
+    /// [`Config::check`] and the scope source (the JWT key file or secret
+    /// included). `idempotency-gateway --check` and [`Gateway::open`] run it.
+    ///
+    /// # Errors
+    ///
+    /// The first [`ConfigError`] found.
+    pub fn check(config: &Config) -> Result<(), ConfigError> {
+        config.check()?;
+        ScopeSource::from_config(&config.scope)?;
+        Ok(())
     }
 
     /// Builds the gateway over a store opened beforehand.

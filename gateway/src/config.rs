@@ -772,10 +772,10 @@ impl Config {
         })
     }
 
-    /// Everything that can be checked without a server or the upstream:
-    /// [`Config::validate`], the store settings (the URL each store kind
-    /// needs and its scheme), the encryption keys and the scope source
-    /// (the JWT key included). `idempotency-gateway --check` runs it.
+    /// What the configuration alone can tell, without a server or the
+    /// upstream: [`Config::validate`], the store settings (the URL each
+    /// store kind needs and its scheme) and the encryption keys.
+    /// [`Gateway::check`](crate::Gateway::check) adds the scope source.
     ///
     /// # Errors
     ///
@@ -787,7 +787,6 @@ impl Config {
         options.redis_url = self.redis.as_deref();
         options.check(STORE_SETTING_NAMES)?;
         self.encryption_keys()?;
-        crate::scope::ScopeSource::from_config(&self.scope)?;
         Ok(())
     }
 

@@ -122,7 +122,7 @@ fn configure(cli: &Cli) -> anyhow::Result<Config> {
     if std::env::var_os(REQUIRE_SEALED_VARIABLE).is_some() {
         config.require_sealed = require_sealed_from_environment()?;
     }
-    config.check().with_context(|| format!("{path}"))?;
+    Gateway::check(&config).with_context(|| format!("{path}"))?;
     Ok(config)
 }
 

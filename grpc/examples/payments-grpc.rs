@@ -70,12 +70,47 @@ impl Payments for PaymentsService {
     }
 }
 
+/// The exit code of a configuration error (as clap's own usage errors).
+const CONFIGURATION_ERROR: u8 = 2;
+
+/// Configuration errors exit 2 and runtime failures 1, each with one line
+/// on standard error (no backtrace).
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().init();
+async fn main() -> std::process::ExitCode {
+    // Colours only on a terminal and without NO_COLOR: a log file stays plain.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stdout())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    tracing_subscriber::fmt().with_ansi(colour).init();
+    let settings = match settings() {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("payments-grpc: {error:#}");
+            return std::process::ExitCode::from(CONFIGURATION_ERROR);
+        }
+    };
+    match run(settings).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("payments-grpc: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `DATABASE_URL` and `LISTEN`, checked.
+fn settings() -> anyhow::Result<(String, std::net::SocketAddr)> {
+    use idempotency_guard::store::{SettingNames, StoreOptions};
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "sqlite://payments-grpc.db?mode=rwc".to_owned());
+    StoreOptions::sql(&url).check(SettingNames::ENVIRONMENT)?;
     let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:50051".to_owned());
+    let listen = listen.parse().map_err(|_| {
+        anyhow::anyhow!("LISTEN must be an address such as 127.0.0.1:50051, not {listen:?}")
+    })?;
+    Ok((url, listen))
+}
+
+async fn run((url, listen): (String, std::net::SocketAddr)) -> anyhow::Result<()> {
     let store = AnyStore::connect(&url).await?;
     store.migrate().await?;
     let engine = Engine::new(store);
@@ -96,7 +131,7 @@ async fn main() -> anyhow::Result<()> {
     tonic::transport::Server::builder()
         .layer(layer)
         .add_service(service)
-        .serve_with_shutdown(listen.parse()?, async {
+        .serve_with_shutdown(listen, async {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;

@@ -1,7 +1,7 @@
 //! The two names of a record, `(scope, key)`, with their rules in one
 //! place: [`IdempotencyKey`] (the `Idempotency-Key` header: parsing and
 //! validation) and [`Scope`]. Every adapter builds both before it builds a
-//! [`Job`](crate::Job), so none validates on its own.
+//! [`Job`](crate::engine::Job), so none validates on its own.
 
 use std::fmt;
 

@@ -179,7 +179,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// the lease; otherwise returns the existing record untouched.
     ///
     /// A record past its retention is still returned (the caller then takes
-    /// it over): purging is [`Store::purge`]'s job.
+    /// it over): purging is [`Purge::purge`]'s job.
     fn claim(&self, new: &NewRecord<'_>) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
     /// Replaces the record whose lease token is `previous` with `new`, but

@@ -170,7 +170,8 @@ async fn hostile_input_gets_clear_errors_and_leaves_nothing_behind() {
         Row { name: "status: a malformed Authorization", to: s, send: status_get("/v1/keys/acme-secret", Some("\u{1}garbage")), status: 400, problem: None },
         Row { name: "status: a wrong token", to: s, send: status_get("/v1/keys/acme-secret", Some("Bearer token-of-nobody-000000000")), status: 401, problem: Some("unauthorized") },
         Row { name: "status: a lookup of 1001 keys", to: s, send: lookup(1001), status: 400, problem: Some("bad-request") },
-        Row { name: "status: a 10 KB query string", to: s, send: status_get(&long_query, Some(&bearer)), status: 400, problem: Some("bad-request") },
+        // Past the server's 8 KiB bound on the target (issue 25): our problem, before the handler.
+        Row { name: "status: a 10 KB query string", to: s, send: status_get(&long_query, Some(&bearer)), status: 414, problem: Some("uri-too-long") },
         Row { name: "status: a 100 KB query string (refused by the HTTP parser)", to: s, send: status_get(&huge_query, Some(&bearer)), status: 414, problem: None },
     ];
 

@@ -158,3 +158,17 @@ fn the_orders_consumer_example_names_each_bad_setting_on_one_line() {
         assert_one_line(Program::OrdersConsumer, env, names);
     }
 }
+
+#[test]
+fn the_grpc_payments_example_names_each_bad_setting_on_one_line() {
+    let rows: [Row; 2] = [
+        (
+            &[("DATABASE_URL", "mysql://root:secret@db/app")],
+            &["DATABASE_URL", "postgres://", "sqlite:", "mysql:"],
+        ),
+        (&[("LISTEN", "nowhere")], &["LISTEN", "127.0.0.1:50051"]),
+    ];
+    for (env, names) in &rows {
+        assert_one_line(Program::PaymentsGrpc, env, names);
+    }
+}

@@ -26,6 +26,8 @@ pub enum Program {
     /// The consumer's RabbitMQ orders example
     /// (`consumer/examples/orders-consumer.rs`).
     OrdersConsumer,
+    /// The gRPC payments example (`grpc/examples/payments-grpc.rs`).
+    PaymentsGrpc,
 }
 
 impl Program {
@@ -36,6 +38,7 @@ impl Program {
             Self::Payments => "examples/payments",
             Self::StormConsumer => "examples/storm-consumer",
             Self::OrdersConsumer => "examples/orders-consumer",
+            Self::PaymentsGrpc => "examples/payments-grpc",
         }
     }
 }
@@ -71,7 +74,7 @@ fn build(profile_dir: &Path) -> Result<(), String> {
         .arg(target_dir)
         .args(["--workspace", "--bin", "idempotency-service"])
         .args(["--example", "payments", "--example", "storm-consumer"])
-        .args(["--example", "orders-consumer"]);
+        .args(["--example", "orders-consumer", "--example", "payments-grpc"]);
     if profile_dir
         .file_name()
         .is_some_and(|name| name == "release")

@@ -1,7 +1,7 @@
 //! A private `redis-server` a test owns: on its own port and directory, so
 //! the test can stop and restart it without touching the shared Redis.
 //! And the Redis (or Redis Cluster) a test process starts for itself when
-//! the machine runs none ([`start_until_exit`], used by the fixtures).
+//! the machine runs none (`start_until_exit`, used by the fixtures).
 
 use std::net::SocketAddr;
 use std::process::Stdio;

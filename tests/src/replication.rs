@@ -3,7 +3,7 @@
 //! [`Partition`] the test can cut ([`ReplicatedRedis`]); a Redis Cluster of
 //! three primaries with one replica each ([`ReplicatedCluster`]); and one
 //! primary with one replica that lives as long as the test process, for the
-//! conformance suites ([`replicated_until_exit`]).
+//! conformance suites (`replicated_until_exit`).
 //!
 //! Every server runs on free ports, with its files in a temporary
 //! directory of its own, without persistence (a killed node forgets

@@ -101,7 +101,7 @@ pub enum Refusal {
     Failed,
 }
 
-/// The engine's answer to one [`Engine::run`].
+/// The engine's answer to one [`Engine::run`](crate::Engine::run).
 #[derive(Debug)]
 pub enum Answer<T> {
     /// The work ran for this caller.

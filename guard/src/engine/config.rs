@@ -14,7 +14,7 @@ use crate::store::Store;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailureMode {
-    /// Refuse with [`Refusal::StoreUnavailable`]; the work does not run. The default.
+    /// Refuse with [`Refusal::StoreUnavailable`](crate::engine::Refusal::StoreUnavailable); the work does not run. The default.
     #[default]
     Closed,
     /// Run the work unguarded.
@@ -128,7 +128,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// Sets the longest a run may take (work and capture of its outcome);
-    /// past it the engine cuts it off and answers [`Refusal::TimedOut`]. The
+    /// past it the engine cuts it off and answers [`Refusal::TimedOut`](crate::engine::Refusal::TimedOut). The
     /// key becomes abandoned (in transactional mode it is released: its
     /// writes were rolled back).
     ///

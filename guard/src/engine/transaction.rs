@@ -186,7 +186,7 @@ impl std::fmt::Debug for Transactions {
 
 impl<S: crate::store::TransactionalStore> Engine<S> {
     /// Turns transactional mode on or off: the work writes through a
-    /// [`crate::Tx`] (see [`RunContext::tx`]), and the engine commits those
+    /// [`crate::Tx`] (see [`RunContext::tx`](crate::engine::RunContext::tx)), and the engine commits those
     /// writes together with the stored outcome, so a crash or timeout
     /// leaves nothing behind. A run that never begins its transaction is an
     /// ordinary run (its record is marked transactional only when the
@@ -228,7 +228,7 @@ impl<S: crate::store::TransactionalStore> Engine<S> {
     ///
     /// # Warning
     ///
-    /// A write of the work that does not go through [`RunContext::tx`] (a
+    /// A write of the work that does not go through [`RunContext::tx`](crate::engine::RunContext::tx) (a
     /// call to another service, say) is repeated when a dead run is taken
     /// over.
     pub fn with_transactional_claims(mut self, on: bool) -> Self {

@@ -5,7 +5,7 @@
 //! engine a [`Job`](crate::engine::Job) and the work: call the route, then
 //! capture its response for storage. The engine's [`Answer`](crate::engine::Answer)
 //! becomes the response: the route's own, a replay, or a problem+json
-//! rejection. See [`service`] for the request path and [`crate::engine`] for
+//! rejection. See `layer/service.rs` for the request path and [`crate::engine`] for
 //! what happens to the record.
 //!
 //! # What is stored, what releases the key

@@ -45,10 +45,12 @@
 //!
 //! This module lives in the guard crate behind a feature, not in a crate of
 //! its own: the payments example (in this crate) serves with it, its
-//! refusals are the guard's [`Problem`](crate::problem::Problem)s, and with
-//! the feature off (the default) the guard's dependency tree is unchanged;
-//! on, it adds hyper's server, hyper-util's connection builder and rustix's
-//! `getrlimit`, which any axum server already has but rustix.
+//! refusals are the guard's [`Problem`](crate::problem::Problem)s. The
+//! feature is on by default (the README's first command, the payments
+//! example, serves with it); it adds hyper's server, hyper-util's connection
+//! builder and rustix's `getrlimit`, which any axum server already has but
+//! rustix. A crate that mounts only the layer can leave it out
+//! (`default-features = false`).
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Group commit: claims (and completions) of concurrent requests that queue
 //! while one statement or script is on its way go together in the next one.
 //!
-//! A store owns one [`Batcher`] per batched operation. A caller that finds
+//! A store owns one `Batcher` per batched operation. A caller that finds
 //! nothing of its operation on its way sends its item by itself, from its
 //! own task (no hand-off to the worker and back: one connection's latency
 //! does not grow). Otherwise it hands its item to the batcher and waits for
@@ -591,7 +591,8 @@ impl<C: Send + 'static> Batches<C> {
         }
     }
 
-    /// The limits both batchers were made with.
+    /// The limits both batchers were made with (the Redis store reads them).
+    #[cfg(feature = "redis")]
     pub(crate) fn limits(&self) -> BatchLimits {
         self.claims.shared.limits
     }

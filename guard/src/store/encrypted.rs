@@ -39,8 +39,9 @@
 //! body is stored, both in clear.
 //!
 //! Transactional mode writes its completion inside the handler's
-//! transaction, past this wrapper: [`Store::transactions`] answers `None`
-//! here, so transactional mode cannot silently store a response in clear.
+//! transaction, past this wrapper: this wrapper does not implement
+//! [`TransactionalStore`](crate::store::TransactionalStore), so
+//! transactional mode cannot silently store a response in clear.
 
 use std::time::Duration;
 

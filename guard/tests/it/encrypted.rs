@@ -418,7 +418,7 @@ async fn plant_in_clear<S: Store>(store: &S, key: &str, body: &str) {
 /// refused (503, the handler not run); turned off, it is replayed. Counted
 /// in `idempotency_unsealed_reads_total{refused}` either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn store_options_require_sealed_records_by_default_and_can_allow_clear_ones() {
+async fn store_options_on_postgres_require_sealed_records_by_default_and_can_allow_clear_ones() {
     use idempotency_guard::IdempotencyLayer;
     use idempotency_guard::store::encrypted::UNSEALED_READS_TOTAL;
     use idempotency_guard::store::{AnyStore, StoreOptions};
