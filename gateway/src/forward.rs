@@ -39,22 +39,6 @@ pub const UPSTREAM_REQUESTS_TOTAL: &str = "idempotency_gateway_upstream_requests
 /// Time to the upstream's answer head, in seconds.
 pub const UPSTREAM_DURATION_SECONDS: &str = "idempotency_gateway_upstream_duration_seconds";
 
-/// The headers that belong to one connection, never forwarded (RFC 9110
-/// section 7.6.1), beside those the `Connection` header names. `Upgrade`
-/// is one too: upgrades (WebSocket) are not proxied. (A `static`: a
-/// `const` array would be built and dropped at every use.)
-static HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -500,63 +484,9 @@ impl Upstream {
     }
 }
 
-/// The index in [`HOP_BY_HOP`] of a hop-by-hop header's name (a match on
-/// the text: cheaper than comparing the names one by one).
-fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
-    Some(match name.as_str() {
-        "connection" => 0,
-        "keep-alive" => 1,
-        "proxy-connection" => 2,
-        "proxy-authenticate" => 3,
-        "proxy-authorization" => 4,
-        "te" => 5,
-        "trailer" => 6,
-        "transfer-encoding" => 7,
-        "upgrade" => 8,
-        _ => return None,
-    })
-}
-
-/// Removes the hop-by-hop headers, and those the `Connection` header names.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most requests have none, most answers only `Connection: keep-alive`:
-    // one pass over the headers notes which are there (a bit each), so
-    // only those pay for a hashed removal.
-    let mut present = 0u16;
-    // Whether a `Connection` value may name other headers (anything but
-    // the usual `keep-alive` or `close`).
-    let mut names_others = false;
-    for (name, value) in headers.iter() {
-        if let Some(index) = hop_by_hop_index(name) {
-            present |= 1 << index;
-            if index == 0 {
-                let value = value.as_bytes();
-                names_others |= !(value.eq_ignore_ascii_case(b"keep-alive")
-                    || value.eq_ignore_ascii_case(b"close"));
-            }
-        }
-    }
-    if present == 0 {
-        return;
-    }
-    if names_others {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|name| HeaderName::try_from(name.trim()).ok())
-            .collect();
-        for name in &named {
-            headers.remove(name);
-        }
-    }
-    for (index, name) in HOP_BY_HOP.iter().enumerate() {
-        if present & (1 << index) != 0 {
-            headers.remove(name);
-        }
-    }
-}
+/// Removes the hop-by-hop headers, and those the `Connection` header names
+/// (one list for the guard and the gateway: [`idempotency_guard::headers`]).
+pub use idempotency_guard::headers::strip_hop_by_hop;
 
 /// Adds `X-Forwarded-For` (appended), `X-Forwarded-Host`,
 /// `X-Forwarded-Proto` and `Forwarded` (appended, RFC 7239). Each value is

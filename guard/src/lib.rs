@@ -172,6 +172,7 @@ pub mod decision;
 pub mod engine;
 pub mod events;
 pub mod fingerprint;
+pub mod headers;
 pub mod key;
 pub mod layer;
 pub mod migrate;

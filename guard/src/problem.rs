@@ -19,6 +19,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use serde::{Deserialize, Serialize};
 
 use crate::KeyError;
+use crate::headers::retry_after_value;
 
 /// The media type of every problem answer.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -343,12 +344,6 @@ impl Rejection {
         }
         response
     }
-}
-
-/// `Retry-After` in whole seconds, rounded up so a client never asks early.
-pub(crate) fn retry_after_value(duration: Duration) -> HeaderValue {
-    let seconds = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
-    HeaderValue::from(seconds)
 }
 
 #[cfg(test)]

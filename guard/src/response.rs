@@ -3,9 +3,11 @@
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt, stream};
-use http::{HeaderMap, HeaderName, StatusCode, header};
+use http::{HeaderMap, HeaderName, StatusCode};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, BodyStream};
+
+use crate::headers::{is_hop_by_hop, named_by_connection};
 
 /// The response header that marks a replay: `Idempotent-Replayed: true`.
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -20,44 +22,17 @@ pub fn default_stored_status(status: StatusCode) -> bool {
     status.as_u16() < 500 && !matches!(status.as_u16(), 408 | 425 | 429)
 }
 
-/// Whether the response says `Cache-Control: no-store`.
-pub(crate) fn is_no_store(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::CACHE_CONTROL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|directive| directive.trim().eq_ignore_ascii_case("no-store"))
-}
-
-/// Hop-by-hop headers (RFC 9110 section 7.6.1): they describe one
-/// connection, never the response, so they are never stored.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
+pub(crate) use crate::headers::is_no_store;
 
 /// The headers of a response that are kept for replay: all but hop-by-hop
-/// headers (and those the `Connection` header names) and `excluded`.
+/// headers ([`HOP_BY_HOP`](crate::headers::HOP_BY_HOP), and those the
+/// `Connection` header names) and `excluded`.
 pub(crate) fn headers_to_store(headers: &HeaderMap, excluded: &[HeaderName]) -> HeaderMap {
-    let named_by_connection: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
+    let named_by_connection = named_by_connection(headers);
     let mut kept = HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
-        let dropped = HOP_BY_HOP.contains(name)
-            || named_by_connection.contains(name)
-            || excluded.contains(name);
+        let dropped =
+            is_hop_by_hop(name) || named_by_connection.contains(name) || excluded.contains(name);
         if !dropped {
             kept.append(name.clone(), value.clone());
         }
@@ -122,7 +97,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use http::{HeaderValue, header};
 
     #[test]
     fn stores_what_the_spec_says() {
@@ -160,6 +135,7 @@ mod tests {
             ("connection", "x-conn-only"),
             ("x-conn-only", "1"),
             ("transfer-encoding", "chunked"),
+            ("proxy-connection", "keep-alive"),
             ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
             ("set-cookie", "a=b"),
             ("location", "/payments/1"),

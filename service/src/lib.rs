@@ -16,16 +16,39 @@
 //! (401 `unauthorized` otherwise). A key of another scope answers exactly
 //! like an absent one.
 
+//!
+//! # Files
+//!
+//! Each file imports only those above it in this list, never one below
+//! (`scripts/check-module-cycles` holds the crate to it):
+//!
+//! | file | holds |
+//! |---|---|
+//! | [`tokens`] | the one tokens-file parser and the scope tokens |
+//! | [`problem`], [`status`], [`config`] | the service's problems, a record's status and advice, the settings |
+//! | [`admin`] | the admin API, self-contained over its [`AdminState`](admin::AdminState): its tokens, problems, audit and handlers |
+//! | [`state`] | [`AppState`] and what the handlers share (the body limit, the timed store read) |
+//! | [`keys`], [`ops`] | the key-status endpoints; health, readiness and metrics |
+//! | [`openapi`] | the OpenAPI document (from the handlers above) and `/openapi.json` |
+//! | [`router`] | [`build_router`]: every route and the layers around them |
+//! | [`serve`] | [`serve`] and [`migrate`] |
+
 pub mod admin;
-pub mod auth;
 pub mod config;
+pub mod keys;
 pub mod openapi;
+pub mod ops;
 pub mod problem;
-pub mod routes;
+pub mod router;
 pub mod serve;
+pub mod state;
 pub mod status;
 pub mod tokens;
 
+/// The scope tokens under their earlier path (`idempotency_service::auth`).
+pub use tokens as auth;
+
 pub use config::{Cli, Command, Config};
-pub use routes::{AppState, build_router};
+pub use router::build_router;
 pub use serve::{ServiceError, migrate, serve};
+pub use state::AppState;

@@ -1,13 +1,18 @@
-//! The OpenAPI 3.1 document, generated from the handlers and types.
+//! The OpenAPI 3.1 document, generated from the handlers and types, and
+//! the handler that serves it (`GET /openapi.json`).
 
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, header};
 use idempotency_client::status::{
     Advice, KeyState, KeyStatus, LookupRequest, LookupResponse, LookupResult, MissingKey,
 };
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use crate::admin::handlers as admin;
+use crate::keys;
+use crate::ops::{self, Health};
 use crate::problem::Problem;
-use crate::routes::{self, Health};
 
 /// The API description.
 #[derive(OpenApi)]
@@ -19,18 +24,18 @@ use crate::routes::{self, Health};
                        token; each token belongs to one scope, and keys of other scopes look absent."
     ),
     paths(
-        routes::get_key,
-        routes::get_key_named_lookup,
-        routes::lookup,
-        routes::healthz,
-        routes::readyz,
-        routes::render_metrics,
-        routes::openapi_json,
-        crate::admin::list_keys,
-        crate::admin::forget_key,
-        crate::admin::release_key
+        keys::get_key,
+        keys::get_key_named_lookup,
+        keys::lookup,
+        ops::healthz,
+        ops::readyz,
+        ops::render_metrics,
+        openapi_json,
+        admin::list_keys,
+        admin::forget_key,
+        admin::release_key
     ),
-    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, crate::admin::AdminRecord, crate::admin::AdminPage, crate::admin::AdminAction)),
+    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, admin::AdminRecord, admin::AdminPage, admin::AdminAction)),
     modifiers(&BearerAuth),
     tags(
         (name = "keys", description = "What became of a key"),
@@ -56,4 +61,20 @@ impl Modify for BearerAuth {
 /// The document as JSON text.
 pub fn document() -> String {
     ApiDoc::openapi().to_json().unwrap_or_default()
+}
+
+/// This API's OpenAPI 3.1 document.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    responses((status = 200, description = "The OpenAPI 3.1 document", body = Object))
+)]
+pub async fn openapi_json() -> Response {
+    let mut response = document().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }

@@ -6,9 +6,10 @@ use std::time::Duration;
 use idempotency_guard::server::BodyTimeoutLayer;
 use idempotency_guard::store::{AnyStore, StoreOptions};
 
-use crate::auth::{Tokens, TokensError};
 use crate::config::Config;
-use crate::routes::{AppState, build_router};
+use crate::router::build_router;
+use crate::state::AppState;
+use crate::tokens::{Tokens, TokensError};
 
 /// Why the service could not start or stopped.
 #[derive(Debug, thiserror::Error)]

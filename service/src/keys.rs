@@ -1,84 +1,32 @@
-//! The HTTP API: [`build_router`] and its handlers.
-
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+//! The key-status endpoints: `GET /v1/keys/{key}` and
+//! `POST /v1/keys/lookup`, behind the scope tokens.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use http::{HeaderValue, StatusCode, header};
+use http::{StatusCode, header};
 use idempotency_client::status::{LookupRequest, LookupResponse, LookupResult, MissingKey};
-use idempotency_guard::store::AnyStore;
 use idempotency_guard::{Fingerprint, IdempotencyKey, Store};
-use serde::{Deserialize, Serialize};
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 
-use crate::auth::{Scope, Tokens};
 use crate::problem::ApiProblem;
+use crate::state::{AppState, BODY_LIMIT, read};
 use crate::status::{held_status, key_status};
+use crate::tokens::Scope;
 
 /// The most keys one lookup may name.
 pub const MAX_LOOKUP_KEYS: usize = 1000;
-
-/// The largest request body accepted (a lookup of 1000 keys of 255
-/// characters, JSON-escaped, fits).
-pub const BODY_LIMIT: usize = 1024 * 1024;
-
-/// How long one store read may take before the answer is 503.
-const STORE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The scope and key `/readyz` reads to prove the store answers.
-const READINESS_PROBE: (&str, &str) = ("readyz", "readyz");
-
-/// What every handler shares.
-#[derive(Clone)]
-pub struct AppState {
-    /// Where the records are.
-    pub store: AnyStore,
-    /// The bearer tokens and their scopes.
-    pub tokens: Arc<Tokens>,
-    /// Renders `/metrics`; `None` shows an empty page (tests install no recorder).
-    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    /// The `retry_after_seconds` hint for in-flight keys.
-    pub retry_after: Duration,
-    /// The admin tokens (see [`crate::admin`]); none: the admin API
-    /// refuses every request.
-    pub admin_tokens: Arc<crate::admin::AdminTokens>,
-}
-
-/// The service's router. Tests call it with `oneshot`; `serve` binds it.
-pub fn build_router(state: AppState) -> Router {
-    let keys = Router::new()
+/// The key routes, behind the scope tokens (the caller merges them into
+/// the service's router).
+pub fn router(state: AppState) -> Router<AppState> {
+    Router::new()
         .route("/v1/keys/lookup", post(lookup).get(get_key_named_lookup))
         .route("/v1/keys/{key}", get(get_key))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    Router::new()
-        .merge(keys)
-        .merge(crate::admin::router(state.clone()))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(render_metrics))
-        .route("/openapi.json", get(openapi_json))
-        .fallback(|| async { ApiProblem::RouteNotFound })
-        .method_not_allowed_fallback(|| async { ApiProblem::MethodNotAllowed })
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .layer(middleware::from_fn(count_requests))
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(TraceLayer::new_for_http().make_span_with(|request: &Request| {
-            let id = request
-                .headers()
-                .get("x-request-id")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-");
-            tracing::info_span!("request", method = %request.method(), path = %request.uri().path(), request_id = %id)
-        }))
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        .with_state(state)
+        .route_layer(middleware::from_fn_with_state(state, require_token))
 }
 
 /// Refuses requests without a known bearer token (401); passes the scope on.
@@ -97,22 +45,6 @@ async fn require_token(
         }
         None => ApiProblem::Unauthorized.into_response(),
     }
-}
-
-/// Counts requests by endpoint and status, and times them.
-async fn count_requests(request: Request, next: Next) -> Response {
-    let endpoint = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", MatchedPath::as_str)
-        .to_owned();
-    let started = Instant::now();
-    let response = next.run(request).await;
-    let status = response.status().as_u16().to_string();
-    metrics::counter!("idempotency_status_requests_total", "endpoint" => endpoint.clone(), "status" => status).increment(1);
-    metrics::histogram!("idempotency_status_request_duration_seconds", "endpoint" => endpoint)
-        .record(started.elapsed());
-    response
 }
 
 /// Keys the status API answered for, by state (`absent` for a 404 or a
@@ -147,22 +79,6 @@ pub struct KeyQuery {
 async fn held(state: &AppState, scope: &str, keys: &[&str]) -> Result<Vec<bool>, ApiProblem> {
     use idempotency_guard::store::admin::AdminStore;
     read(state.store.held_without_record(scope, keys)).await
-}
-
-async fn read<T>(
-    future: impl std::future::Future<Output = Result<T, idempotency_guard::StoreError>>,
-) -> Result<T, ApiProblem> {
-    match tokio::time::timeout(STORE_TIMEOUT, future).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => {
-            tracing::warn!(error = %error, "store read failed");
-            Err(ApiProblem::StoreUnavailable)
-        }
-        Err(_) => {
-            tracing::warn!("store read timed out");
-            Err(ApiProblem::StoreUnavailable)
-        }
-    }
 }
 
 fn valid_key(key: &str) -> Result<IdempotencyKey, ApiProblem> {
@@ -333,70 +249,4 @@ pub async fn lookup(
         })
         .collect();
     Ok(Json(LookupResponse { results }))
-}
-
-/// The body of `/healthz` and `/readyz`.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Health {
-    /// `ok`.
-    pub status: &'static str,
-}
-
-/// Answers 200 while the process runs.
-#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "The process is up", body = Health)))]
-pub async fn healthz() -> Json<Health> {
-    Json(Health { status: "ok" })
-}
-
-/// Answers 200 when the store answers, 503 otherwise.
-#[utoipa::path(
-    get,
-    path = "/readyz",
-    tag = "operations",
-    responses(
-        (status = 200, description = "The store answers", body = Health),
-        (status = 503, description = "The store is unavailable", body = crate::problem::Problem, content_type = "application/problem+json"),
-    )
-)]
-pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiProblem> {
-    let (scope, key) = READINESS_PROBE;
-    read(state.store.get(scope, key)).await?;
-    Ok(Json(Health { status: "ok" }))
-}
-
-/// Prometheus text exposition of the service's (and the guard's) metrics.
-#[utoipa::path(
-    get,
-    path = "/metrics",
-    tag = "operations",
-    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4"))
-)]
-pub async fn render_metrics(State(state): State<AppState>) -> Response {
-    let text = state
-        .metrics
-        .as_ref()
-        .map(|handle| handle.render())
-        .unwrap_or_default();
-    let mut response = text.into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
-    response
-}
-
-/// This API's OpenAPI 3.1 document.
-#[utoipa::path(
-    get,
-    path = "/openapi.json",
-    tag = "operations",
-    responses((status = 200, description = "The OpenAPI 3.1 document", body = Object))
-)]
-pub async fn openapi_json() -> Response {
-    let mut response = crate::openapi::document().into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
 }

@@ -1,0 +1,111 @@
+//! The admin API: what an operator may do to one key, without SQL or
+//! `redis-cli`.
+//!
+//! | endpoint | does |
+//! |---|---|
+//! | `GET /v1/admin/keys?scope=&state=&after=&limit=` | lists a scope's records (`state`: `any`, `in_flight`, `completed`, `abandoned`), by key, a page at a time (`next` is the `after` of the next page) |
+//! | `DELETE /v1/admin/keys/{scope}/{key}` | forgets a completed record: its replay is gone, the next request with the key runs |
+//! | `DELETE /v1/admin/keys/{scope}/{key}?force=true` | forgets a completed **or abandoned** record |
+//! | `POST /v1/admin/keys/{scope}/{key}/release` | frees an abandoned key, so a retry runs (after you reconciled its unknown outcome) |
+//!
+//! A record whose lease is live (its handler is running) is never deleted,
+//! with or without `force` (409 `request-in-flight`): deleting it would let
+//! a retry run beside the handler. Once its lease lapses the record is
+//! abandoned, and `force=true` (or `release`) may remove it: its outcome is
+//! unknown, so removing it is a decision an operator takes explicitly,
+//! which is why a plain `DELETE` refuses it (409 `outcome-unknown`).
+//!
+//! # Admin tokens
+//!
+//! Admin tokens are separate from scope tokens (a scope token answers 401
+//! here, an admin token 401 on `/v1/keys`): `ADMIN_TOKENS_FILE` (or
+//! `--admin-tokens-file`) holds one `<name> <scopes> <token>` line per
+//! token, `#` starting a comment; `ADMIN_TOKENS` the same triples separated
+//! by `;`. `<scopes>` is a comma-separated list of the scopes the token may
+//! act on, or `*` for all; a scope outside it answers 403
+//! `scope-forbidden`. `<name>` names the holder in audit lines (the token
+//! itself is never logged).
+//!
+//! # Audit
+//!
+//! Every admin action, allowed or refused, writes one `INFO` line on the
+//! `idempotency::audit` target with `who` (the token's name), `action`
+//! (`list`, `forget`, `release`), `scope`, `key` (`-` for a listing),
+//! `result` and `at` (RFC 3339, UTC), and is counted in
+//! `idempotency_admin_actions_total{action, result}`.//!
+//! # Files
+//!
+//! [`tokens`] (who may call: the admin tokens, read by the service's one
+//! tokens-file parser), [`problem`] (the admin API's problems), `audit`
+//! (the audit line and counter of every action) and `handlers` (the three
+//! endpoints and their JSON). The admin API is self-contained: it is
+//! built over an [`AdminState`] (the store and the admin tokens), which
+//! the service's router takes from its own state.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use http::header;
+use idempotency_guard::store::AnyStore;
+
+mod audit;
+pub(crate) mod handlers;
+pub mod problem;
+pub mod tokens;
+
+pub use audit::{ADMIN_ACTIONS_TOTAL, AUDIT_TARGET};
+pub use handlers::{
+    AdminAction, AdminPage, AdminRecord, DEFAULT_PAGE, ForgetQuery, ListQuery, forget_key,
+    list_keys, release_key,
+};
+pub use problem::AdminProblem;
+pub use tokens::{Admin, AdminTokens, AdminTokensError, Scopes};
+
+/// What the admin handlers share: the store and who may call.
+#[derive(Clone)]
+pub struct AdminState {
+    /// Where the records are.
+    pub store: AnyStore,
+    /// The admin tokens; none: the admin API refuses every request.
+    pub tokens: Arc<AdminTokens>,
+}
+
+/// The admin routes, over `state` (the caller merges them into the
+/// service's router).
+pub fn router<S: Clone + Send + Sync + 'static>(state: AdminState) -> Router<S> {
+    Router::new()
+        .route("/v1/admin/keys", get(list_keys))
+        .route("/v1/admin/keys/{scope}/{key}", delete(forget_key))
+        .route("/v1/admin/keys/{scope}/{key}/release", post(release_key))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_admin_token,
+        ))
+        .with_state(state)
+}
+
+/// Refuses requests without a known admin token (401); passes the admin on.
+async fn require_admin_token(
+    State(state): State<AdminState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    match state
+        .tokens
+        .authenticate(request.headers().get(header::AUTHORIZATION))
+    {
+        Some(admin) => {
+            request.extensions_mut().insert(admin);
+            next.run(request).await
+        }
+        None => {
+            metrics::counter!(ADMIN_ACTIONS_TOTAL, "action" => "any", "result" => "unauthorized")
+                .increment(1);
+            AdminProblem::Unauthorized.into_response()
+        }
+    }
+}
