@@ -31,7 +31,7 @@
 //! | [`keys`], [`ops`] | the key-status endpoints; health, readiness and metrics |
 //! | [`openapi`] | the OpenAPI document (from the handlers above) and `/openapi.json` |
 //! | [`router`] | [`build_router`]: every route and the layers around them |
-//! | [`serve`] | [`serve`] and [`migrate`] |
+//! | [`mod@serve`] | [`serve()`] and [`migrate()`] |
 
 pub mod admin;
 pub mod config;

@@ -3,7 +3,7 @@
 //!
 //! A tokens file holds one token a line: the holder's fields, then the
 //! token (`<scope> <token>`; `<name> <scopes> <token>`). Both kinds share
-//! every rule, written once in [`TokenTable`]:
+//! every rule, written once in `TokenTable`:
 //!
 //! - `#` starts a comment only at the start of a line or after whitespace,
 //!   so a token containing `#` (`tokenA-0123456789abcdef#tail`) is taken
