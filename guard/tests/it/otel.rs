@@ -45,6 +45,10 @@ async fn spans_carry_the_key_hash_and_never_the_key_or_the_body() {
         .build();
     let subscriber = tracing_subscriber::registry().with(layer(&provider));
     let _default = tracing::subscriber::set_default(subscriber);
+    // Other tests run in parallel threads with no subscriber; a callsite
+    // they reached first may have cached "never" (tracing's interest cache
+    // is global): seen once as a missing span in a full cold run.
+    tracing::callsite::rebuild_interest_cache();
 
     let db = idempotency_tests::sqlite().await;
     let (router, runs) = crate::support::app(IdempotencyLayer::new(db.store.clone()));
