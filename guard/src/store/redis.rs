@@ -1,30 +1,36 @@
-//! The Redis store: one Redis, or a Redis Cluster.
+//! The Redis store: one Redis or Valkey, or a Redis Cluster.
 //!
-//! Each record is one hash, at a key that encodes the scope with a length
-//! prefix (`<prefix>:r:<scope length>:<scope>:<key>`), so no scope or key can
-//! collide with another's or reach outside the store's prefix. Every
-//! operation is one Lua script on that single key: atomic on one Redis, and
-//! on a cluster within the key's one hash slot. Times come from the server's
-//! own clock (`TIME`), retention from native expiry (`PEXPIREAT`), so
-//! [`Purge::purge`] has nothing to do. The scripts live in
-//! `store/redis/*.lua`.
+//! Each record is one string value (its layout, and how its times are
+//! measured on the server's clock, are in `store/redis/codec.rs`), at a key
+//! that encodes the scope with a length prefix (`<prefix>:r:<scope
+//! length>:<scope>:<key>`), so no scope or key can collide with another's
+//! or reach outside the store's prefix. A claim is one native command,
+//! `SET key <in flight> NX PX <retention> GET`, with `PTTL` in the same
+//! round trip: no answer means acquired; the old value otherwise, which
+//! decides replay, conflict or in flight. Completion, renewal, release and
+//! take-over are fenced by the lease token: small Lua scripts
+//! (`store/redis/lua/`), or, for completions where the server has it
+//! (Valkey 8.1, Redis 8.4; detected when the store connects), the native
+//! `SET … IFEQ <the claim's value> KEEPTTL`. Retention is native expiry, so
+//! [`Purge::purge`] has nothing to do. Records of release 1 (one hash per
+//! record, `store/redis/legacy.rs`) are read and taken over as before.
 //!
 //! Completions, releases and abandonments of *watched* records are
 //! published on `<prefix>:events`; every store subscribes, so a request
 //! waiting for an in-flight key in one process is woken by its completion
 //! in another. A waiter reads the record after it subscribes and before it
-//! waits, and that read (`get.lua`) marks an in-flight record watched
-//! (field `w`), atomically with the read: an end before the read is seen
-//! by the read, an end after it is published. A record nobody read while it
-//! ran (every fresh key without a concurrent duplicate) ends without a
-//! message, so no process receives one per request.
+//! waits, and that read (`lua/get.lua`) marks an in-flight record watched
+//! (a byte of the value), atomically with the read: an end before the read
+//! is seen by the read, an end after it is published. A record nobody read
+//! while it ran (every fresh key without a concurrent duplicate) ends
+//! without a message, so no process receives one per request.
 //!
 //! Claims and completions of concurrent requests are batched on one Redis
-//! ([`crate::store::batch`]): the claims that queue while one script call
-//! is on its way go together in the next (`claim_batch.lua`, one answer per
-//! key), completions likewise (`complete_batch.lua`, fenced per key). On a
-//! cluster, a script may only touch one hash slot, so each claim there is a
-//! script of its own. [`RedisStore::with_batching`] tunes or turns it off.
+//! ([`crate::store::batch`]): the claims that queue while one pipeline is
+//! on its way go together in the next (one `SET … NX GET` and `PTTL` per
+//! key, answered per key), completions likewise. A cluster sends each on
+//! its own (to the node of its key's slot). [`RedisStore::with_batching`]
+//! tunes or turns it off.
 //!
 //! Durability is Redis's: with `appendonly yes` and `appendfsync always` a
 //! crash loses nothing; with the defaults, a Redis crash can forget records,
@@ -44,50 +50,44 @@ use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
-use time::OffsetDateTime;
 
 mod call;
+mod claimed;
+mod codec;
+mod legacy;
 mod replicas;
 
 use call::{RecordKey, ScriptCall};
-use replicas::ReplicaAcks;
+use claimed::ClaimedValues;
+use replicas::{Acked, ReplicaAcks};
 
 use crate::record::CorruptRecord;
 use crate::store::batch::{BatchLimits, BatchStats, BatchedStore, Batches, ClaimItem};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
-use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
+use crate::{Record, RecordEvents, StoredResponse};
 
-/// The fields of a record's hash, one letter each (Redis keeps and sends
-/// every name with every value): `t` lease token, `s` state (`f` in
-/// flight, `c` completed), `l` lease end, `e` expiry, `n` creation (Unix
-/// ms, the server's clock), `m` the request (fingerprint, transactional
-/// flag, method and path, packed by [`encode_request`]), `p` the response
-/// (packed by [`encode_response`]) and `c` completion time, once completed.
-/// A record may also hold `w` (watched: its end is published), which is not
-/// part of the record.
-const FIELDS: [&str; 8] = ["t", "s", "l", "e", "n", "m", "p", "c"];
-
-/// A script assembled from the files under `store/redis/`, in order (the
-/// shared pieces first: the clock, the fence, the record writer).
+/// A script: the codec's positions (`codec::lua_layout`) first, then the
+/// files under `store/redis/lua/`, in order (shared pieces first).
 macro_rules! script {
     ($($file:literal),+) => {
-        LazyLock::new(|| Script::new(concat!($(include_str!(concat!("redis/", $file))),+)))
+        LazyLock::new(|| {
+            let mut source = codec::lua_layout();
+            $(source.push_str(include_str!(concat!("redis/lua/", $file)));)+
+            Script::new(&source)
+        })
     };
 }
 
-static CLAIM: LazyLock<Script> = script!("now.lua", "write_new.lua", "pack.lua", "claim.lua");
-static TAKE_OVER: LazyLock<Script> = script!("now.lua", "write_new.lua", "take_over.lua");
-static COMPLETE: LazyLock<Script> = script!("fence.lua", "now.lua", "complete.lua");
-static RENEW: LazyLock<Script> = script!("fence.lua", "now.lua", "renew.lua");
+static COMPLETE: LazyLock<Script> = script!("fence.lua", "complete.lua");
+static RENEW: LazyLock<Script> = script!("fence.lua", "renew.lua");
 static RELEASE: LazyLock<Script> = script!("fence.lua", "release.lua");
-static GET: LazyLock<Script> = script!("now.lua", "get.lua");
-static CACHE_PUT: LazyLock<Script> = script!("cache_put.lua");
-static CLAIM_BATCH: LazyLock<Script> =
-    script!("now.lua", "write_new.lua", "pack.lua", "claim_batch.lua");
-static COMPLETE_BATCH: LazyLock<Script> = script!("now.lua", "complete_batch.lua");
+static GET: LazyLock<Script> = script!("legacy_pack.lua", "legacy.lua", "get.lua");
+static TAKE_OVER: LazyLock<Script> = script!("legacy_pack.lua", "legacy.lua", "take_over.lua");
+static ADMIN_FORGET: LazyLock<Script> =
+    script!("legacy_pack.lua", "legacy.lua", "admin_forget.lua");
 
 /// The default batching on one Redis: up to 64 claims (or completions)
-/// per script call, two calls of each on their way at once.
+/// per pipeline, two pipelines of each on their way at once.
 pub const DEFAULT_BATCHING: BatchLimits = BatchLimits {
     max_batch: 64,
     max_in_flight: 2,
@@ -96,82 +96,15 @@ pub const DEFAULT_BATCHING: BatchLimits = BatchLimits {
 /// A completion waiting in a batch: the lease and the packed response.
 type CompleteItem = (Lease, Vec<u8>);
 
-/// Packs the immutable part of a record: fingerprint (32 bytes), the
-/// transactional flag (1), the method's length (1), the method, the path.
-fn encode_request(
-    fingerprint: &Fingerprint,
-    transactional: bool,
-    method: &str,
-    path: &str,
-) -> Vec<u8> {
-    let method = &method.as_bytes()[..method.len().min(255)];
-    let mut packed = Vec::with_capacity(34 + method.len() + path.len());
-    packed.extend_from_slice(fingerprint.as_bytes());
-    packed.push(u8::from(transactional));
-    packed.push(u8::try_from(method.len()).unwrap_or(u8::MAX));
-    packed.extend_from_slice(method);
-    packed.extend_from_slice(path.as_bytes());
-    packed
+/// Whether a server error is Redis's `WRONGTYPE`: the key holds a hash, a
+/// record of release 1.
+fn wrong_type(error: &redis::ServerError) -> bool {
+    error.code() == "WRONGTYPE"
 }
 
-/// The fingerprint, transactional flag, method and path of a packed request.
-fn decode_request(packed: &[u8]) -> Result<(Fingerprint, bool, String, String), CorruptRecord> {
-    let corrupt = CorruptRecord("the packed request is invalid");
-    let fingerprint: [u8; 32] = packed
-        .get(..32)
-        .and_then(|f| f.try_into().ok())
-        .ok_or(corrupt)?;
-    let transactional = *packed.get(32).ok_or(corrupt)? == 1;
-    let method_len = usize::from(*packed.get(33).ok_or(corrupt)?);
-    let method = packed.get(34..34 + method_len).ok_or(corrupt)?;
-    let path = packed.get(34 + method_len..).ok_or(corrupt)?;
-    let text = |bytes: &[u8]| String::from_utf8(bytes.to_vec()).map_err(|_| corrupt);
-    Ok((
-        Fingerprint::from_bytes(fingerprint),
-        transactional,
-        text(method)?,
-        text(path)?,
-    ))
-}
-
-/// Packs a response: status (2 bytes, big-endian), whether the body is
-/// stored (1), the headers' length (4), the headers, the body.
-fn encode_response(response: &StoredResponse) -> Vec<u8> {
-    let headers = response.encode_headers();
-    let body = response.body.as_deref().unwrap_or_default();
-    let mut packed = Vec::with_capacity(7 + headers.len() + body.len());
-    packed.extend_from_slice(&response.status.as_u16().to_be_bytes());
-    packed.push(u8::from(response.body.is_some()));
-    packed.extend_from_slice(
-        &u32::try_from(headers.len())
-            .unwrap_or(u32::MAX)
-            .to_be_bytes(),
-    );
-    packed.extend_from_slice(&headers);
-    packed.extend_from_slice(body);
-    packed
-}
-
-fn decode_response(packed: &[u8]) -> Result<StoredResponse, CorruptRecord> {
-    let corrupt = CorruptRecord("the packed response is invalid");
-    let status = u16::from_be_bytes(
-        packed
-            .get(..2)
-            .and_then(|b| b.try_into().ok())
-            .ok_or(corrupt)?,
-    );
-    let stored = *packed.get(2).ok_or(corrupt)? == 1;
-    let headers_len = u32::from_be_bytes(
-        packed
-            .get(3..7)
-            .and_then(|b| b.try_into().ok())
-            .ok_or(corrupt)?,
-    );
-    let headers_end = 7 + usize::try_from(headers_len).map_err(|_| corrupt)?;
-    let headers = packed.get(7..headers_end).ok_or(corrupt)?;
-    let body = packed.get(headers_end..).ok_or(corrupt)?;
-    let body = stored.then(|| bytes::Bytes::copy_from_slice(body));
-    StoredResponse::decode(i64::from(status), headers, body)
+/// A server error answered inside a pipeline, as a store error.
+fn server_error(error: &redis::ServerError) -> StoreError {
+    redis::RedisError::from(error.clone()).into()
 }
 
 /// The connection: one Redis (reconnecting by itself), or a cluster.
@@ -201,6 +134,11 @@ pub struct RedisStore {
     batches: Option<Arc<Batches<CompleteItem>>>,
     /// `WAIT` after every write that decides a run (off: `None`).
     replica_acks: Option<ReplicaAcks>,
+    /// Whether completions go as native `SET … IFEQ` (the server has it
+    /// and [`RedisStore::with_native_fence`] did not turn it off).
+    native_fence: bool,
+    /// The in-flight values this store's claims wrote, for `IFEQ`.
+    claimed: Arc<ClaimedValues>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -241,11 +179,7 @@ impl RedisStore {
             .set_connection_timeout(Some(CONNECTION_TIMEOUT))
             .set_number_of_retries(2);
         let manager = client.get_connection_manager_with_config(config).await?;
-        Ok(Self::with_connection(
-            Connection::Single(manager),
-            client,
-            prefix,
-        ))
+        Self::with_connection(Connection::Single(manager), client, prefix).await
     }
 
     /// Connects to a Redis Cluster through any of its nodes
@@ -266,14 +200,14 @@ impl RedisStore {
         let connection = cluster.get_async_connection().await?;
         // Classic pub/sub reaches every node of a cluster: one node will do.
         let subscriber = redis::Client::open(*first)?;
-        Ok(Self::with_connection(
-            Connection::Cluster(connection),
-            subscriber,
-            prefix,
-        ))
+        Self::with_connection(Connection::Cluster(connection), subscriber, prefix).await
     }
 
-    fn with_connection(connection: Connection, subscriber: redis::Client, prefix: &str) -> Self {
+    async fn with_connection(
+        connection: Connection,
+        subscriber: redis::Client,
+        prefix: &str,
+    ) -> Result<Self, StoreError> {
         let events = RecordEvents::new();
         let channel: Arc<str> = format!("{prefix}:events").into();
         let task = tokio::spawn(forward_events(
@@ -282,7 +216,7 @@ impl RedisStore {
             prefix.into(),
             events.clone(),
         ));
-        Self {
+        let mut store = Self {
             connection,
             prefix: prefix.into(),
             channel,
@@ -290,13 +224,59 @@ impl RedisStore {
             _subscriber: Arc::new(Subscriber(task.abort_handle())),
             batches: None,
             replica_acks: None,
+            native_fence: false,
+            claimed: Arc::new(ClaimedValues::default()),
+        };
+        store.native_fence = store.has_ifeq().await?;
+        Ok(store.with_batching(DEFAULT_BATCHING))
+    }
+
+    /// Whether the server takes `SET … IFEQ` (Valkey 8.1, Redis 8.4): a
+    /// probe on a key of the store's own that never exists, so it never
+    /// writes; an older server answers a syntax error.
+    async fn has_ifeq(&self) -> Result<bool, StoreError> {
+        let mut probe = redis::cmd("SET");
+        probe
+            .arg(format!("{}:probe:ifeq", self.prefix))
+            .arg("")
+            .arg("IFEQ")
+            .arg("never")
+            .arg("PX")
+            .arg(1);
+        match self.query(&probe).await {
+            Ok(_) => Ok(true),
+            Err(error)
+                if error.kind()
+                    == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+            {
+                Ok(false)
+            }
+            Err(error) if error.code().is_some() => Ok(false),
+            Err(error) => Err(error.into()),
         }
-        .with_batching(DEFAULT_BATCHING)
+    }
+
+    /// Completions as native `SET … IFEQ` when the server has it (the
+    /// default, detected when the store connects), or always as a fenced
+    /// script (`false`). Both are atomic and fenced by the lease token; the
+    /// native command costs the server less than half the script's time.
+    pub fn with_native_fence(mut self, on: bool) -> Self {
+        self.native_fence = on && self.native_fence;
+        match self.batches.as_ref().map(|batches| batches.limits()) {
+            Some(limits) => self.with_batching(limits),
+            None => self,
+        }
+    }
+
+    /// Whether completions go as native `SET … IFEQ`
+    /// ([`RedisStore::with_native_fence`]).
+    pub fn native_fence(&self) -> bool {
+        self.native_fence
     }
 
     /// Sets how concurrent claims and completions are batched on one
     /// Redis; [`BatchLimits::OFF`] sends each as a script call of its own.
-    /// A cluster never batches (a script touches one hash slot).
+    /// A cluster never batches (a pipeline goes to one node).
     pub fn with_batching(mut self, limits: BatchLimits) -> Self {
         self.batches = None;
         if limits.enabled() && matches!(self.connection, Connection::Single(_)) {
@@ -402,55 +382,50 @@ impl RedisStore {
         }
     }
 
-    /// Reads a cached completed record (tiered store).
+    /// Reads a cached completed record (tiered store): the value and its
+    /// `PTTL`, native. A release 1 hash there reads as a miss (the
+    /// PostgreSQL record behind it is the truth).
     pub(crate) async fn cache_get(
         &self,
         scope: &str,
         key: &str,
     ) -> Result<Option<Record>, StoreError> {
-        let mut call = ScriptCall::new(&GET, 1, 64);
-        call.arg(self.key_arg(CACHED, scope, key));
-        match self.invoke(&call).await? {
-            Value::Array(reply) if reply.len() == 2 => {
-                record_from_fields(scope, key, &reply[1], int(&reply[0])?)
+        let at = self.key_arg(CACHED, scope, key);
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(&at).cmd("PTTL").arg(&at);
+        let sent = self.send(pipe, &at, false).await?;
+        match sent.values.as_slice() {
+            [Value::Nil, _] => Ok(None),
+            [Value::ServerError(error), _] if wrong_type(error) => Ok(None),
+            [Value::BulkString(value), Value::Int(left)] => Ok(Some(codec::decode(
+                scope,
+                key,
+                value,
+                *left,
+                time::OffsetDateTime::now_utc(),
+            )?)),
+            [Value::ServerError(error), _] | [_, Value::ServerError(error)] => {
+                Err(server_error(error))
             }
-            _ => Err(CorruptRecord("the get script returned an unexpected shape").into()),
+            _ => Err(CorruptRecord("GET and PTTL answered an unexpected shape").into()),
         }
     }
 
-    /// Caches a completed record for `ttl` (tiered store).
+    /// Caches a completed record for `ttl` (tiered store), one native `SET`.
     pub(crate) async fn cache_put(&self, record: &Record, ttl: Duration) -> Result<(), StoreError> {
         let Some(response) = &record.response else {
             return Ok(());
         };
-        let millis_of = |at: OffsetDateTime| {
-            i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
-        };
-        let mut call = ScriptCall::new(&CACHE_PUT, 1, 256);
-        call.arg(self.key_arg(CACHED, &record.scope, &record.key))
-            .arg(millis(ttl).max(1))
-            .arg("t")
-            .arg(record.lease_token.as_uuid().as_bytes().as_slice())
-            .arg("s")
-            .arg("c")
-            .arg("l")
-            .arg(millis_of(record.lease_expires_at))
-            .arg("e")
-            .arg(millis_of(record.expires_at))
-            .arg("n")
-            .arg(millis_of(record.created_at))
-            .arg("m")
-            .arg(encode_request(
-                &record.fingerprint,
-                record.transactional,
-                &record.method,
-                &record.path,
-            ))
-            .arg("p")
-            .arg(encode_response(response))
-            .arg("c")
-            .arg(millis_of(record.completed_at.unwrap_or(record.observed_at)));
-        self.invoke(&call).await.map(drop)
+        let ttl = ttl.max(Duration::from_millis(1));
+        let value = codec::cached(record, &codec::encode_response(response), ttl);
+        let mut command = redis::cmd("SET");
+        command
+            .arg(self.key_arg(CACHED, &record.scope, &record.key))
+            .arg(value)
+            .arg("PX")
+            .arg(codec::millis(ttl));
+        self.query(&command).await?;
+        Ok(())
     }
 
     /// Announces that a record changed (tiered store), waking waiters in
@@ -470,31 +445,136 @@ impl RedisStore {
             _ => Err(StoreError::LeaseLost),
         }
     }
+
+    /// The claim's pipeline: `SET key <in flight> NX PX <retention> GET`,
+    /// then `PTTL key`.
+    fn claim_commands(
+        pipe: &mut redis::Pipeline,
+        at: &RecordKey<'_>,
+        value: &[u8],
+        retention: Duration,
+    ) {
+        pipe.cmd("SET")
+            .arg(at)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(codec::millis(retention).max(1))
+            .arg("GET")
+            .cmd("PTTL")
+            .arg(at);
+    }
+
+    /// What one claim's `SET … NX GET` and `PTTL` answered: acquired, the
+    /// existing record, or `None` when a release 1 record vanished between
+    /// the claim and its read (the caller claims again).
+    async fn claim_answer(
+        &self,
+        new: &NewRecord<'_>,
+        value: Vec<u8>,
+        sent_at: std::time::Instant,
+        answers: &[Value],
+        acked: &Acked,
+    ) -> Result<Option<Claim>, StoreError> {
+        match answers {
+            [Value::Nil, _] => {
+                acked.replicated()?;
+                if self.native_fence {
+                    self.claimed.remember(new.token, value, sent_at);
+                }
+                Ok(Some(Claim::Acquired(new.lease())))
+            }
+            [Value::BulkString(existing), Value::Int(left)] => {
+                let record = codec::decode(
+                    new.scope,
+                    new.key,
+                    existing,
+                    *left,
+                    time::OffsetDateTime::now_utc(),
+                )?;
+                if record.lease_token == new.token {
+                    // Its own claim, landed by an earlier attempt: the
+                    // engine runs on it as if acquired.
+                    acked.replicated()?;
+                }
+                Ok(Some(Claim::Existing(Box::new(record))))
+            }
+            [Value::ServerError(error), _] if wrong_type(error) => Ok(self
+                .get(new.scope, new.key)
+                .await?
+                .map(|record| Claim::Existing(Box::new(record)))),
+            [Value::ServerError(error), _] | [_, Value::ServerError(error)] => {
+                Err(server_error(error))
+            }
+            _ => Err(CorruptRecord("the claim answered an unexpected shape").into()),
+        }
+    }
+
+    /// One claim on its own.
+    async fn claim_alone(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        let at = self.key_arg(RECORDS, new.scope, new.key);
+        let request =
+            codec::encode_request(new.fingerprint, new.transactional, new.method, new.path);
+        let value = codec::in_flight(new.token, new.lease, new.retention, &request);
+        // A release 1 record that is deleted between the claim and its read
+        // leaves the key free: claim again (twice at most, then fail).
+        for _ in 0..3 {
+            let mut pipe = redis::pipe();
+            Self::claim_commands(&mut pipe, &at, &value, new.retention);
+            let sent_at = std::time::Instant::now();
+            let acked = self.send(pipe, &at, true).await?;
+            if let Some(claim) = self
+                .claim_answer(new, value.clone(), sent_at, &acked.values, &acked)
+                .await?
+            {
+                return Ok(claim);
+            }
+        }
+        Err(CorruptRecord("a release 1 record kept vanishing under its claim").into())
+    }
+
+    /// One completion on its own: native `IFEQ` when this store remembers
+    /// the claim's value, else (or when the value changed) the script.
+    async fn complete_alone(&self, lease: &Lease, response: Vec<u8>) -> Result<(), StoreError> {
+        let at = self.key_arg(RECORDS, &lease.scope, &lease.key);
+        if let Some(claimed) = self
+            .native_fence
+            .then(|| self.claimed.take(lease.token))
+            .flatten()
+        {
+            let done = codec::completed(&claimed.value, claimed.at.elapsed(), &response)?;
+            let mut pipe = redis::pipe();
+            pipe.cmd("SET")
+                .arg(&at)
+                .arg(done)
+                .arg("IFEQ")
+                .arg(claimed.value)
+                .arg("KEEPTTL");
+            let acked = self.send(pipe, &at, true).await?;
+            match acked.values.first() {
+                Some(Value::Okay) => return acked.replicated(),
+                // Another value: watched, renewed, or another's lease.
+                Some(Value::Nil) => {}
+                Some(Value::ServerError(error)) => return Err(server_error(error)),
+                _ => return Err(CorruptRecord("SET IFEQ answered an unexpected shape").into()),
+            }
+        }
+        let mut call = ScriptCall::new(&COMPLETE, 1, 80 + response.len());
+        call.arg(&at)
+            .arg(lease.token.as_uuid().as_bytes().as_slice())
+            .arg(response)
+            .arg(&*self.channel);
+        match self.invoke_acked(&call, &at).await? {
+            (Value::Int(1), acked) => acked.replicated(),
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
 }
 
 /// The namespace of records (`r`) and of the tiered store's cached
 /// completed records (`c`).
 const RECORDS: &str = "r";
 const CACHED: &str = "c";
-
-/// `<prefix>:<namespace>:<scope length>:<scope>:<key>`: the length prefix
-/// makes the encoding injective, so scope `a:b` with key `c` never meets
-/// scope `a` with key `b:c`. Commands write it with [`RecordKey`], without
-/// building it first; this builds the same bytes, for the tests.
-#[cfg(test)]
-fn record_key(prefix: &str, namespace: &str, scope: &str, key: &str) -> Vec<u8> {
-    // Built by hand: `format!` costs more than the rest of a claim's
-    // encoding, and this runs for every store call.
-    let mut out = Vec::with_capacity(prefix.len() + namespace.len() + scope.len() + key.len() + 24);
-    for part in [prefix.as_bytes(), b":", namespace.as_bytes(), b":"] {
-        out.extend_from_slice(part);
-    }
-    out.extend_from_slice(decimal(scope.len(), &mut [0; 20]));
-    for part in [b":".as_slice(), scope.as_bytes(), b":", key.as_bytes()] {
-        out.extend_from_slice(part);
-    }
-    out
-}
 
 /// `n` in decimal, written at the end of `digits`.
 fn decimal(n: usize, digits: &mut [u8; 20]) -> &[u8] {
@@ -547,142 +627,11 @@ async fn forward_events(
     }
 }
 
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn from_millis(millis: i64) -> Result<OffsetDateTime, CorruptRecord> {
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(millis) * 1_000_000)
-        .map_err(|_| CorruptRecord("a stored time is out of range"))
-}
-
 fn int(value: &Value) -> Result<i64, CorruptRecord> {
     match value {
         Value::Int(n) => Ok(*n),
         _ => Err(CorruptRecord("a script returned a non-integer")),
     }
-}
-
-/// A record from the values of [`FIELDS`] (`HMGET`), read at `now` (the
-/// server's clock); `None` when the record does not exist.
-fn record_from_fields(
-    scope: &str,
-    key: &str,
-    fields: &Value,
-    now: i64,
-) -> Result<Option<Record>, StoreError> {
-    let Value::Array(values) = fields else {
-        return Err(CorruptRecord("HMGET did not return an array").into());
-    };
-    let mut fields = [None; FIELDS.len()];
-    for (field, value) in fields.iter_mut().zip(values) {
-        if let Value::BulkString(bytes) = value {
-            *field = Some(bytes.as_slice());
-        }
-    }
-    record_from(scope, key, &fields, now)
-}
-
-/// The integer written in decimal in `bytes` (an optional `-`, then
-/// digits), as Redis sends numbers; `None` for anything else or on
-/// overflow. Parsed from the bytes directly: through `str::from_utf8` and
-/// `parse`, a replay's eight numbers cost about a thousand instructions.
-fn decimal_value(bytes: &[u8]) -> Option<i64> {
-    let (negative, digits) = match bytes.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, bytes),
-    };
-    if digits.is_empty() {
-        return None;
-    }
-    let mut value: i64 = 0;
-    for &byte in digits {
-        let digit = i64::from(byte.checked_sub(b'0').filter(|digit| *digit < 10)?);
-        value = value.checked_mul(10)?;
-        value = if negative {
-            value.checked_sub(digit)?
-        } else {
-            value.checked_add(digit)?
-        };
-    }
-    Some(value)
-}
-
-/// A missing field's length in a packed record.
-const MISSING: u32 = u32::MAX;
-
-/// A record from the fields packed by `pack.lua` (the eight lengths as
-/// 4-byte big-endian numbers, [`MISSING`] for a missing field, then the
-/// present fields' bytes in order), read at `now`; `None` when the record
-/// does not exist.
-fn record_from_packed(
-    scope: &str,
-    key: &str,
-    packed: &[u8],
-    now: i64,
-) -> Result<Option<Record>, StoreError> {
-    let corrupt = CorruptRecord("the packed record is invalid");
-    let (lengths, mut values) = packed.split_at_checked(4 * FIELDS.len()).ok_or(corrupt)?;
-    let mut fields = [None; FIELDS.len()];
-    for (field, length) in fields.iter_mut().zip(lengths.chunks_exact(4)) {
-        let length = u32::from_be_bytes(length.try_into().map_err(|_| corrupt)?);
-        if length == MISSING {
-            continue;
-        }
-        let length = usize::try_from(length).map_err(|_| corrupt)?;
-        let (value, rest) = values.split_at_checked(length).ok_or(corrupt)?;
-        *field = Some(value);
-        values = rest;
-    }
-    if !values.is_empty() {
-        return Err(corrupt.into());
-    }
-    record_from(scope, key, &fields, now)
-}
-
-/// A record from the values of [`FIELDS`], in order; `None` when the record
-/// does not exist (no lease token).
-fn record_from(
-    scope: &str,
-    key: &str,
-    fields: &[Option<&[u8]>; FIELDS.len()],
-    now: i64,
-) -> Result<Option<Record>, StoreError> {
-    let field = |name: &str| -> Option<&[u8]> {
-        let index = FIELDS.iter().position(|f| *f == name)?;
-        fields[index]
-    };
-    let Some(token) = field("t") else {
-        return Ok(None);
-    };
-    let missing = CorruptRecord("a record field is missing");
-    let number = |name: &str| -> Result<i64, CorruptRecord> {
-        decimal_value(field(name).ok_or(missing)?).ok_or(CorruptRecord("a number field is invalid"))
-    };
-    let token = uuid::Uuid::from_slice(token)
-        .map_err(|_| CorruptRecord("the lease token is not 16 bytes"))?;
-    let (fingerprint, transactional, method, path) = decode_request(field("m").ok_or(missing)?)?;
-    let completed = field("s") == Some(b"c".as_slice());
-    let response = completed
-        .then(|| decode_response(field("p").ok_or(missing)?))
-        .transpose()?;
-    Ok(Some(Record {
-        scope: scope.to_owned(),
-        key: key.to_owned(),
-        fingerprint,
-        method,
-        path,
-        lease_token: LeaseToken::from_uuid(token),
-        lease_expires_at: from_millis(number("l")?)?,
-        transactional,
-        response,
-        created_at: from_millis(number("n")?)?,
-        completed_at: completed
-            .then(|| number("c").and_then(from_millis))
-            .transpose()?,
-        expires_at: from_millis(number("e")?)?,
-        observed_at: from_millis(now)?,
-    }))
 }
 
 impl BatchedStore for RedisStore {
@@ -692,86 +641,115 @@ impl BatchedStore for RedisStore {
         &self,
         items: Vec<ClaimItem>,
     ) -> Result<Vec<Result<Claim, StoreError>>, StoreError> {
-        // A batch of one (no load): the single-claim statement, which is
-        // cheaper to run than the batch's.
         if let [item] = items.as_slice() {
-            return Ok(vec![self.claim(&item.as_new()).await]);
+            return Ok(vec![self.claim_alone(&item.as_new()).await]);
         }
-        let mut call = ScriptCall::new(&CLAIM_BATCH, items.len(), items.len() * 160);
+        // One pipeline: each claim's `SET … NX GET` and `PTTL`, answered per key.
+        let mut pipe = redis::pipe();
+        let mut values = Vec::with_capacity(items.len());
         for item in &items {
-            call.arg(self.key_arg(RECORDS, &item.scope, &item.key));
+            let new = item.as_new();
+            let request =
+                codec::encode_request(new.fingerprint, new.transactional, new.method, new.path);
+            let value = codec::in_flight(new.token, new.lease, new.retention, &request);
+            Self::claim_commands(
+                &mut pipe,
+                &self.key_arg(RECORDS, new.scope, new.key),
+                &value,
+                new.retention,
+            );
+            values.push(value);
         }
-        for item in &items {
-            call.arg(item.token.as_uuid().as_bytes().as_slice())
-                .arg(millis(item.lease))
-                .arg(millis(item.retention))
-                .arg(encode_request(
-                    &item.fingerprint,
-                    item.transactional,
-                    &item.method,
-                    &item.path,
-                ));
+        let first = items[0].as_new();
+        let sent_at = std::time::Instant::now();
+        let acked = self
+            .send(pipe, &self.key_arg(RECORDS, first.scope, first.key), true)
+            .await?;
+        if acked.values.len() != 2 * items.len() {
+            return Err(CorruptRecord("the batch claim answered too few keys").into());
         }
-        let shape = || CorruptRecord("the batch claim script returned an unexpected shape");
-        let acked = self.invoke_acked(&call).await?;
-        let Value::Array(reply) = &acked.value else {
-            return Err(shape().into());
-        };
-        let [now, Value::Array(answers)] = reply.as_slice() else {
-            return Err(shape().into());
-        };
-        let now = int(now)?;
-        if answers.len() != items.len() {
-            return Err(shape().into());
+        let mut claims = Vec::with_capacity(items.len());
+        for ((item, value), answers) in items.iter().zip(values).zip(acked.values.chunks(2)) {
+            let new = item.as_new();
+            claims.push(
+                match self
+                    .claim_answer(&new, value, sent_at, answers, &acked)
+                    .await
+                {
+                    Ok(Some(claim)) => Ok(claim),
+                    // A release 1 record vanished under it: on its own again.
+                    Ok(None) => self.claim_alone(&new).await,
+                    Err(error) => Err(error),
+                },
+            );
         }
-        Ok(items
-            .iter()
-            .zip(answers)
-            .map(|(item, answer)| match answer {
-                Value::Int(1) => {
-                    acked.replicated()?;
-                    Ok(Claim::Acquired(item.as_new().lease()))
-                }
-                Value::BulkString(packed) => {
-                    let record = record_from_packed(&item.scope, &item.key, packed, now)?
-                        .ok_or(CorruptRecord("the existing record vanished"))?;
-                    if record.lease_token == item.token {
-                        // Its own claim, landed by an earlier attempt.
-                        acked.replicated()?;
-                    }
-                    Ok(Claim::Existing(Box::new(record)))
-                }
-                _ => Err(shape().into()),
-            })
-            .collect())
+        Ok(claims)
     }
 
     async fn complete_batch(
         &self,
         items: Vec<CompleteItem>,
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        let size = items.iter().map(|(_, response)| 80 + response.len()).sum();
-        let mut call = ScriptCall::new(&COMPLETE_BATCH, items.len(), size);
-        for (lease, _) in &items {
-            call.arg(self.key_arg(RECORDS, &lease.scope, &lease.key));
+        // Completions whose claim's value this store remembers go in one
+        // pipeline of `SET … IFEQ`; the others (and those whose value
+        // changed) by script, concurrently.
+        let mut native = Vec::new();
+        let mut pipe = redis::pipe();
+        let mut results: Vec<Option<Result<(), StoreError>>> = Vec::with_capacity(items.len());
+        for (index, (lease, response)) in items.iter().enumerate() {
+            results.push(None);
+            if !self.native_fence {
+                continue;
+            }
+            let Some(claimed) = self.claimed.take(lease.token) else {
+                continue;
+            };
+            match codec::completed(&claimed.value, claimed.at.elapsed(), response) {
+                Ok(done) => {
+                    pipe.cmd("SET")
+                        .arg(self.key_arg(RECORDS, &lease.scope, &lease.key))
+                        .arg(done)
+                        .arg("IFEQ")
+                        .arg(claimed.value)
+                        .arg("KEEPTTL");
+                    native.push(index);
+                }
+                Err(error) => results[index] = Some(Err(error.into())),
+            }
         }
-        call.arg(&*self.channel);
-        for (lease, response) in &items {
-            call.arg(lease.token.as_uuid().as_bytes().as_slice())
-                .arg(response.as_slice());
+        if let Some(&first) = native.first() {
+            let lease = &items[first].0;
+            let acked = self
+                .send(pipe, &self.key_arg(RECORDS, &lease.scope, &lease.key), true)
+                .await?;
+            for (&index, answer) in native.iter().zip(&acked.values) {
+                results[index] = match answer {
+                    Value::Okay => Some(acked.replicated()),
+                    Value::Nil => None,
+                    Value::ServerError(error) => Some(Err(server_error(error))),
+                    _ => Some(Err(
+                        CorruptRecord("SET IFEQ answered an unexpected shape").into()
+                    )),
+                };
+            }
         }
-        let acked = self.invoke_acked(&call).await?;
-        let Value::Array(answers) = &acked.value else {
-            return Err(CorruptRecord("the batch complete script returned no array").into());
-        };
-        if answers.len() != items.len() {
-            return Err(CorruptRecord("the batch complete script answered too few keys").into());
-        }
-        Ok(answers
-            .iter()
-            .map(|answer| match answer {
-                Value::Int(1) => acked.replicated(),
-                _ => Err(StoreError::LeaseLost),
+        let scripted = futures_util::future::join_all(
+            items
+                .iter()
+                .zip(&results)
+                .filter(|(_, result)| result.is_none())
+                .map(|((lease, response), _)| self.complete_alone(lease, response.clone())),
+        )
+        .await;
+        let mut scripted = scripted.into_iter();
+        Ok(results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| {
+                    scripted
+                        .next()
+                        .unwrap_or(Err(StoreError::Unsupported("a lost completion")))
+                })
             })
             .collect())
     }
@@ -788,38 +766,7 @@ impl Store for RedisStore {
             },
             None => None,
         };
-        let mut call = ScriptCall::new(&CLAIM, 1, 160);
-        call.arg(self.key_arg(RECORDS, new.scope, new.key))
-            .arg(new.token.as_uuid().as_bytes().as_slice())
-            .arg(millis(new.lease))
-            .arg(millis(new.retention))
-            .arg(encode_request(
-                new.fingerprint,
-                new.transactional,
-                new.method,
-                new.path,
-            ));
-        let acked = self.invoke_acked(&call).await?;
-        let Value::Array(reply) = &acked.value else {
-            return Err(CorruptRecord("the claim script returned no array").into());
-        };
-        match reply.as_slice() {
-            [acquired, _] if int(acquired)? == 1 => {
-                acked.replicated()?;
-                Ok(Claim::Acquired(new.lease()))
-            }
-            [_, now, Value::BulkString(packed)] => {
-                let record = record_from_packed(new.scope, new.key, packed, int(now)?)?
-                    .ok_or(CorruptRecord("the existing record vanished"))?;
-                if record.lease_token == new.token {
-                    // Its own claim, landed by an earlier attempt: the
-                    // engine runs on it as if acquired.
-                    acked.replicated()?;
-                }
-                Ok(Claim::Existing(Box::new(record)))
-            }
-            _ => Err(CorruptRecord("the claim script returned an unexpected shape").into()),
-        }
+        self.claim_alone(new).await
     }
 
     async fn take_over(
@@ -827,28 +774,29 @@ impl Store for RedisStore {
         previous: LeaseToken,
         new: &NewRecord<'_>,
     ) -> Result<Option<Lease>, StoreError> {
-        let mut call = ScriptCall::new(&TAKE_OVER, 1, 180);
-        call.arg(self.key_arg(RECORDS, new.scope, new.key))
+        let at = self.key_arg(RECORDS, new.scope, new.key);
+        let request =
+            codec::encode_request(new.fingerprint, new.transactional, new.method, new.path);
+        let value = codec::in_flight(new.token, new.lease, new.retention, &request);
+        let mut call = ScriptCall::new(&TAKE_OVER, 1, 120 + value.len());
+        call.arg(&at)
             .arg(previous.as_uuid().as_bytes().as_slice())
-            .arg(new.token.as_uuid().as_bytes().as_slice())
-            .arg(millis(new.lease))
-            .arg(millis(new.retention))
-            .arg(encode_request(
-                new.fingerprint,
-                new.transactional,
-                new.method,
-                new.path,
-            ));
-        let acked = self.invoke_acked(&call).await?;
-        if !matches!(acked.value, Value::Int(1)) {
+            .arg(value.as_slice())
+            .arg(codec::millis(new.retention).max(1));
+        let sent_at = std::time::Instant::now();
+        let (answer, acked) = self.invoke_acked(&call, &at).await?;
+        if !matches!(answer, Value::Int(1)) {
             return Ok(None);
         }
         acked.replicated()?;
+        if self.native_fence {
+            self.claimed.remember(new.token, value, sent_at);
+        }
         Ok(Some(new.lease()))
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        let response = encode_response(response);
+        let response = codec::encode_response(response);
         // As for claims: by itself when alone, else in the next batch.
         let _lone = match &self.batches {
             Some(batches) => match batches.completions.lone() {
@@ -862,27 +810,22 @@ impl Store for RedisStore {
             },
             None => None,
         };
-        let mut call = ScriptCall::new(&COMPLETE, 1, 80 + response.len());
-        call.arg(self.key_arg(RECORDS, &lease.scope, &lease.key))
-            .arg(lease.token.as_uuid().as_bytes().as_slice())
-            .arg(response)
-            .arg(&*self.channel);
-        match self.invoke_acked(&call).await? {
-            acked if matches!(acked.value, Value::Int(1)) => acked.replicated(),
-            _ => Err(StoreError::LeaseLost),
-        }
+        self.complete_alone(lease, response).await
     }
 
     async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
+        // The value changes (its lease end): completions go by script.
+        self.claimed.take(lease.token);
         let mut call = ScriptCall::new(&RENEW, 1, 80);
         call.arg(self.key_arg(RECORDS, &lease.scope, &lease.key))
             .arg(lease.token.as_uuid().as_bytes().as_slice())
-            .arg(millis(duration))
+            .arg(codec::millis(duration))
             .arg(&*self.channel);
         self.fenced(&call).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.claimed.take(lease.token);
         let mut call = ScriptCall::new(&RELEASE, 1, 80);
         call.arg(self.key_arg(RECORDS, &lease.scope, &lease.key))
             .arg(lease.token.as_uuid().as_bytes().as_slice())
@@ -893,11 +836,19 @@ impl Store for RedisStore {
     async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
         let mut call = ScriptCall::new(&GET, 1, 64);
         call.arg(self.key_arg(RECORDS, scope, key));
+        let shape = || CorruptRecord("the get script returned an unexpected shape");
         match self.invoke(&call).await? {
-            Value::Array(reply) if reply.len() == 2 => {
-                record_from_fields(scope, key, &reply[1], int(&reply[0])?)
-            }
-            _ => Err(CorruptRecord("the get script returned an unexpected shape").into()),
+            Value::Array(reply) => match reply.as_slice() {
+                [Value::Int(0)] => Ok(None),
+                [Value::Int(2), Value::Int(left), Value::BulkString(value)] => Ok(Some(
+                    codec::decode(scope, key, value, *left, time::OffsetDateTime::now_utc())?,
+                )),
+                [Value::Int(1), now, Value::BulkString(packed)] => {
+                    legacy::record_from_packed(scope, key, packed, int(now)?)
+                }
+                _ => Err(shape().into()),
+            },
+            _ => Err(shape().into()),
         }
     }
 
@@ -926,10 +877,6 @@ impl Purge for RedisStore {
 // ---------------------------------------------------------------------------
 // Operators' operations (`AdminStore`): listing and forgetting records.
 // ---------------------------------------------------------------------------
-
-/// See `lua/admin_forget.lua`.
-static ADMIN_FORGET: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/admin_forget.lua")));
 
 /// How many records a listing reads per round of scripts.
 const ADMIN_READ_CHUNK: usize = 100;
@@ -1081,141 +1028,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn decimal_values_parse_as_str_parse_does() {
-        for text in [
-            "0",
-            "7",
-            "-7",
-            "1764547200123",
-            "-0",
-            "9223372036854775807",
-            "-9223372036854775808",
-        ] {
-            assert_eq!(
-                decimal_value(text.as_bytes()),
-                text.parse::<i64>().ok(),
-                "{text}"
-            );
-        }
-        for text in [
-            "",
-            "-",
-            "+1",
-            "1a",
-            " 1",
-            "9223372036854775808",
-            "-9223372036854775809",
-            "1.5",
-        ] {
-            assert_eq!(decimal_value(text.as_bytes()), None, "{text}");
-        }
-    }
-
-    /// Packs fields as `pack.lua` does.
-    fn pack(fields: &[Option<&[u8]>]) -> Vec<u8> {
-        let mut packed = Vec::new();
-        for field in fields {
-            let length = field.map_or(MISSING, |value| u32::try_from(value.len()).unwrap());
-            packed.extend_from_slice(&length.to_be_bytes());
-        }
-        for value in fields.iter().flatten() {
-            packed.extend_from_slice(value);
-        }
-        packed
-    }
-
-    #[test]
-    fn packed_records_decode_like_their_fields() {
-        let token = uuid::Uuid::new_v4();
-        let request = encode_request(&Fingerprint::from_bytes([7; 32]), false, "POST", "/p:~");
-        let response = encode_response(&StoredResponse::from_bytes("12:~ok"));
-        // t s l e n m p c; any bytes inside values are data.
-        let completed: [Option<&[u8]>; 8] = [
-            Some(token.as_bytes()),
-            Some(b"c"),
-            Some(b"1700000060000"),
-            Some(b"1700086400000"),
-            Some(b"1700000000000"),
-            Some(&request),
-            Some(&response),
-            Some(b"1700000001000"),
-        ];
-        let in_flight: [Option<&[u8]>; 8] = [
-            completed[0],
-            Some(b"f"),
-            completed[2],
-            completed[3],
-            completed[4],
-            completed[5],
-            None,
-            None,
-        ];
-        for fields in [completed, in_flight] {
-            let as_array = Value::Array(
-                fields
-                    .iter()
-                    .map(|f| f.map_or(Value::Nil, |v| Value::BulkString(v.to_vec())))
-                    .collect(),
-            );
-            let unpacked = record_from_packed("s", "k", &pack(&fields), 1_700_000_002_000).unwrap();
-            let expected = record_from_fields("s", "k", &as_array, 1_700_000_002_000).unwrap();
-            assert!(unpacked.is_some());
-            assert_eq!(unpacked, expected);
-        }
-        let record = record_from_packed("s", "k", &pack(&completed), 0)
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            record.response.unwrap().body.as_deref(),
-            Some(&b"12:~ok"[..])
-        );
-        assert_eq!(record.path, "/p:~");
-        // No token: no record.
-        let gone = pack(&[None; 8]);
-        assert_eq!(record_from_packed("s", "k", &gone, 0).unwrap(), None);
-        // Truncated, too long, too few fields, lengths cut short: corrupt.
-        let whole = pack(&completed);
-        for bad in [
-            &whole[..whole.len() - 1],
-            &[whole.as_slice(), b"~"].concat()[..],
-            &pack(&completed[..7])[..],
-            &whole[..30],
-        ] {
-            assert!(record_from_packed("s", "k", bad, 0).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn packed_requests_and_responses_round_trip() {
-        let fingerprint = Fingerprint::from_bytes([9; 32]);
-        let packed = encode_request(&fingerprint, true, "PATCH", "/a?b=c");
-        assert_eq!(
-            decode_request(&packed).unwrap(),
-            (fingerprint, true, "PATCH".into(), "/a?b=c".into())
-        );
-        let mut headers = http::HeaderMap::new();
-        headers.append("x-a", http::HeaderValue::from_static("1"));
-        for body in [
-            Some(bytes::Bytes::from_static(b"\x00\xffbody")),
-            Some(bytes::Bytes::new()),
-            None,
-        ] {
-            let response = StoredResponse {
-                status: http::StatusCode::CREATED,
-                headers: headers.clone(),
-                body,
-            };
-            assert_eq!(
-                decode_response(&encode_response(&response)).unwrap(),
-                response
-            );
-        }
-        assert!(decode_request(b"short").is_err());
-        assert!(decode_response(b"\x00").is_err());
-    }
-
-    #[test]
     fn record_keys_are_injective_and_parse_back() {
+        let record_key = |prefix, namespace, scope, key| {
+            RecordKey {
+                prefix,
+                namespace,
+                scope,
+                key,
+            }
+            .to_bytes()
+        };
         let a = record_key("idem", RECORDS, "a:b", "c");
         let b = record_key("idem", RECORDS, "a", "b:c");
         assert_ne!(a, b);
@@ -1235,5 +1057,88 @@ mod tests {
             parse_record_key("idem", &braces),
             Some(("{t}".into(), "k}{".into()))
         );
+    }
+
+    /// The raw value of a record, read with a plain command.
+    async fn raw(store: &RedisStore, scope: &str, key: &str) -> Vec<u8> {
+        let mut command = redis::cmd("GET");
+        command.arg(store.key_arg(RECORDS, scope, key));
+        match store.query(&command).await.unwrap() {
+            Value::BulkString(value) => value,
+            other => panic!("no value: {other:?}"),
+        }
+    }
+
+    /// The scripts write what the codec reads, byte for byte: a claim's
+    /// value, a renewal's lease end, a reader's watched mark and a
+    /// scripted completion are exactly the values `codec` builds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_redis_scripts_write_the_codec_layout() {
+        let url = idempotency_tests::fixtures::redis_url();
+        let prefix = format!("test-codec-{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect(&url, &prefix)
+            .await
+            .unwrap()
+            .with_native_fence(false);
+        let fingerprint = crate::Fingerprint::from_bytes([3; 32]);
+        let new = NewRecord {
+            scope: "s",
+            key: "k",
+            fingerprint: &fingerprint,
+            method: "POST",
+            path: "/orders?x=1",
+            token: LeaseToken::new(),
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+            transactional: false,
+        };
+        let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
+            panic!("a fresh key is acquired");
+        };
+        let request = codec::encode_request(&fingerprint, false, "POST", "/orders?x=1");
+        let claimed = raw(&store, "s", "k").await;
+        assert_eq!(
+            claimed,
+            codec::in_flight(new.token, new.lease, new.retention, &request)
+        );
+
+        store.renew(&lease, Duration::from_secs(120)).await.unwrap();
+        let renewed = raw(&store, "s", "k").await;
+        let view = codec::View::parse(&renewed).unwrap();
+        assert!(
+            (120_000..125_000).contains(&view.lease_end),
+            "{}",
+            view.lease_end
+        );
+        assert_eq!(renewed[..28], claimed[..28]);
+        assert_eq!(renewed[36..], claimed[36..]);
+
+        let read = store.get("s", "k").await.unwrap().unwrap();
+        assert_eq!(read.state(), crate::RecordState::InFlight);
+        let watched = raw(&store, "s", "k").await;
+        assert!(codec::View::parse(&watched).unwrap().watched);
+        assert_eq!(watched[..3], renewed[..3]);
+        assert_eq!(watched[4..], renewed[4..]);
+
+        let response = StoredResponse::from_bytes("done");
+        store.complete(&lease, &response).await.unwrap();
+        let completed = raw(&store, "s", "k").await;
+        let view = codec::View::parse(&completed).unwrap();
+        assert_eq!(view.state, codec::COMPLETED);
+        assert!(view.completion < 5_000, "{}", view.completion);
+        assert_eq!(
+            completed,
+            codec::completed(
+                &renewed,
+                Duration::from_millis(view.completion),
+                &codec::encode_response(&response)
+            )
+            .unwrap()
+        );
+        let record = store.get("s", "k").await.unwrap().unwrap();
+        assert_eq!(record.response, Some(response));
+        let mut del = redis::cmd("DEL");
+        del.arg(store.key_arg(RECORDS, "s", "k"));
+        store.query(&del).await.unwrap();
     }
 }

@@ -280,7 +280,7 @@ async fn scan(connection: &mut redis::aio::MultiplexedConnection, pattern: &str)
     }
 }
 
-/// Every field of the record's Redis hash, read with a plain client.
+/// The record's Redis value, read with a plain client.
 pub(crate) async fn raw_redis(
     _store: &idempotency_guard::store::redis::RedisStore,
     scope: &str,
@@ -292,12 +292,12 @@ pub(crate) async fn raw_redis(
     let names = scan(&mut connection, &pattern).await;
     let mut bytes = Vec::new();
     for name in names {
-        let fields: Vec<Vec<u8>> = redis::cmd("HGETALL")
+        let value: Vec<u8> = redis::cmd("GET")
             .arg(name)
             .query_async(&mut connection)
             .await
             .unwrap();
-        bytes.extend(fields.concat());
+        bytes.extend(value);
     }
     bytes
 }
@@ -325,7 +325,7 @@ async fn the_guard_replays_a_sealed_response_byte_for_byte() {
 
 /// Configuration turns encryption on: `AnyStore::open` given keys (as the
 /// example app and the gateway build it from `IDEMPOTENCY_ENCRYPTION_KEYS`)
-/// seals what the guard stores; the Redis hash holds no plaintext of the
+/// seals what the guard stores; the Redis value holds no plaintext of the
 /// body or a header, and the replay is whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_store_opened_with_configured_keys_seals_what_the_guard_stores() {
@@ -358,12 +358,12 @@ async fn a_redis_store_opened_with_configured_keys_seals_what_the_guard_stores()
     assert_eq!(names.len(), 1, "one record under the test's prefix");
     let mut raw = Vec::new();
     for name in &names {
-        let fields: Vec<Vec<u8>> = redis::cmd("HGETALL")
+        let value: Vec<u8> = redis::cmd("GET")
             .arg(name)
             .query_async(&mut connection)
             .await
             .unwrap();
-        raw.extend(fields.concat());
+        raw.extend(value);
     }
     assert!(!contains(&raw, "4242424242424242"), "body in clear");
     assert!(!contains(&raw, "/things/1"), "the Location header in clear");

@@ -45,20 +45,11 @@ impl ScriptCall {
     pub(super) fn command(&self) -> &Cmd {
         &self.command
     }
-
-    /// The call's first key (after `EVALSHA`, the SHA-1 and the number of
-    /// keys), which names the hash slot a cluster runs it on.
-    pub(super) fn first_key(&self) -> Option<&[u8]> {
-        match self.command.args_iter().nth(3)? {
-            redis::Arg::Simple(bytes) => Some(bytes),
-            _ => None,
-        }
-    }
 }
 
 /// `<prefix>:<namespace>:<scope length>:<scope>:<key>`, written into a
-/// command as one argument without being built first (see
-/// [`super::record_key`], which builds the same bytes).
+/// command as one argument without being built first ([`RecordKey::to_bytes`]
+/// builds the same bytes, for routing on a cluster).
 pub(super) struct RecordKey<'a> {
     pub(super) prefix: &'a str,
     pub(super) namespace: &'a str,
@@ -66,14 +57,17 @@ pub(super) struct RecordKey<'a> {
     pub(super) key: &'a str,
 }
 
-impl ToRedisArgs for RecordKey<'_> {
-    fn write_redis_args<W>(&self, out: &mut W)
-    where
-        W: ?Sized + RedisWrite,
-    {
+impl RecordKey<'_> {
+    /// The key's bytes.
+    pub(super) fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write_into(&mut out);
+        out
+    }
+
+    fn write_into(&self, writer: &mut impl Write) {
         let mut length = [0; 20];
         let length = super::decimal(self.scope.len(), &mut length);
-        let mut writer = out.writer_for_next_arg();
         for part in [
             self.prefix.as_bytes(),
             b":",
@@ -85,9 +79,18 @@ impl ToRedisArgs for RecordKey<'_> {
             b":",
             self.key.as_bytes(),
         ] {
-            // Writing into the command's own buffer cannot fail.
+            // Writing into a buffer in memory cannot fail.
             let _ = writer.write_all(part);
         }
+    }
+}
+
+impl ToRedisArgs for RecordKey<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        self.write_into(&mut out.writer_for_next_arg());
     }
 }
 
@@ -105,7 +108,7 @@ mod tests {
             key: "c d",
         };
         command.arg(&arg);
-        let built = super::super::record_key("idem", "r", "a:b", "c d");
+        let built = arg.to_bytes();
         assert_eq!(built, b"idem:r:3:a:b:c d");
         let sent: Vec<&[u8]> = command
             .args_iter()

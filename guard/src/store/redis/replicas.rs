@@ -37,9 +37,9 @@
 use std::time::Duration;
 
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{RedisError, ServerErrorKind, Value};
 
-use super::call::ScriptCall;
+use super::call::{RecordKey, ScriptCall};
 use super::{Connection, RedisStore};
 use crate::record::CorruptRecord;
 use crate::store::StoreError;
@@ -69,10 +69,11 @@ impl ReplicaAcks {
     }
 }
 
-/// A script's answer, and how many replicas acknowledged the write.
+/// A pipeline's answers (server errors as values), and how many replicas
+/// acknowledged its writes.
 pub(super) struct Acked {
-    /// The script's answer.
-    pub(super) value: Value,
+    /// One answer per command sent, `WAIT`'s excepted.
+    pub(super) values: Vec<Value>,
     /// `WAIT`'s answer and what it was asked for; `None` when the store
     /// does not wait for replicas.
     acks: Option<(i64, ReplicaAcks)>,
@@ -99,86 +100,78 @@ impl Acked {
     }
 }
 
-/// Whether Redis refused a pipeline's script call because it does not
-/// know the script: a pipeline error on one Redis, an error value in the
-/// answers on a cluster.
-fn says_noscript(answers: &redis::RedisResult<Vec<Value>>) -> bool {
-    let noscript = |error: &redis::ServerError| error.kind() == Some(ServerErrorKind::NoScript);
-    match answers {
-        Ok(values) => matches!(values.first(), Some(Value::ServerError(error)) if noscript(error)),
-        Err(error) => {
-            error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
-                || error
-                    .clone()
-                    .into_server_errors()
-                    .is_some_and(|errors| errors.iter().any(|(_, error)| noscript(error)))
-        }
-    }
-}
-
 impl RedisStore {
-    /// Sends a script call that writes and, when the store waits for
-    /// replicas, `WAIT` behind it in the same pipeline.
-    pub(super) async fn invoke_acked(&self, call: &ScriptCall) -> Result<Acked, StoreError> {
-        let Some(wanted) = self.replica_acks else {
-            return Ok(Acked {
-                value: self.invoke(call).await?,
-                acks: None,
-            });
-        };
-        let mut answers = self.query_with_wait(call, wanted).await;
-        if says_noscript(&answers) {
-            // Redis does not know the script (yet, or any more): load it
-            // and send the pipeline again.
-            self.load(call).await?;
-            answers = self.query_with_wait(call, wanted).await;
+    /// Sends `pipe` (commands on the one key `route`, a record's), with
+    /// `WAIT` behind it on the same connection when the store waits for
+    /// replicas and `writes` says the commands may write; answers one
+    /// value per command, a command's server error as a value.
+    pub(super) async fn send(
+        &self,
+        mut pipe: redis::Pipeline,
+        route: &RecordKey<'_>,
+        writes: bool,
+    ) -> Result<Acked, StoreError> {
+        let commands = pipe.len();
+        let wanted = self.replica_acks.filter(|_| writes);
+        if let Some(wanted) = wanted {
+            pipe.cmd("WAIT").arg(wanted.replicas).arg(wanted.timeout_ms);
         }
-        let answers = answers?;
-        let mut answers = answers.into_iter();
-        let (Some(value), Some(acked), None) = (answers.next(), answers.next(), answers.next())
-        else {
-            return Err(
-                CorruptRecord("a script and WAIT answered a pipeline of another length").into(),
-            );
-        };
-        // A cluster's pipeline hands server errors back as values.
-        for answer in [&value, &acked] {
-            if let Value::ServerError(error) = answer {
-                return Err(RedisError::from(error.clone()).into());
+        pipe.ignore_errors();
+        let total = pipe.len();
+        let mut values: Vec<Value> = match &self.connection {
+            Connection::Single(connection) => pipe.query_async(&mut connection.clone()).await?,
+            Connection::Cluster(connection) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+                    route.to_bytes(),
+                    SlotAddr::Master,
+                ));
+                connection
+                    .clone()
+                    .route_pipeline(pipe, 0, total, route)
+                    .await?
             }
-        }
-        let Value::Int(acked) = acked else {
-            return Err(CorruptRecord("WAIT answered no count").into());
         };
-        Ok(Acked {
-            value,
-            acks: Some((acked, wanted)),
-        })
+        if values.len() != total {
+            return Err(CorruptRecord("a pipeline answered another number of commands").into());
+        }
+        let acks = match wanted {
+            None => None,
+            Some(wanted) => match values.pop() {
+                Some(Value::Int(acked)) => Some((acked, wanted)),
+                Some(Value::ServerError(error)) => {
+                    return Err(RedisError::from(error).into());
+                }
+                _ => return Err(CorruptRecord("WAIT answered no count").into()),
+            },
+        };
+        debug_assert_eq!(values.len(), commands);
+        Ok(Acked { values, acks })
     }
 
-    /// The pipeline `EVALSHA ...; WAIT <replicas> <timeout>`, on the
-    /// connection (a cluster: to the primary of the call's hash slot).
-    async fn query_with_wait(
+    /// Calls a script that writes (a claim's take-over, a completion), with
+    /// `WAIT` behind it when the store waits for replicas; loads the script
+    /// and calls again when Redis does not know it (`NOSCRIPT`: a script
+    /// that did not run).
+    pub(super) async fn invoke_acked(
         &self,
         call: &ScriptCall,
-        wanted: ReplicaAcks,
-    ) -> redis::RedisResult<Vec<Value>> {
-        let mut pipe = redis::pipe();
-        pipe.add_command(call.command().clone())
-            .cmd("WAIT")
-            .arg(wanted.replicas)
-            .arg(wanted.timeout_ms);
-        match &self.connection {
-            Connection::Single(connection) => pipe.query_async(&mut connection.clone()).await,
-            Connection::Cluster(connection) => {
-                let route = call
-                    .first_key()
-                    .map(|key| {
-                        SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master))
-                    })
-                    .unwrap_or(SingleNodeRoutingInfo::RandomPrimary);
-                connection.clone().route_pipeline(pipe, 0, 2, route).await
-            }
+        route: &RecordKey<'_>,
+    ) -> Result<(Value, Acked), StoreError> {
+        let pipe = || {
+            let mut pipe = redis::pipe();
+            pipe.add_command(call.command().clone());
+            pipe
+        };
+        let mut acked = self.send(pipe(), route, true).await?;
+        if matches!(acked.values.first(), Some(Value::ServerError(error)) if error.kind() == Some(ServerErrorKind::NoScript))
+        {
+            self.load(call).await?;
+            acked = self.send(pipe(), route, true).await?;
+        }
+        match acked.values.first() {
+            Some(Value::ServerError(error)) => Err(RedisError::from(error.clone()).into()),
+            Some(value) => Ok((value.clone(), acked)),
+            None => Err(CorruptRecord("a script call answered nothing").into()),
         }
     }
 }
@@ -202,7 +195,7 @@ mod tests {
     fn too_few_acknowledgements_are_not_replicated() {
         let wanted = ReplicaAcks::new(2, Duration::from_millis(100));
         let acked = |count: Option<i64>| Acked {
-            value: Value::Int(1),
+            values: vec![Value::Int(1)],
             acks: count.zip(wanted),
         };
         assert!(acked(None).replicated().is_ok(), "acknowledgements off");
