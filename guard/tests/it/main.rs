@@ -33,6 +33,7 @@ mod otel;
 mod postgres_faults;
 mod redis_failover;
 mod redis_faults;
+mod redis_upgrade;
 mod slow_store;
 mod transactional;
 
