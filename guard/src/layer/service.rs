@@ -234,7 +234,8 @@ where
 }
 
 /// The work the engine runs for a claimed request: call the route, then
-/// capture its response for storage, or say why it is not to be kept.
+/// keep its response (captured for storage), release the key or abandon
+/// it, as [`classify`] says.
 async fn run_route<I, B>(
     context: RunContext,
     inner: I,
