@@ -1,7 +1,9 @@
 //! The engine's settings: [`EngineConfig`] with a reason for each default,
 //! and every `Engine::with_*` builder but transactional mode's (in
-//! `transaction.rs`). A new setting costs one field, one default and one
-//! builder here; the axum layer takes an engine rather than copying them.
+//! `transaction.rs`). Each builder is written once, in `engine_settings!`:
+//! the engine expands that list as written, and the axum layer expands it
+//! into forwarders that carry the same docs and signature. A new setting
+//! costs one field, one default and one entry there.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,113 +81,142 @@ impl Default for EngineConfig {
     }
 }
 
+/// The engine's builders, each written once: its docs, its signature and its
+/// body. `engine_settings!(m)` hands them to the macro `m` as
+/// `pub fn with_x(mut self, arg: Type, ..) -> Self { .. }` items:
+/// `as_written!` makes them `Engine`'s own builders, and an adapter that
+/// keeps the builder names (the axum layer's `forward_to_engine!`) makes
+/// each a forwarder with the same docs. Signatures name their types by
+/// full path, and doc links are absolute, so both expansions resolve them.
+macro_rules! engine_settings {
+    ($expand:ident) => {
+        $expand! {
+            /// Keeps completed records' responses in this process, up to
+            /// `capacity` bytes, so replays cost no store round trip (see the
+            /// cache's docs in the crate's `engine::cache` module for when a copy
+            /// is dropped). A copy lives at most `max_age`: on a store that does not
+            /// publish other processes' changes (SQLite, PostgreSQL without
+            /// notifications), that bounds how long an operator's deletion made
+            /// elsewhere can go unseen here.
+            ///
+            /// The default value is no cache.
+            pub fn with_replay_cache(mut self, capacity: usize, max_age: std::time::Duration) -> Self {
+                let cache = Arc::new(cache::ReplayCache::new(capacity, max_age));
+                let weak = Arc::downgrade(&cache);
+                let watcher: Arc<crate::events::Watcher> = Arc::new(move |scope: &str, key: &str| {
+                    if let Some(cache) = weak.upgrade() {
+                        cache.invalidate(scope, key);
+                    }
+                });
+                self.store.events().watch(&watcher);
+                self.cache = Some(Arc::new(ReplayCacheHandle {
+                    cache,
+                    _watcher: watcher,
+                }));
+                self
+            }
+
+            /// Sets the lease a run holds on its key. The engine renews it every
+            /// third of its length until the outcome is settled, so a live run never
+            /// loses it and a crashed process's keys free up within one lease.
+            ///
+            /// The default value is 60 seconds.
+            ///
+            /// # Panics
+            ///
+            /// When `lease` is under one second.
+            pub fn with_lease(mut self, lease: std::time::Duration) -> Self {
+                assert!(
+                    lease >= std::time::Duration::from_secs(1),
+                    "the lease must be at least one second"
+                );
+                self.config_mut().lease = lease;
+                self
+            }
+
+            /// Sets the longest a run may take (work and capture of its outcome,
+            /// for the axum layer the handler and its response body); past it
+            /// the engine cuts it off and answers
+            /// [`Refusal::TimedOut`](crate::engine::Refusal::TimedOut) (the
+            /// layer's 504 `handler-timeout`). The key becomes abandoned (in
+            /// transactional mode, when the run began its transaction, it is
+            /// released: its writes were rolled back).
+            ///
+            /// The default value is 10 minutes.
+            pub fn with_max_handler_time(mut self, max: std::time::Duration) -> Self {
+                self.config_mut().max_handler_time = max;
+                self
+            }
+
+            /// Sets how long a record lives after its key was first claimed; then it
+            /// is purged and the key may be used again.
+            ///
+            /// The default value is 24 hours.
+            pub fn with_retention(mut self, retention: std::time::Duration) -> Self {
+                self.config_mut().retention = retention;
+                self
+            }
+
+            /// Sets what a caller does when its key is still in flight.
+            ///
+            /// The default value is [`InFlightPolicy::Reject`](crate::decision::InFlightPolicy::Reject).
+            pub fn with_in_flight(mut self, policy: crate::decision::InFlightPolicy) -> Self {
+                self.config_mut().policy.in_flight = policy;
+                self
+            }
+
+            /// Sets the `retry_after` hint of in-flight and store-unavailable
+            /// refusals (the layer's `Retry-After` on `request-in-flight` and
+            /// `store-unavailable`), never beyond the remaining lease.
+            ///
+            /// The default value is 1 second.
+            pub fn with_retry_after(mut self, hint: std::time::Duration) -> Self {
+                self.config_mut().policy.retry_after = hint;
+                self
+            }
+
+            /// Sets what a caller does when its key's earlier run was abandoned.
+            ///
+            /// The default value is [`AbandonedPolicy::Reject`](crate::decision::AbandonedPolicy::Reject).
+            pub fn with_abandoned(mut self, policy: crate::decision::AbandonedPolicy) -> Self {
+                self.config_mut().policy.abandoned = policy;
+                self
+            }
+
+            /// Sets what happens when the store fails.
+            ///
+            /// The default value is [`FailureMode::Closed`](crate::engine::FailureMode::Closed).
+            pub fn with_failure_mode(mut self, mode: crate::engine::FailureMode) -> Self {
+                self.config_mut().failure_mode = mode;
+                self
+            }
+
+            /// Sets how long one store operation may take before the engine treats
+            /// the store as unavailable.
+            ///
+            /// The default value is 5 seconds.
+            pub fn with_store_timeout(mut self, timeout: std::time::Duration) -> Self {
+                self.config_mut().store_timeout = timeout;
+                self
+            }
+        }
+    };
+}
+pub(crate) use engine_settings;
+
+/// Expands a list of builders as written: the engine's own.
+macro_rules! as_written {
+    ($($item:tt)*) => {
+        $($item)*
+    };
+}
+#[cfg(feature = "postgres")]
+pub(crate) use as_written;
+
 impl<S: Store> Engine<S> {
     pub(super) fn config_mut(&mut self) -> &mut EngineConfig {
         Arc::make_mut(&mut self.config)
     }
 
-    /// Keeps completed records' responses in this process, up to
-    /// `capacity` bytes, so replays cost no store round trip (see the
-    /// cache's docs in the crate's `engine::cache` module for when a copy
-    /// is dropped). A copy lives at most `max_age`: on a store that does not
-    /// publish other processes' changes (SQLite, PostgreSQL without
-    /// notifications), that bounds how long an operator's deletion made
-    /// elsewhere can go unseen here.
-    ///
-    /// The default value is no cache.
-    pub fn with_replay_cache(mut self, capacity: usize, max_age: Duration) -> Self {
-        let cache = Arc::new(cache::ReplayCache::new(capacity, max_age));
-        let weak = Arc::downgrade(&cache);
-        let watcher: Arc<crate::events::Watcher> = Arc::new(move |scope: &str, key: &str| {
-            if let Some(cache) = weak.upgrade() {
-                cache.invalidate(scope, key);
-            }
-        });
-        self.store.events().watch(&watcher);
-        self.cache = Some(Arc::new(ReplayCacheHandle {
-            cache,
-            _watcher: watcher,
-        }));
-        self
-    }
-
-    /// Sets the lease a run holds on its key. The engine renews it every
-    /// third of its length until the outcome is settled, so a live run never
-    /// loses it and a crashed process's keys free up within one lease.
-    ///
-    /// The default value is 60 seconds.
-    ///
-    /// # Panics
-    ///
-    /// When `lease` is under one second.
-    pub fn with_lease(mut self, lease: Duration) -> Self {
-        assert!(
-            lease >= Duration::from_secs(1),
-            "the lease must be at least one second"
-        );
-        self.config_mut().lease = lease;
-        self
-    }
-
-    /// Sets the longest a run may take (work and capture of its outcome);
-    /// past it the engine cuts it off and answers [`Refusal::TimedOut`](crate::engine::Refusal::TimedOut). The
-    /// key becomes abandoned (in transactional mode it is released: its
-    /// writes were rolled back).
-    ///
-    /// The default value is 10 minutes.
-    pub fn with_max_handler_time(mut self, max: Duration) -> Self {
-        self.config_mut().max_handler_time = max;
-        self
-    }
-
-    /// Sets how long a record lives after its key was first claimed; then it
-    /// is purged and the key may be used again.
-    ///
-    /// The default value is 24 hours.
-    pub fn with_retention(mut self, retention: Duration) -> Self {
-        self.config_mut().retention = retention;
-        self
-    }
-
-    /// Sets what a caller does when its key is still in flight.
-    ///
-    /// The default value is [`InFlightPolicy::Reject`].
-    pub fn with_in_flight(mut self, policy: InFlightPolicy) -> Self {
-        self.config_mut().policy.in_flight = policy;
-        self
-    }
-
-    /// Sets the `retry_after` hint of in-flight and store-unavailable
-    /// refusals (never beyond the remaining lease).
-    ///
-    /// The default value is 1 second.
-    pub fn with_retry_after(mut self, hint: Duration) -> Self {
-        self.config_mut().policy.retry_after = hint;
-        self
-    }
-
-    /// Sets what a caller does when its key's earlier run was abandoned.
-    ///
-    /// The default value is [`AbandonedPolicy::Reject`].
-    pub fn with_abandoned(mut self, policy: AbandonedPolicy) -> Self {
-        self.config_mut().policy.abandoned = policy;
-        self
-    }
-
-    /// Sets what happens when the store fails.
-    ///
-    /// The default value is [`FailureMode::Closed`].
-    pub fn with_failure_mode(mut self, mode: FailureMode) -> Self {
-        self.config_mut().failure_mode = mode;
-        self
-    }
-
-    /// Sets how long one store operation may take before the engine treats
-    /// the store as unavailable.
-    ///
-    /// The default value is 5 seconds.
-    pub fn with_store_timeout(mut self, timeout: Duration) -> Self {
-        self.config_mut().store_timeout = timeout;
-        self
-    }
+    engine_settings!(as_written);
 }

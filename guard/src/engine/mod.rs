@@ -90,9 +90,12 @@ use tokio_util::task::TaskTracker;
 pub use answer::{Answer, Refusal, Settle, Settled};
 pub(crate) use config::EngineConfig;
 pub use config::FailureMode;
+pub(crate) use config::engine_settings;
 pub use drain::Drain;
 pub use job::Job;
 pub(crate) use timed::timed;
+#[cfg(feature = "postgres")]
+pub(crate) use transaction::transactional_settings;
 
 use crate::StoredResponse;
 use crate::store::{Lease, Store, StoreError};

@@ -29,6 +29,7 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use super::Engine;
+use super::config::as_written;
 use crate::store::Lease;
 use crate::store::postgres::PostgresStore;
 
@@ -184,84 +185,98 @@ impl std::fmt::Debug for Transactions {
     }
 }
 
-impl<S: crate::store::TransactionalStore> Engine<S> {
-    /// Turns transactional mode on or off: the work writes through a
-    /// [`crate::Tx`] (see [`RunContext::tx`](crate::engine::RunContext::tx)), and the engine commits those
-    /// writes together with the stored outcome, so a crash or timeout
-    /// leaves nothing behind. A run that never begins its transaction is an
-    /// ordinary run (its record is marked transactional only when the
-    /// transaction begins).
-    ///
-    /// The default value is `false`.
-    ///
-    /// # Panics
-    ///
-    /// When turned on over a store without PostgreSQL.
-    pub fn with_transactional_mode(mut self, on: bool) -> Self {
-        let transactions = on.then(|| {
-            let postgres = self
-                .store
-                .postgres()
-                .cloned()
-                .expect("transactional mode needs a PostgreSQL store");
-            let store = self.store.clone();
-            Transactions {
-                postgres,
-                committed: Arc::new(move |lease: Lease| {
-                    let store = store.clone();
-                    Box::pin(async move { store.committed(&lease).await })
-                }),
+/// Transactional mode's builders, each written once (as
+/// `engine_settings!` in `config.rs` writes the others):
+/// `transactional_settings!(m)` hands them to the macro `m`, which makes
+/// them the engine's own or an adapter's forwarders with the same docs.
+macro_rules! transactional_settings {
+    ($expand:ident) => {
+        $expand! {
+            /// Turns transactional mode on or off: the work writes through a
+            /// [`crate::Tx`] (see [`RunContext::tx`](crate::engine::RunContext::tx)), and the engine commits those
+            /// writes together with the stored outcome, so a crash or timeout
+            /// leaves nothing behind. A run that never begins its transaction is an
+            /// ordinary run (its record is marked transactional only when the
+            /// transaction begins).
+            ///
+            /// The default value is `false`.
+            ///
+            /// # Panics
+            ///
+            /// When turned on over a store without PostgreSQL.
+            pub fn with_transactional_mode(mut self, on: bool) -> Self {
+                let transactions = on.then(|| {
+                    let postgres = self
+                        .store
+                        .postgres()
+                        .cloned()
+                        .expect("transactional mode needs a PostgreSQL store");
+                    let store = self.store.clone();
+                    Transactions {
+                        postgres,
+                        committed: Arc::new(move |lease: Lease| {
+                            let store = store.clone();
+                            Box::pin(async move { store.committed(&lease).await })
+                        }),
+                    }
+                });
+                self.config_mut().transactions = transactions;
+                self
             }
-        });
-        self.config_mut().transactions = transactions;
-        self
-    }
 
-    /// Marks every record transactional from its claim on (in
-    /// transactional mode), not only once the work begins its transaction:
-    /// a run that dies between its claim and its commit is then taken over
-    /// by the next caller, never left with an unknown outcome. For a
-    /// transactional inbox, whose handler writes only through its
-    /// transaction.
-    ///
-    /// The default value is `false`.
-    ///
-    /// # Warning
-    ///
-    /// A write of the work that does not go through [`RunContext::tx`](crate::engine::RunContext::tx) (a
-    /// call to another service, say) is repeated when a dead run is taken
-    /// over.
-    pub fn with_transactional_claims(mut self, on: bool) -> Self {
-        self.config_mut().transactional_claims = on;
-        self
-    }
+            /// Marks every record transactional from its claim on (in
+            /// transactional mode), not only once the work begins its transaction:
+            /// a run that dies between its claim and its commit is then taken over
+            /// by the next caller, never left with an unknown outcome. For a
+            /// transactional inbox, whose handler writes only through its
+            /// transaction.
+            ///
+            /// The default value is `false`.
+            ///
+            /// # Warning
+            ///
+            /// A write of the work that does not go through [`RunContext::tx`](crate::engine::RunContext::tx) (a
+            /// call to another service, say) is repeated when a dead run is taken
+            /// over.
+            pub fn with_transactional_claims(mut self, on: bool) -> Self {
+                self.config_mut().transactional_claims = on;
+                self
+            }
 
-    /// Single-commit transactional mode (in transactional mode): the key is
-    /// held by a transaction-scoped advisory lock instead of a committed
-    /// claim, and the claim, the work's writes and the stored outcome
-    /// commit together, once. Others see the key in flight through the
-    /// lock (the status service too); a crash, a timeout or a rollback
-    /// frees it with the transaction, so the next request runs, once. No
-    /// lease is renewed and nothing is ever taken over.
-    ///
-    /// Each running work holds one pooled connection (its transaction)
-    /// from its claim to its end: size the pool for the runs in flight at
-    /// once, work that calls other services included. PostgreSQL itself
-    /// ends a transaction that stays idle past the maximum handler time.
-    ///
-    /// The default value is `false`.
-    ///
-    /// # Warning
-    ///
-    /// As with [`Engine::with_transactional_claims`], a run that dies left
-    /// nothing committed, so the next request runs the work again: an
-    /// effect outside the transaction (an email, a call to another service)
-    /// is then repeated. Use it where every effect goes through the
-    /// transaction (a transactional inbox, a payment row).
-    pub fn with_single_commit(mut self, on: bool) -> Self {
-        self.config_mut().single_commit = on;
-        self
-    }
+            /// Single-commit transactional mode (in transactional mode): the key is
+            /// held by a transaction-scoped advisory lock instead of a committed
+            /// claim, and the claim, the work's writes and the stored outcome
+            /// commit together, once. Others see the key in flight through the
+            /// lock (the status service too); a crash, a timeout or a rollback
+            /// frees it with the transaction, so the next request runs, once. No
+            /// lease is renewed and nothing is ever taken over.
+            ///
+            /// Each running work holds one pooled connection (its transaction)
+            /// from its claim to its end: size the pool for the runs in flight at
+            /// once, work that calls other services included. PostgreSQL itself
+            /// ends a transaction that stays idle past the maximum handler time.
+            ///
+            /// The default value is `false`.
+            ///
+            /// # Warning
+            ///
+            /// As with
+            /// [`with_transactional_claims`](crate::engine::Engine::with_transactional_claims),
+            /// a run that dies left nothing committed, so the next request runs
+            /// the work again: an effect outside the transaction (an email, a
+            /// call to another service) is then repeated. Use it where every effect goes through the
+            /// transaction (a transactional inbox, a payment row).
+            pub fn with_single_commit(mut self, on: bool) -> Self {
+                self.config_mut().single_commit = on;
+                self
+            }
+        }
+    };
+}
+pub(crate) use transactional_settings;
+
+impl<S: crate::store::TransactionalStore> Engine<S> {
+    transactional_settings!(as_written);
 }
 
 /// What a single-commit claim ([`Engine::claim_locked`]) ends with.

@@ -1,10 +1,10 @@
 //! [`IdempotencyService`] and the path a guarded request takes through it:
 //! method check, key, scope, bounded body read, fingerprint, then the engine
-//! with the work "call the route, capture its response". Each request's
-//! outcome is counted once, in [`IdempotencyService::call`].
+//! with the work "call the route, then keep, release or abandon its
+//! response" (`classify.rs` decides which, `body.rs` captures what is
+//! kept). Each request's outcome is counted once, in
+//! [`IdempotencyService::call`].
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -16,11 +16,13 @@ use http::{Request, Response, request::Parts};
 use http_body::Body as HttpBody;
 use tower::{Service, ServiceExt};
 
-use super::budget::read_body;
-use super::{Config, FinalResponse, OutcomeUnknown, is_rejection_before_work};
+use super::body::{capture_response, read_body};
+use super::classify::{Verdict, classify};
+use super::future::ResponseFuture;
+use super::layer::Config;
 use crate::engine::{Answer, Engine, Job, RunContext, Settle};
 use crate::problem::Rejection;
-use crate::response::{BoxError, Captured, capture, headers_to_store, is_no_store};
+use crate::response::{BoxError, headers_to_store};
 use crate::store::Store;
 use crate::telemetry::{MetricHandles, Outcome, attempt_label};
 use crate::{Fingerprint, IdempotencyKey, KeyError, Scope, StoredResponse};
@@ -55,25 +57,6 @@ impl<S, I> IdempotencyService<S, I> {
             engine,
             config,
         }
-    }
-}
-
-/// The response future of [`IdempotencyService`].
-pub struct ResponseFuture<E> {
-    inner: Pin<Box<dyn Future<Output = Result<Response<Body>, E>> + Send>>,
-}
-
-impl<E> Future for ResponseFuture<E> {
-    type Output = Result<Response<Body>, E>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
-    }
-}
-
-impl<E> std::fmt::Debug for ResponseFuture<E> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }
 
@@ -171,9 +154,7 @@ where
         });
         #[cfg(feature = "otel")]
         let guarded = tracing::Instrument::instrument(guarded, span);
-        ResponseFuture {
-            inner: Box::pin(guarded),
-        }
+        ResponseFuture::new(Box::pin(guarded))
     }
 }
 
@@ -253,7 +234,8 @@ where
 }
 
 /// The work the engine runs for a claimed request: call the route, then
-/// capture its response for storage, or say why it is not to be kept.
+/// keep its response (captured for storage), release the key or abandon
+/// it, as [`classify`] says.
 async fn run_route<I, B>(
     context: RunContext,
     inner: I,
@@ -286,27 +268,22 @@ where
         }
     };
     let (parts, body) = response.into_parts();
-    let release = |parts, body: B, keep_writes| Settle::Release {
-        reply: Ok(Response::from_parts(parts, Body::new(body))),
-        keep_writes,
-    };
-    if parts.extensions.get::<OutcomeUnknown>().is_some() {
-        return Settle::Abandon {
-            reply: Ok(Response::from_parts(parts, Body::new(body))),
-        };
+    match classify(&parts, config.stored_statuses) {
+        Verdict::Keep => {}
+        Verdict::Release { keep_writes } => {
+            return Settle::Release {
+                reply: Ok(Response::from_parts(parts, Body::new(body))),
+                keep_writes,
+            };
+        }
+        Verdict::Abandon => {
+            return Settle::Abandon {
+                reply: Ok(Response::from_parts(parts, Body::new(body))),
+            };
+        }
     }
-    // Stripe's rule: an extractor's rejection means no work was done.
-    if is_rejection_before_work(parts.status) && parts.extensions.get::<FinalResponse>().is_none() {
-        return release(parts, body, false);
-    }
-    let no_store = is_no_store(&parts.headers);
-    if no_store || !(config.stored_statuses)(parts.status) {
-        // Not an answer to keep: free the key so a retry may run. A
-        // `no-store` success keeps its writes; failures roll them back.
-        let keep_writes = no_store && parts.status.is_success();
-        return release(parts, body, keep_writes);
-    }
-    let captured = match capture(Box::pin(body), config.stored_response_limit).await {
+    let (stored_body, sent_body) = match capture_response(body, config.stored_response_limit).await
+    {
         Ok(captured) => captured,
         Err(error) => {
             tracing::error!(error = %error, "the handler's response body failed");
@@ -315,10 +292,6 @@ where
                 keep_writes: false,
             };
         }
-    };
-    let (stored_body, sent_body) = match captured {
-        Captured::Whole(bytes) => (Some(bytes.clone()), Body::from(bytes)),
-        Captured::TooLarge { prefix, rest } => (None, crate::response::resume(prefix, rest)),
     };
     let response = config.replay.prepare_for_storage(StoredResponse {
         status: parts.status,

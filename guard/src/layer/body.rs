@@ -1,13 +1,16 @@
-//! [`BodyBudget`]: a bound on the bytes of guarded request bodies being
-//! buffered at once, so many clients each holding a body open cannot take
-//! the process's memory.
+//! The bodies the layer buffers, each bounded: the request's, read whole
+//! to fingerprint it ([`read_body`], under the body limit and a
+//! [`BodyBudget`]), and a kept response's, captured for storage
+//! (`capture_response`, under the stored-response limit).
 //!
-//! A body that declares its `Content-Length` reserves all of it before a
-//! byte is read (a client past the budget is told at once, before it sends
-//! its body); a chunked body reserves as its chunks arrive. The reservation
-//! is held while the request is guarded (its body read, the route run) and
-//! returned when the guard answers. Past the budget the answer is 503
-//! `body-buffer-full` with `Retry-After`, and nothing runs.
+//! [`BodyBudget`] bounds the bytes of guarded request bodies being buffered
+//! at once, so many clients each holding a body open cannot take the
+//! process's memory. A body that declares its `Content-Length` reserves all
+//! of it before a byte is read (a client past the budget is told at once,
+//! before it sends its body); a chunked body reserves as its chunks arrive.
+//! The reservation is held while the request is guarded (its body read, the
+//! route run) and returned when the guard answers. Past the budget the
+//! answer is 503 `body-buffer-full` with `Retry-After`, and nothing runs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,10 +19,11 @@ use std::time::Duration;
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, header};
+use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::problem::Rejection;
-use crate::response::BoxError;
+use crate::response::{BoxError, Captured, capture, resume};
 
 /// The bytes of guarded request bodies that may be buffered at once,
 /// shared by every layer given a clone of it (one budget for all the
@@ -207,6 +211,27 @@ pub async fn read_body(
         buffer.extend_from_slice(&data);
     }
     Ok((buffer.freeze(), Some(reservation)))
+}
+
+/// Captures a kept response's body for storage, up to `limit` bytes: the
+/// copy to store (`None` when the body is larger: it is sent on, but not
+/// stored) and the body that goes on to the caller.
+///
+/// # Errors
+///
+/// The body's own error, when it fails before its end or the limit.
+pub(crate) async fn capture_response<B>(
+    body: B,
+    limit: usize,
+) -> Result<(Option<Bytes>, Body), BoxError>
+where
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    Ok(match capture(Box::pin(body), limit).await? {
+        Captured::Whole(bytes) => (Some(bytes.clone()), Body::from(bytes)),
+        Captured::TooLarge { prefix, rest } => (None, resume(prefix, rest)),
+    })
 }
 
 #[cfg(test)]
