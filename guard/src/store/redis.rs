@@ -895,24 +895,30 @@ fn glob_escape(text: &str) -> String {
 
 impl RedisStore {
     /// Every Redis key matching `pattern`: `SCAN` on one Redis; on a
-    /// cluster, `KEYS` on every primary (a cluster offers no cursor across
-    /// nodes), which blocks each primary while it walks its keys: an
-    /// admin listing is an occasional operator's action, not a hot path.
+    /// cluster, `SCAN` on every primary in turn (the primaries named by
+    /// `CLUSTER NODES`), never `KEYS`, so no node is blocked while it
+    /// walks its keys.
     async fn admin_keys(&self, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let scan = |cursor: u64| {
+            let mut command = redis::cmd("SCAN");
+            command
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000);
+            command
+        };
+        let shape = || CorruptRecord("SCAN returned an unexpected shape");
+        let mut keys = Vec::new();
         match &self.connection {
             Connection::Single(connection) => {
                 let mut connection = connection.clone();
-                let mut keys = Vec::new();
                 let mut cursor: u64 = 0;
                 loop {
-                    let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(pattern)
-                        .arg("COUNT")
-                        .arg(1000)
-                        .query_async(&mut connection)
-                        .await?;
+                    let (next, batch): (u64, Vec<Vec<u8>>) =
+                        scan(cursor).query_async(&mut connection).await?;
                     keys.extend(batch);
                     if next == 0 {
                         return Ok(keys);
@@ -921,26 +927,59 @@ impl RedisStore {
                 }
             }
             Connection::Cluster(connection) => {
-                use redis::cluster_routing::{
-                    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo,
-                };
-                let mut command = redis::cmd("KEYS");
-                command.arg(pattern);
-                let value = connection
-                    .clone()
-                    .route_command(
-                        command,
-                        RoutingInfo::MultiNode((
-                            MultipleNodeRoutingInfo::AllMasters,
-                            Some(ResponsePolicy::CombineArrays),
-                        )),
-                    )
-                    .await?;
-                redis::from_redis_value(value)
-                    .map_err(|_| CorruptRecord("KEYS returned an unexpected shape").into())
+                let mut connection = connection.clone();
+                let mut nodes = redis::cmd("CLUSTER");
+                nodes.arg("NODES");
+                let nodes: String = redis::from_redis_value(
+                    connection
+                        .route_command(
+                            nodes,
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+                        )
+                        .await?,
+                )
+                .map_err(|_| CorruptRecord("CLUSTER NODES returned an unexpected shape"))?;
+                for (host, port) in primaries(&nodes) {
+                    let mut cursor: u64 = 0;
+                    loop {
+                        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port,
+                        });
+                        let (next, batch): (u64, Vec<Vec<u8>>) = redis::from_redis_value(
+                            connection.route_command(scan(cursor), route).await?,
+                        )
+                        .map_err(|_| shape())?;
+                        keys.extend(batch);
+                        if next == 0 {
+                            break;
+                        }
+                        cursor = next;
+                    }
+                }
+                Ok(keys)
             }
         }
     }
+}
+
+/// The addresses of the live primaries in a `CLUSTER NODES` answer (one
+/// line per node: id, `host:port@bus-port`, flags, …).
+fn primaries(nodes: &str) -> Vec<(String, u16)> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let (_id, address, flags) = (fields.next()?, fields.next()?, fields.next()?);
+            let flags: Vec<&str> = flags.split(',').collect();
+            if !flags.contains(&"master") || flags.iter().any(|flag| flag.starts_with("fail")) {
+                return None;
+            }
+            let address = address.split('@').next()?;
+            let (host, port) = address.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect()
 }
 
 impl RedisStore {
@@ -1056,6 +1095,21 @@ mod tests {
         assert_eq!(
             parse_record_key("idem", &braces),
             Some(("{t}".into(), "k}{".into()))
+        );
+    }
+
+    #[test]
+    fn cluster_nodes_name_their_live_primaries() {
+        let nodes = "a1 127.0.0.1:7101@17101 myself,master - 0 0 1 connected 0-5460\n\
+                     b2 127.0.0.1:7102@17102 master - 0 0 2 connected 5461-10922\n\
+                     c3 127.0.0.1:7104@17104 slave a1 0 0 1 connected\n\
+                     d4 10.0.0.9:7103@17103 master,fail - 0 0 3 disconnected\n";
+        assert_eq!(
+            primaries(nodes),
+            vec![
+                ("127.0.0.1".to_owned(), 7101),
+                ("127.0.0.1".to_owned(), 7102)
+            ]
         );
     }
 
