@@ -136,6 +136,17 @@ impl Guarded {
     }
 }
 
+/// The Redis store of the guard apps. `BENCH_REDIS_BATCHING=off` turns its
+/// batcher off, for the A/B of batching against the multiplexed
+/// connection's own pipelining (scripts/cost-per-request).
+async fn redis_store(args: &ServeArgs) -> anyhow::Result<RedisStore> {
+    let store = RedisStore::connect(&args.redis_url, &args.prefix).await?;
+    Ok(match std::env::var("BENCH_REDIS_BATCHING").as_deref() {
+        Ok("off") => store.with_batching(idempotency_guard::store::BatchLimits::OFF),
+        _ => store,
+    })
+}
+
 /// Where a server started with `--metrics` serves its Prometheus text.
 pub(crate) const METRICS_PATH: &str = "/metrics";
 
@@ -166,9 +177,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             match store {
                 StoreName::Postgres => guarded.over(postgres(&args).await?),
                 StoreName::Sqlite => guarded.over(SqliteStore::connect(&args.database_url).await?),
-                StoreName::Redis => {
-                    guarded.over(RedisStore::connect(&args.redis_url, &args.prefix).await?)
-                }
+                StoreName::Redis => guarded.over(redis_store(&args).await?),
                 StoreName::RedisCluster => guarded.over(cluster(&args).await?),
                 StoreName::Tiered => guarded.over(TieredStore::new(
                     postgres(&args).await?,
