@@ -248,9 +248,10 @@ pub(crate) struct ServeArgs {
     pub(crate) prefix: String,
     #[arg(long, default_value_t = 32)]
     pub(crate) pool_size: u32,
-    /// The guard's in-process replay cache, in MiB (0: none, the default).
-    #[arg(long, default_value_t = 0)]
-    pub(crate) replay_cache_mib: usize,
+    /// The guard's in-process replay cache, in MiB, its copies kept 60 s
+    /// (0: none; unset: the guard's default, 16 MiB kept 5 s).
+    #[arg(long)]
+    pub(crate) replay_cache_mib: Option<usize>,
     /// Installs a Prometheus recorder and serves its text at `/metrics`
     /// (guard apps).
     #[arg(long)]

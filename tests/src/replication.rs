@@ -115,7 +115,7 @@ impl RedisNode {
     }
 
     fn launch(&mut self) {
-        let mut command = node_command(self.port, &self.dir);
+        let mut command = node_command("redis-server", self.port, &self.dir);
         command.args(&self.args);
         self.child = Some(spawn_node(command, &self.pid_dir, self.port, &self.dir));
     }

@@ -101,7 +101,8 @@ pub(crate) async fn grpcio_retries_run_each_payment_once<S: Store>(store: S) {
         .unwrap();
     assert!(
         output.status.success(),
-        "the grpcio client failed: {}",
+        "the grpcio client failed ({}): {}",
+        output.status,
         String::from_utf8_lossy(&output.stderr)
     );
     let lines = String::from_utf8(output.stdout).unwrap();

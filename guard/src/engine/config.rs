@@ -81,6 +81,16 @@ impl Default for EngineConfig {
     }
 }
 
+/// The replay cache's default bound on the bytes it holds: 16 MiB, a few
+/// thousand typical JSON answers, small beside any server's memory.
+pub(super) const REPLAY_CACHE_BYTES: usize = 16 << 20;
+/// The default longest life of a replay cache copy: 5 s. Retries come in
+/// bursts (a client's, a proxy's, a service's), most within seconds of the
+/// first answer; and on a store that does not publish other processes'
+/// changes, it bounds how long an operator's deletion elsewhere goes
+/// unseen here.
+pub(super) const REPLAY_CACHE_MAX_AGE: Duration = Duration::from_secs(5);
+
 /// The engine's builders, each written once: its docs, its signature and its
 /// body. `engine_settings!(m)` hands them to the macro `m` as
 /// `pub fn with_x(mut self, arg: Type, ..) -> Self { .. }` items:
@@ -99,7 +109,12 @@ macro_rules! engine_settings {
             /// notifications), that bounds how long an operator's deletion made
             /// elsewhere can go unseen here.
             ///
-            /// The default value is no cache.
+            /// The default value is a cache of 16 MiB whose copies live at most
+            /// 5 seconds: a completed record never changes, so a stale copy can
+            /// only replay an answer an operator has just deleted in another
+            /// process, within those 5 seconds, never run the work a second
+            /// time. [`Engine::without_replay_cache`](crate::engine::Engine::without_replay_cache)
+            /// turns it off.
             pub fn with_replay_cache(mut self, capacity: usize, max_age: std::time::Duration) -> Self {
                 let cache = Arc::new(cache::ReplayCache::new(capacity, max_age));
                 let weak = Arc::downgrade(&cache);
@@ -113,6 +128,15 @@ macro_rules! engine_settings {
                     cache,
                     _watcher: watcher,
                 }));
+                self
+            }
+
+            /// Keeps no replay cache: every replay reads the store, and an
+            /// operator's deletion is seen by the next request at once, in every
+            /// process ([`Engine::with_replay_cache`](crate::engine::Engine::with_replay_cache)
+            /// is on by default).
+            pub fn without_replay_cache(mut self) -> Self {
+                self.cache = None;
                 self
             }
 

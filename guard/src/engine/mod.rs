@@ -176,7 +176,8 @@ impl<S: std::fmt::Debug> std::fmt::Debug for Engine<S> {
 }
 
 impl<S: Store> Engine<S> {
-    /// Creates an engine over a store, with every setting at its default.
+    /// Creates an engine over a store, with every setting at its default
+    /// (the replay cache on: [`Engine::with_replay_cache`]).
     pub fn new(store: S) -> Self {
         Self {
             store,
@@ -185,6 +186,7 @@ impl<S: Store> Engine<S> {
             cache: None,
             metrics: Arc::default(),
         }
+        .with_replay_cache(config::REPLAY_CACHE_BYTES, config::REPLAY_CACHE_MAX_AGE)
     }
 
     /// The replay cache, when the engine keeps one.

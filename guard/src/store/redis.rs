@@ -25,12 +25,14 @@
 //! while it ran (every fresh key without a concurrent duplicate) ends
 //! without a message, so no process receives one per request.
 //!
-//! Claims and completions of concurrent requests are batched on one Redis
+//! Claims and completions of concurrent requests are batched
 //! ([`crate::store::batch`]): the claims that queue while one pipeline is
 //! on its way go together in the next (one `SET … NX GET` and `PTTL` per
-//! key, answered per key), completions likewise. A cluster sends each on
-//! its own (to the node of its key's slot). [`RedisStore::with_batching`]
-//! tunes or turns it off.
+//! key, answered per key), completions likewise. On a cluster a batch goes
+//! as one pipeline per primary, each key's slot computed here and placed
+//! by a map of the cluster's slots (`store/redis/slots.rs`); a key that
+//! moved meanwhile answers `MOVED` and is sent again on its own.
+//! [`RedisStore::with_batching`] tunes or turns it off.
 //!
 //! Durability is Redis's: with `appendonly yes` and `appendfsync always` a
 //! crash loses nothing; with the defaults, a Redis crash can forget records,
@@ -56,10 +58,12 @@ mod claimed;
 mod codec;
 mod legacy;
 mod replicas;
+mod slots;
 
 use call::{RecordKey, ScriptCall};
 use claimed::ClaimedValues;
 use replicas::{Acked, ReplicaAcks};
+use slots::SlotMap;
 
 use crate::record::CorruptRecord;
 use crate::store::batch::{BatchLimits, BatchStats, BatchedStore, Batches, ClaimItem};
@@ -139,6 +143,9 @@ pub struct RedisStore {
     native_fence: bool,
     /// The in-flight values this store's claims wrote, for `IFEQ`.
     claimed: Arc<ClaimedValues>,
+    /// On a cluster, which primary serves which slot (batches go as one
+    /// pipeline per primary); `None` on one Redis.
+    slots: Option<Arc<SlotMap>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -226,8 +233,14 @@ impl RedisStore {
             replica_acks: None,
             native_fence: false,
             claimed: Arc::new(ClaimedValues::default()),
+            slots: None,
         };
         store.native_fence = store.has_ifeq().await?;
+        if matches!(store.connection, Connection::Cluster(_)) {
+            let slots = Arc::new(SlotMap::default());
+            store.slots = Some(slots);
+            store.refresh_slots().await;
+        }
         Ok(store.with_batching(DEFAULT_BATCHING))
     }
 
@@ -274,12 +287,13 @@ impl RedisStore {
         self.native_fence
     }
 
-    /// Sets how concurrent claims and completions are batched on one
-    /// Redis; [`BatchLimits::OFF`] sends each as a script call of its own.
-    /// A cluster never batches (a pipeline goes to one node).
+    /// Sets how concurrent claims and completions are batched;
+    /// [`BatchLimits::OFF`] sends each on its own. On a cluster a batch
+    /// goes as one pipeline per primary (the slot of each key computed
+    /// here, `store/redis/slots.rs`).
     pub fn with_batching(mut self, limits: BatchLimits) -> Self {
         self.batches = None;
-        if limits.enabled() && matches!(self.connection, Connection::Single(_)) {
+        if limits.enabled() {
             let batches = Batches::new(self.clone(), limits);
             self.batches = Some(Arc::new(batches));
         }
@@ -437,6 +451,30 @@ impl RedisStore {
             .arg(self.key_arg(RECORDS, scope, key));
         self.query(&command).await?;
         Ok(())
+    }
+
+    /// Reads the cluster's slot map again (`CLUSTER SLOTS`); on failure the
+    /// old map stays (a stale one costs round trips, never a result).
+    async fn refresh_slots(&self) {
+        let Some(slots) = &self.slots else { return };
+        match self
+            .query(&redis::cmd("CLUSTER").arg("SLOTS").clone())
+            .await
+        {
+            Ok(answer) => slots.update(&answer),
+            Err(error) => tracing::debug!(%error, "CLUSTER SLOTS failed; the slot map stays"),
+        }
+    }
+
+    /// The indices of `keys`, grouped per node that serves them: one group
+    /// on one Redis, one per primary on a cluster.
+    /// (`keys` is evaluated only on a cluster.)
+    fn groups(&self, keys: impl ExactSizeIterator<Item = Vec<u8>>) -> Vec<Vec<usize>> {
+        match &self.slots {
+            Some(slots) => slots.groups(keys),
+            None if keys.len() == 0 => Vec::new(),
+            None => vec![(0..keys.len()).collect()],
+        }
     }
 
     async fn fenced(&self, call: &ScriptCall) -> Result<(), StoreError> {
@@ -644,57 +682,55 @@ impl BatchedStore for RedisStore {
         if let [item] = items.as_slice() {
             return Ok(vec![self.claim_alone(&item.as_new()).await]);
         }
-        // One pipeline: each claim's `SET … NX GET` and `PTTL`, answered per key.
-        let mut pipe = redis::pipe();
-        let mut values = Vec::with_capacity(items.len());
-        for item in &items {
+        // One pipeline per node: each claim's `SET … NX GET` and `PTTL`,
+        // answered per key.
+        let groups = self.groups(items.iter().map(|item| {
             let new = item.as_new();
-            let request =
-                codec::encode_request(new.fingerprint, new.transactional, new.method, new.path);
-            let value = codec::in_flight(new.token, new.lease, new.retention, &request);
-            Self::claim_commands(
-                &mut pipe,
-                &self.key_arg(RECORDS, new.scope, new.key),
-                &value,
-                new.retention,
-            );
-            values.push(value);
+            self.key_arg(RECORDS, new.scope, new.key).to_bytes()
+        }));
+        let sent = futures_util::future::join_all(
+            groups.iter().map(|group| self.claim_group(&items, group)),
+        )
+        .await;
+        let mut claims: Vec<Option<Result<Claim, StoreError>>> =
+            (0..items.len()).map(|_| None).collect();
+        let mut moved = false;
+        let single = groups.len() == 1;
+        for (group, sent) in groups.into_iter().zip(sent) {
+            match sent {
+                Ok((answers, redirected)) => {
+                    moved |= redirected;
+                    for (index, claim) in group.into_iter().zip(answers) {
+                        claims[index] = Some(claim);
+                    }
+                }
+                Err(error) if single => return Err(error),
+                // One primary failed: its claims go on their own (one that
+                // landed is found as its own, by its token).
+                Err(_) => {
+                    for index in group {
+                        claims[index] = Some(self.claim_alone(&items[index].as_new()).await);
+                    }
+                }
+            }
         }
-        let first = items[0].as_new();
-        let sent_at = std::time::Instant::now();
-        let acked = self
-            .send(pipe, &self.key_arg(RECORDS, first.scope, first.key), true)
-            .await?;
-        if acked.values.len() != 2 * items.len() {
-            return Err(CorruptRecord("the batch claim answered too few keys").into());
+        if moved {
+            self.refresh_slots().await;
         }
-        let mut claims = Vec::with_capacity(items.len());
-        for ((item, value), answers) in items.iter().zip(values).zip(acked.values.chunks(2)) {
-            let new = item.as_new();
-            claims.push(
-                match self
-                    .claim_answer(&new, value, sent_at, answers, &acked)
-                    .await
-                {
-                    Ok(Some(claim)) => Ok(claim),
-                    // A release 1 record vanished under it: on its own again.
-                    Ok(None) => self.claim_alone(&new).await,
-                    Err(error) => Err(error),
-                },
-            );
-        }
-        Ok(claims)
+        Ok(claims
+            .into_iter()
+            .map(|claim| claim.unwrap_or(Err(StoreError::Unsupported("a lost claim"))))
+            .collect())
     }
 
     async fn complete_batch(
         &self,
         items: Vec<CompleteItem>,
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        // Completions whose claim's value this store remembers go in one
-        // pipeline of `SET … IFEQ`; the others (and those whose value
-        // changed) by script, concurrently.
-        let mut native = Vec::new();
-        let mut pipe = redis::pipe();
+        // Completions whose claim's value this store remembers go as
+        // `SET … IFEQ`, one pipeline per node; the others (and those whose
+        // value changed) by script, concurrently.
+        let mut native: Vec<(usize, Vec<u8>, Vec<u8>)> = Vec::new();
         let mut results: Vec<Option<Result<(), StoreError>>> = Vec::with_capacity(items.len());
         for (index, (lease, response)) in items.iter().enumerate() {
             results.push(None);
@@ -705,33 +741,62 @@ impl BatchedStore for RedisStore {
                 continue;
             };
             match codec::completed(&claimed.value, claimed.at.elapsed(), response) {
-                Ok(done) => {
-                    pipe.cmd("SET")
-                        .arg(self.key_arg(RECORDS, &lease.scope, &lease.key))
-                        .arg(done)
-                        .arg("IFEQ")
-                        .arg(claimed.value)
-                        .arg("KEEPTTL");
-                    native.push(index);
-                }
+                Ok(done) => native.push((index, done, claimed.value)),
                 Err(error) => results[index] = Some(Err(error.into())),
             }
         }
-        if let Some(&first) = native.first() {
-            let lease = &items[first].0;
-            let acked = self
-                .send(pipe, &self.key_arg(RECORDS, &lease.scope, &lease.key), true)
-                .await?;
-            for (&index, answer) in native.iter().zip(&acked.values) {
+        let record_key = |index: usize| {
+            let lease = &items[index].0;
+            self.key_arg(RECORDS, &lease.scope, &lease.key)
+        };
+        let groups = self.groups(
+            native
+                .iter()
+                .map(|(index, ..)| record_key(*index).to_bytes()),
+        );
+        let sent = futures_util::future::join_all(groups.iter().map(|group| {
+            let mut pipe = redis::pipe();
+            for &n in group {
+                let (index, done, claimed) = &native[n];
+                pipe.cmd("SET")
+                    .arg(record_key(*index))
+                    .arg(done.as_slice())
+                    .arg("IFEQ")
+                    .arg(claimed.as_slice())
+                    .arg("KEEPTTL");
+            }
+            let route = record_key(native[group[0]].0);
+            async move { self.send(pipe, &route, true).await }
+        }))
+        .await;
+        let mut moved = false;
+        let single = groups.len() == 1;
+        for (group, sent) in groups.iter().zip(sent) {
+            let acked = match sent {
+                Ok(acked) => acked,
+                Err(error) if single => return Err(error),
+                // One primary failed: the script decides these.
+                Err(_) => continue,
+            };
+            for (&n, answer) in group.iter().zip(&acked.values) {
+                let index = native[n].0;
                 results[index] = match answer {
                     Value::Okay => Some(acked.replicated()),
+                    // Another value: watched, renewed, or another's lease.
                     Value::Nil => None,
+                    Value::ServerError(error) if redirected(error) => {
+                        moved = true;
+                        None
+                    }
                     Value::ServerError(error) => Some(Err(server_error(error))),
                     _ => Some(Err(
                         CorruptRecord("SET IFEQ answered an unexpected shape").into()
                     )),
                 };
             }
+        }
+        if moved {
+            self.refresh_slots().await;
         }
         let scripted = futures_util::future::join_all(
             items
@@ -752,6 +817,72 @@ impl BatchedStore for RedisStore {
                 })
             })
             .collect())
+    }
+}
+
+/// Whether a command answered `MOVED` or `ASK`: its slot is served by
+/// another node now, and it did not run.
+fn redirected(error: &redis::ServerError) -> bool {
+    matches!(
+        error.kind(),
+        Some(redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask)
+    )
+}
+
+impl RedisStore {
+    /// The claims of `group` (indices into `items`, keys one node serves)
+    /// in one pipeline, answered in its order; and whether one answered
+    /// `MOVED` or `ASK` (it was sent again on its own).
+    async fn claim_group(
+        &self,
+        items: &[ClaimItem],
+        group: &[usize],
+    ) -> Result<(Vec<Result<Claim, StoreError>>, bool), StoreError> {
+        let mut pipe = redis::pipe();
+        let mut values = Vec::with_capacity(group.len());
+        for &index in group {
+            let new = items[index].as_new();
+            let request =
+                codec::encode_request(new.fingerprint, new.transactional, new.method, new.path);
+            let value = codec::in_flight(new.token, new.lease, new.retention, &request);
+            Self::claim_commands(
+                &mut pipe,
+                &self.key_arg(RECORDS, new.scope, new.key),
+                &value,
+                new.retention,
+            );
+            values.push(value);
+        }
+        let first = items[group[0]].as_new();
+        let sent_at = std::time::Instant::now();
+        let acked = self
+            .send(pipe, &self.key_arg(RECORDS, first.scope, first.key), true)
+            .await?;
+        if acked.values.len() != 2 * group.len() {
+            return Err(CorruptRecord("the batch claim answered too few keys").into());
+        }
+        let mut claims = Vec::with_capacity(group.len());
+        let mut moved = false;
+        for ((&index, value), answers) in group.iter().zip(values).zip(acked.values.chunks(2)) {
+            let new = items[index].as_new();
+            if matches!(&answers[0], Value::ServerError(error) if redirected(error)) {
+                moved = true;
+                claims.push(self.claim_alone(&new).await);
+                continue;
+            }
+            claims.push(
+                match self
+                    .claim_answer(&new, value, sent_at, answers, &acked)
+                    .await
+                {
+                    Ok(Some(claim)) => Ok(claim),
+                    // A release 1 record vanished under it: on its own again.
+                    Ok(None) => self.claim_alone(&new).await,
+                    Err(error) => Err(error),
+                },
+            );
+        }
+        Ok((claims, moved))
     }
 }
 
@@ -1055,7 +1186,13 @@ impl crate::store::admin::AdminStore for RedisStore {
         };
         match reply.0 {
             0 => Ok(Forgotten::Missing),
-            1 => Ok(Forgotten::Deleted(state)),
+            1 => {
+                // Other processes hear of it by pub/sub; this one at once
+                // (its replay cache must not answer for the deleted record
+                // while the message is on its way back).
+                self.events.publish(scope, key);
+                Ok(Forgotten::Deleted(state))
+            }
             2 => Ok(Forgotten::Refused(state)),
             _ => Err(CorruptRecord("the forget script returned an unexpected shape").into()),
         }
@@ -1194,5 +1331,241 @@ mod tests {
         let mut del = redis::cmd("DEL");
         del.arg(store.key_arg(RECORDS, "s", "k"));
         store.query(&del).await.unwrap();
+    }
+
+    /// Whether a server's `INFO server` names a release with `SET … IFEQ`:
+    /// Valkey 8.1 or later, Redis 8.4 or later.
+    fn server_has_ifeq(info: &str) -> bool {
+        let version = |field: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(field))
+                .map(|version| {
+                    let mut parts = version.trim().split('.').map(|n| n.parse::<u32>().unwrap());
+                    (parts.next().unwrap(), parts.next().unwrap())
+                })
+        };
+        match version("valkey_version:") {
+            Some(valkey) => valkey >= (8, 1),
+            None => version("redis_version:").expect("a redis_version") >= (8, 4),
+        }
+    }
+
+    async fn info(url: &str, section: &str) -> String {
+        let client = redis::Client::open(url).unwrap();
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut connection)
+            .await
+            .unwrap()
+    }
+
+    /// How many scripts the server has run (`INFO commandstats`).
+    async fn script_calls(url: &str) -> u64 {
+        info(url, "commandstats")
+            .await
+            .lines()
+            .filter(|line| {
+                [
+                    "eval",
+                    "evalsha",
+                    "eval_ro",
+                    "evalsha_ro",
+                    "fcall",
+                    "fcall_ro",
+                ]
+                .iter()
+                .any(|name| line.starts_with(&format!("cmdstat_{name}:")))
+            })
+            .map(|line| {
+                let calls = line.split("calls=").nth(1).unwrap();
+                calls.split(',').next().unwrap().parse::<u64>().unwrap()
+            })
+            .sum()
+    }
+
+    fn record<'a>(
+        key: &'a str,
+        fingerprint: &'a crate::Fingerprint,
+        lease: Duration,
+    ) -> NewRecord<'a> {
+        NewRecord {
+            scope: "s",
+            key,
+            fingerprint,
+            method: "POST",
+            path: "/orders",
+            token: LeaseToken::new(),
+            lease,
+            retention: Duration::from_secs(3600),
+            transactional: false,
+        }
+    }
+
+    /// The probe finds `SET … IFEQ` on Valkey 8.1 and on Redis 8.4 or
+    /// later, and not on older Redis (7.0 here); the switch turns it off.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_native_fence_is_found_where_the_server_has_it() {
+        let prefix = format!("test-probe-{}", uuid::Uuid::new_v4().simple());
+        let redis_url = idempotency_tests::fixtures::redis_url();
+        let redis = RedisStore::connect(&redis_url, &prefix).await.unwrap();
+        let server = info(&redis_url, "server").await;
+        assert_eq!(redis.native_fence(), server_has_ifeq(&server), "{server}");
+        let valkey_url = idempotency_tests::fixtures::valkey_url();
+        let valkey = RedisStore::connect(&valkey_url, &prefix).await.unwrap();
+        assert!(server_has_ifeq(&info(&valkey_url, "server").await));
+        assert!(valkey.native_fence());
+        assert!(!valkey.with_native_fence(false).native_fence());
+    }
+
+    /// On Valkey a completion is one native `SET … IFEQ`, no script; a
+    /// renewed or watched record misses it and completes by the fenced
+    /// script, which wakes a waiter in another process's store; a lease
+    /// another request took over completes nothing, and the new holder's
+    /// completion is native again. A private server, so its script counter
+    /// counts this test's commands alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn valkey_completions_take_the_native_fence_unless_the_value_changed() {
+        let server = idempotency_tests::RedisServer::start_valkey().await;
+        let url = server.url();
+        let prefix = format!("test-ifeq-{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect(&url, &prefix).await.unwrap();
+        let other = RedisStore::connect(&url, &prefix).await.unwrap();
+        assert!(store.native_fence());
+        let fingerprint = crate::Fingerprint::from_bytes([5; 32]);
+        let response = StoredResponse::from_bytes("done");
+        let lease_of = |claim: Claim| match claim {
+            Claim::Acquired(lease) => lease,
+            Claim::Existing(record) => panic!("a fresh key is acquired, not {record:?}"),
+        };
+
+        // Fresh: claim and completion without a script.
+        let before = script_calls(&url).await;
+        let new = record("plain", &fingerprint, Duration::from_secs(30));
+        let lease = lease_of(store.claim(&new).await.unwrap());
+        let claimed = raw(&store, "s", "plain").await;
+        store.complete(&lease, &response).await.unwrap();
+        assert_eq!(
+            script_calls(&url).await,
+            before,
+            "a native claim and completion"
+        );
+        let completed = raw(&store, "s", "plain").await;
+        let view = codec::View::parse(&completed).unwrap();
+        assert_eq!(view.state, codec::COMPLETED);
+        assert_eq!(
+            completed,
+            codec::completed(
+                &claimed,
+                Duration::from_millis(view.completion),
+                &codec::encode_response(&response)
+            )
+            .unwrap()
+        );
+        assert_eq!(store.claimed.len(), 0, "the claimed value was taken");
+
+        // Renewed: the value changed, the script completes it.
+        let new = record("renewed", &fingerprint, Duration::from_secs(30));
+        let lease = lease_of(store.claim(&new).await.unwrap());
+        store.renew(&lease, Duration::from_secs(90)).await.unwrap();
+        let before = script_calls(&url).await;
+        store.complete(&lease, &response).await.unwrap();
+        // The script ran (counted once more when its first call met an empty
+        // script cache and was sent again).
+        assert!(script_calls(&url).await > before, "the fenced script ran");
+        let read = store.get("s", "renewed").await.unwrap().unwrap();
+        assert_eq!(read.response.as_ref(), Some(&response));
+
+        // Watched by another store: the script completes it and wakes it.
+        let new = record("watched", &fingerprint, Duration::from_secs(30));
+        let lease = lease_of(store.claim(&new).await.unwrap());
+        let waiting = other.events().subscribe("s", "watched");
+        let read = other.get("s", "watched").await.unwrap().unwrap();
+        assert_eq!(read.state(), crate::RecordState::InFlight);
+        // The other store's subscriber task starts listening at connect.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        store.complete(&lease, &response).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), waiting.changed())
+            .await
+            .expect("the waiter in the other store is woken by the completion");
+        let read = other.get("s", "watched").await.unwrap().unwrap();
+        assert_eq!(read.response.as_ref(), Some(&response));
+
+        // Taken over: the first holder completes nothing.
+        let new = record("taken", &fingerprint, Duration::from_millis(20));
+        let first = lease_of(store.claim(&new).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let again = record("taken", &fingerprint, Duration::from_secs(30));
+        let second = other
+            .take_over(first.token, &again)
+            .await
+            .unwrap()
+            .expect("an ended lease is taken over");
+        assert!(matches!(
+            store
+                .complete(&first, &StoredResponse::from_bytes("first"))
+                .await,
+            Err(StoreError::LeaseLost)
+        ));
+        let before = script_calls(&url).await;
+        other.complete(&second, &response).await.unwrap();
+        assert_eq!(
+            script_calls(&url).await,
+            before,
+            "the new holder's native completion"
+        );
+        let read = store.get("s", "taken").await.unwrap().unwrap();
+        assert_eq!(read.response.as_ref(), Some(&response));
+    }
+
+    /// On a cluster a batch goes as one pipeline per primary and keeps each
+    /// claim's own answer: 200 claims of one key in one pipeline give
+    /// exactly one winner and its record to the 199 others; 200 claims over
+    /// 40 keys (on every primary) give one winner per key.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_batches_answer_each_claim_on_its_own() {
+        let urls = idempotency_tests::fixtures::redis_cluster_urls();
+        let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let prefix = format!("test-pipeline-{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect_cluster(&nodes, &prefix).await.unwrap();
+        let fingerprint = crate::Fingerprint::from_bytes([9; 32]);
+        for keys in [1, 40] {
+            let names: Vec<String> = (0..keys).map(|k| format!("k{keys}-{k}")).collect();
+            let records: Vec<NewRecord<'_>> = (0..200)
+                .map(|i| record(&names[i % keys], &fingerprint, Duration::from_secs(30)))
+                .collect();
+            let items: Vec<ClaimItem> = records.iter().map(ClaimItem::new).collect();
+            let groups = store.groups(
+                items
+                    .iter()
+                    .map(|item| store.key_arg(RECORDS, &item.scope, &item.key).to_bytes()),
+            );
+            match keys {
+                1 => assert_eq!(groups.len(), 1, "one key is one pipeline"),
+                _ => assert!(groups.len() > 1, "40 keys reach more than one primary"),
+            }
+            let claims = store.claim_batch(items).await.unwrap();
+            assert_eq!(claims.len(), 200);
+            let mut winners = std::collections::HashMap::new();
+            for (new, claim) in records.iter().zip(&claims) {
+                if let Ok(Claim::Acquired(lease)) = claim {
+                    assert_eq!(lease.token, new.token);
+                    let earlier = winners.insert(new.key, new.token);
+                    assert!(earlier.is_none(), "two winners for {}", new.key);
+                }
+            }
+            assert_eq!(winners.len(), keys, "one winner per key");
+            for (new, claim) in records.iter().zip(claims) {
+                if let Claim::Existing(existing) = claim.unwrap() {
+                    assert_eq!(existing.lease_token, winners[new.key], "{}", new.key);
+                    assert_eq!(existing.state(), crate::RecordState::InFlight);
+                }
+            }
+            for name in &names {
+                let mut del = redis::cmd("DEL");
+                del.arg(store.key_arg(RECORDS, "s", name));
+                store.query(&del).await.unwrap();
+            }
+        }
     }
 }

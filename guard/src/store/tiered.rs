@@ -259,6 +259,8 @@ impl crate::store::admin::AdminStore for TieredStore {
         if let Forgotten::Deleted(_) = forgotten {
             self.cache.cache_forget(scope, key).await?;
             self.cache.announce(scope, key).await?;
+            // This process at once, not when the announcement comes back.
+            self.events().publish(scope, key);
         }
         Ok(forgotten)
     }

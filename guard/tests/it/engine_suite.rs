@@ -35,6 +35,7 @@ macro_rules! engine_suite {
                 engine_runs_once_under_200_concurrent_callers,
                 engine_keeps_json_outcomes,
                 replay_cache_answers_without_the_store_until_told,
+                the_replay_cache_is_on_by_default_and_can_be_turned_off,
                 a_retried_claim_of_our_own_counts_as_acquired,
                 an_ended_lease_is_never_renewed,
                 streamed_body_slower_than_the_lease_is_not_taken_over,
@@ -316,6 +317,51 @@ pub(crate) async fn replay_cache_answers_without_the_store_until_told<S: Store>(
         .unwrap();
     assert_eq!(replayed, 7);
     assert_eq!(calls.load(Ordering::SeqCst), cached + 1);
+}
+
+/// `Engine::new` keeps replays in its cache (a replay after the first
+/// reads the store at most once); `without_replay_cache` reads the store
+/// for every replay.
+pub(crate) async fn the_replay_cache_is_on_by_default_and_can_be_turned_off<S: Store>(
+    db: TestDb<S>,
+) {
+    for cached in [true, false] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let store = Counting {
+            store: db.store.clone(),
+            calls: Arc::clone(&calls),
+        };
+        let engine = match cached {
+            true => Engine::new(store),
+            false => Engine::new(store).without_replay_cache(),
+        };
+        let key = key("default-cache");
+        let job = Job::new(engine_scope(), valid(&key), Fingerprint::of_bytes(b"a"));
+        let first: u32 = engine
+            .run_json(job.clone(), |_run| async { 7 })
+            .await
+            .unwrap();
+        assert_eq!(first, 7);
+        // As above: Redis's echo of the completion may drop the first copy.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let before = calls.load(Ordering::SeqCst);
+        for _ in 0..4 {
+            let replayed: u32 = engine
+                .run_json(job.clone(), |_run| async { panic!("ran twice") })
+                .await
+                .unwrap();
+            assert_eq!(replayed, 7);
+        }
+        let reads = calls.load(Ordering::SeqCst) - before;
+        if cached {
+            assert!(
+                reads <= 1,
+                "{reads} store calls for 4 replays with the default cache"
+            );
+        } else {
+            assert_eq!(reads, 4, "without the cache every replay reads the store");
+        }
+    }
 }
 
 pub(crate) async fn an_ended_lease_is_never_renewed<S: Store>(db: TestDb<S>) {

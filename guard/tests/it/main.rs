@@ -42,6 +42,9 @@ store_suite!(sqlite_store, idempotency_tests::sqlite);
 store_suite!(redis_store, idempotency_tests::redis);
 store_suite!(redis_cluster_store, idempotency_tests::redis_cluster);
 store_suite!(tiered_store, idempotency_tests::tiered);
+// Valkey 8.1: the same store, whose completions take the native fence
+// (`SET … IFEQ`) instead of the script.
+store_suite!(valkey_store, idempotency_tests::valkey);
 // Every claim, take-over and completion waits for one replica (`WAIT`).
 store_suite!(
     redis_replica_acks_store,
@@ -51,6 +54,7 @@ store_suite!(
 batching_suite!(postgres_batching, idempotency_tests::postgres);
 batching_suite!(sqlite_batching, idempotency_tests::sqlite);
 batching_suite!(redis_batching, idempotency_tests::redis);
+batching_suite!(valkey_batching, idempotency_tests::valkey);
 batching_suite!(
     redis_replica_acks_batching,
     idempotency_tests::redis_replica_acks
@@ -61,6 +65,7 @@ engine_suite!(sqlite_engine, idempotency_tests::sqlite);
 engine_suite!(redis_engine, idempotency_tests::redis);
 engine_suite!(redis_cluster_engine, idempotency_tests::redis_cluster);
 engine_suite!(tiered_engine, idempotency_tests::tiered);
+engine_suite!(valkey_engine, idempotency_tests::valkey);
 engine_suite!(
     redis_replica_acks_engine,
     idempotency_tests::redis_replica_acks
@@ -70,6 +75,7 @@ guard_suite!(postgres_guard, idempotency_tests::postgres);
 guard_suite!(sqlite_guard, idempotency_tests::sqlite);
 guard_suite!(redis_guard, idempotency_tests::redis);
 guard_suite!(tiered_guard, idempotency_tests::tiered);
+guard_suite!(valkey_guard, idempotency_tests::valkey);
 // A cluster client learns node addresses from the cluster, so no partition
 // sits in its path to cut: the outage tests run on single Redis, which
 // shares every line of the store's error handling with the cluster.
@@ -80,6 +86,7 @@ admin_suite!(sqlite_admin, idempotency_tests::sqlite);
 admin_suite!(redis_admin, idempotency_tests::redis);
 admin_suite!(redis_cluster_admin, idempotency_tests::redis_cluster);
 admin_suite!(tiered_admin, idempotency_tests::tiered);
+admin_suite!(valkey_admin, idempotency_tests::valkey);
 
 encrypted_suite!(
     postgres_encrypted,
