@@ -185,6 +185,11 @@ pub(crate) enum App {
     /// The handler behind our guard on Redis, every claim and completion
     /// waiting for one replica (`RedisStore::with_replica_acks(1, 1 s)`).
     GuardReplicaAcks,
+    /// The handler behind a hand-written guard, the one a user would write
+    /// instead of ours: a per-request `insert … on conflict do nothing`
+    /// claim and an `update` completion, on PostgreSQL or SQLite
+    /// (`handwritten.rs`).
+    Handwritten,
     /// The handler behind the peer crate `idempotent` 0.3.0 (its Valkey/Redis
     /// store, our thin middleware: `peer.rs`).
     Peer,

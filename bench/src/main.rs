@@ -25,6 +25,7 @@
 mod batches;
 mod cli;
 mod growth;
+mod handwritten;
 mod harness;
 mod load;
 mod machine;

@@ -258,6 +258,15 @@ impl Bench {
             for &store in &stores {
                 plan.push(raw(store, RawOp::Write, Scenario::RawWrite));
                 plan.push(http(App::Guard, Some(store), Scenario::GuardFresh));
+                // The hand-written guard a user would write instead, right
+                // beside it (the SQL stores' target: ≥ 1.0 × on fresh keys).
+                if matches!(store, StoreName::Postgres | StoreName::Sqlite) {
+                    plan.push(http(
+                        App::Handwritten,
+                        Some(store),
+                        Scenario::HandwrittenFresh,
+                    ));
+                }
                 // Encryption at rest, measured on Redis right beside its
                 // plain run (the docs' target: < 5 % of fresh keys).
                 let sealed = store == StoreName::Redis;

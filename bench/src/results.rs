@@ -12,6 +12,7 @@ use crate::stats::Summary;
 pub(crate) enum Scenario {
     Bare,
     GuardFresh,
+    HandwrittenFresh,
     GuardReplay,
     RawWrite,
     RawRead,
@@ -37,6 +38,7 @@ impl Scenario {
         match self {
             Self::Bare => "bare handler",
             Self::GuardFresh => "guard, fresh keys",
+            Self::HandwrittenFresh => "hand-written guard, fresh keys",
             Self::GuardReplay => "guard, replays",
             Self::RawWrite => "raw claim+complete",
             Self::RawRead => "raw single read",

@@ -1,7 +1,8 @@
 //! The server under test: a trivial write handler (201 with a small JSON
 //! body), bare, behind our guard (its stored responses sealed or not), or
 //! behind a peer; or, with `--forward-to`, the guarded handler forwarding to
-//! an upstream (the axum layer as a reverse proxy). Started as a child process; prints `listening <address>`
+//! an upstream (the axum layer as a reverse proxy); or behind the
+//! hand-written guard a user would write instead (`handwritten.rs`). Started as a child process; prints `listening <address>`
 //! on its first line of stdout. With `--metrics`, a guard's server also
 //! installs a Prometheus recorder and serves its text at `GET /metrics`
 //! (outside the guard).
@@ -13,7 +14,7 @@ use anyhow::Context as _;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::{BodyExt, Full};
@@ -44,6 +45,19 @@ async fn create_order(_body: Bytes) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "application/json")],
         RESPONSE_BODY,
     )
+}
+
+/// The same handler behind the hand-written guard (`handwritten.rs`), as
+/// a user would write it inside the handler.
+async fn create_order_handwritten(
+    State(table): State<crate::handwritten::Table>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    crate::handwritten::guarded(&table, &headers, body, |body| async {
+        create_order(body).await.into_response()
+    })
+    .await
 }
 
 /// The same handler in transactional mode: it takes the guard's
@@ -214,6 +228,20 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     .with_transactional_mode(true)
                     .with_single_commit(true),
             ),
+        App::Handwritten => {
+            let table = match args.store {
+                Some(StoreName::Postgres) => {
+                    crate::handwritten::Table::postgres(&args.database_url, args.pool_size).await?
+                }
+                Some(StoreName::Sqlite) => {
+                    crate::handwritten::Table::sqlite(&args.database_url).await?
+                }
+                _ => anyhow::bail!("--app handwritten runs on --store postgres or sqlite"),
+            };
+            Router::new()
+                .route(PATH, post(create_order_handwritten))
+                .with_state(table)
+        }
         App::Peer => {
             let peer = crate::peer::Peer::connect(&args.redis_url, &args.prefix).await?;
             Router::new().route(PATH, post(create_order)).route_layer(
