@@ -184,6 +184,11 @@ impl Bench {
         large: bool,
     ) -> anyhow::Result<Row> {
         let prefix = self.next_prefix();
+        // Every PostgreSQL run starts on the same steady-state table (see
+        // `Database::truncate`), the first one too.
+        if matches!(store, Some(StoreName::Postgres | StoreName::Tiered)) {
+            self.db.truncate().await?;
+        }
         let child = self.start(app, store, &prefix).await?;
         let body = if large {
             large_body()
@@ -305,6 +310,9 @@ impl Bench {
         concurrency: usize,
     ) -> anyhow::Result<Row> {
         let prefix = self.next_prefix();
+        if matches!(store, StoreName::Postgres | StoreName::Tiered) {
+            self.db.truncate().await?;
+        }
         let connected = self.connect(store, &prefix).await?;
         let keys = Arc::new(
             (0..self.args.replay_keys)

@@ -270,8 +270,20 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The PostgreSQL store of the guard apps. `BENCH_PG_BATCHING=off` turns
+/// its batcher off, `BENCH_PG_BATCHING=<n>` lets `n` statements of each
+/// kind be on their way at once (the default is 2), for the A/B of group
+/// commit against PostgreSQL's own grouping at its WAL flush.
 async fn postgres(args: &ServeArgs) -> anyhow::Result<PostgresStore> {
-    Ok(PostgresStore::connect(&args.database_url, args.pool_size).await?)
+    let store = PostgresStore::connect(&args.database_url, args.pool_size).await?;
+    Ok(match std::env::var("BENCH_PG_BATCHING").as_deref() {
+        Ok("off") => store.with_batching(idempotency_guard::store::BatchLimits::OFF),
+        Ok(n) => store.with_batching(idempotency_guard::store::BatchLimits {
+            max_in_flight: n.parse().context("BENCH_PG_BATCHING: off or a number")?,
+            ..idempotency_guard::store::postgres::DEFAULT_BATCHING
+        }),
+        Err(_) => store,
+    })
 }
 
 async fn cluster(args: &ServeArgs) -> anyhow::Result<RedisStore> {

@@ -15,7 +15,9 @@ use tokio::sync::Notify;
 type RecordId = (String, String);
 
 /// A function told of every event (the engine's replay cache drops its copy
-/// of a record that changed). Held weakly: dropping it unregisters it.
+/// of a record that changed). Held weakly: dropping it unregisters it. It
+/// is called with the registry's lock held, so it must not publish or
+/// watch itself.
 pub type Watcher = dyn Fn(&str, &str) + Send + Sync;
 
 /// A registry of waiters, keyed by `(scope, key)`. Cloning shares it.
@@ -85,15 +87,16 @@ impl RecordEvents {
     /// Every request's end is published here: with nobody waiting and no
     /// watcher, it costs two uncontended locks and allocates nothing.
     pub fn publish(&self, scope: &str, key: &str) {
-        let watchers: Vec<Arc<Watcher>> = {
-            let watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
-            if watchers.is_empty() {
-                Vec::new()
-            } else {
-                watchers.iter().filter_map(Weak::upgrade).collect()
-            }
-        };
-        for watcher in watchers {
+        // Told under the lock, which allocates nothing: a watcher (the
+        // replay cache's) only drops a copy and never publishes or
+        // registers (`watch`) from inside.
+        for watcher in self
+            .watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+        {
             watcher(scope, key);
         }
         let channel = {

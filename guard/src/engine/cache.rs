@@ -159,7 +159,13 @@ impl ReplayCache {
         lives: Duration,
     ) {
         let Some(body) = &response.body else { return };
-        let size = scope.len() + key.len() + body.len() + response.encode_headers().len() + 96;
+        // What the entry holds, counted without building anything.
+        let headers: usize = response
+            .headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 4)
+            .sum();
+        let size = scope.len() + key.len() + body.len() + headers + 96;
         if size > self.capacity {
             return;
         }
