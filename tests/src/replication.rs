@@ -509,6 +509,22 @@ pub(crate) fn replicated_until_exit() -> String {
         info_field(&info, "master_link_status").as_deref() == Some("up")
             && info_field(&info, "master_sync_in_progress").as_deref() == Some("0")
     });
+    // The link is up before the primary counts the replica's
+    // acknowledgements: a store's first `WAIT 1` must not find none.
+    let client = redis::Client::open(primary.url()).expect("a Redis URL");
+    let mut connection = client.get_connection().expect("connect to the primary");
+    wait_until("the primary counts its replica's acknowledgements", || {
+        let _: () = redis::cmd("SET")
+            .arg("fixture:sync")
+            .arg(1)
+            .query(&mut connection)
+            .expect("write on the primary");
+        redis::cmd("WAIT")
+            .arg(1)
+            .arg(200)
+            .query::<usize>(&mut connection)
+            .is_ok_and(|acked| acked >= 1)
+    });
     let url = primary.url();
     // Both live until the process exits: the watchdog kills them.
     std::mem::forget(primary);

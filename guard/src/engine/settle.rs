@@ -186,19 +186,36 @@ impl<S: Store> Engine<S> {
         stored: &StoredResponse,
     ) -> Result<(), StoreError> {
         let mut pause = Duration::from_millis(50);
-        for _ in 0..2 {
+        for attempt in 0..3 {
             match self
                 .timed("complete", self.store.complete(lease, stored))
                 .await
             {
-                Err(StoreError::Unavailable(_) | StoreError::Timeout(_)) => {
+                Err(StoreError::Unavailable(_) | StoreError::Timeout(_)) if attempt < 2 => {
                     tokio::time::sleep(pause).await;
                     pause *= 2;
+                }
+                // A resend refused: the attempt that failed may have landed
+                // (its answer lost, or it ran after the timeout), which
+                // completed the record with this lease. Only this lease can
+                // complete a record with its token, so that is success.
+                Err(StoreError::LeaseLost) if attempt > 0 => {
+                    return match self
+                        .timed("get", self.store.get(&lease.scope, &lease.key))
+                        .await
+                    {
+                        Ok(Some(record))
+                            if record.lease_token == lease.token
+                                && record.state() == crate::RecordState::Completed =>
+                        {
+                            Ok(())
+                        }
+                        _ => Err(StoreError::LeaseLost),
+                    };
                 }
                 other => return other,
             }
         }
-        self.timed("complete", self.store.complete(lease, stored))
-            .await
+        unreachable!("the last attempt returns")
     }
 }

@@ -5,7 +5,7 @@
 //! `engine_suite!(name, fixture)` instantiates the suite for one backend.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -16,7 +16,7 @@ use axum::routing::post;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{Request, StatusCode};
-use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle};
+use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle, Settled};
 use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord, StoreError};
 use idempotency_guard::{
     AbandonedPolicy, FinalResponse, Fingerprint, IdempotencyLayer, OutcomeUnknown, Record,
@@ -37,6 +37,7 @@ macro_rules! engine_suite {
                 replay_cache_answers_without_the_store_until_told,
                 the_replay_cache_is_on_by_default_and_can_be_turned_off,
                 a_retried_claim_of_our_own_counts_as_acquired,
+                a_completion_whose_answer_was_lost_counts_as_stored,
                 an_ended_lease_is_never_renewed,
                 streamed_body_slower_than_the_lease_is_not_taken_over,
                 never_ending_body_ends_in_handler_timeout,
@@ -221,6 +222,100 @@ pub(crate) async fn a_retried_claim_of_our_own_counts_as_acquired<S: Store>(db: 
         .unwrap()
         .unwrap();
     assert_eq!(record.state(), RecordState::Completed);
+}
+
+/// A store whose first completion lands but answers an error, as when the
+/// connection drops before the answer arrives: the engine sends it again
+/// and the resend finds the record completed.
+#[derive(Clone)]
+struct LostCompletionAnswer<S> {
+    store: S,
+    lost: Arc<AtomicBool>,
+}
+
+impl<S: Store> Store for LostCompletionAnswer<S> {
+    async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        self.store.claim(new).await
+    }
+
+    async fn take_over(
+        &self,
+        previous: LeaseToken,
+        new: &NewRecord<'_>,
+    ) -> Result<Option<Lease>, StoreError> {
+        self.store.take_over(previous, new).await
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        let landed = self.store.complete(lease, response).await;
+        if self.lost.swap(true, Ordering::SeqCst) {
+            return landed;
+        }
+        landed?;
+        Err(StoreError::Unavailable(
+            "the connection dropped before the answer".into(),
+        ))
+    }
+
+    async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
+        self.store.renew(lease, duration).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.store.release(lease).await
+    }
+
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.store.get(scope, key).await
+    }
+
+    fn events(&self) -> &RecordEvents {
+        self.store.events()
+    }
+}
+
+/// A completion that landed though its answer was lost is stored, not a
+/// lost lease: the resend is refused (the record is completed), and the
+/// engine finds the record completed with its own lease.
+pub(crate) async fn a_completion_whose_answer_was_lost_counts_as_stored<S: Store>(db: TestDb<S>) {
+    let lost = Arc::new(AtomicBool::new(false));
+    let store = LostCompletionAnswer {
+        store: db.store.clone(),
+        lost: Arc::clone(&lost),
+    };
+    let engine = Engine::new(store).without_replay_cache();
+    let job = Job::new(
+        engine_scope(),
+        valid(key("answer-lost")),
+        Fingerprint::of_bytes(b"pay"),
+    );
+    let answer = engine
+        .run(job.clone(), |_run| async {
+            Settle::Complete {
+                response: StoredResponse::from_bytes("paid"),
+                reply: (),
+            }
+        })
+        .await;
+    assert!(
+        lost.load(Ordering::SeqCst),
+        "the first answer was lost: {answer:?}"
+    );
+    assert!(
+        matches!(
+            answer,
+            Answer::Ran {
+                settled: Settled::Stored,
+                ..
+            }
+        ),
+        "a landed completion counts as stored: {answer:?}"
+    );
+    let again: Answer<()> = engine.run(job, |_run| async { panic!("ran twice") }).await;
+    match again {
+        Answer::Replay(response) => assert_eq!(response, StoredResponse::from_bytes("paid")),
+        other => panic!("the retry replays the stored outcome: {other:?}"),
+    }
 }
 
 /// A store that counts the reads and claims that reach it.
