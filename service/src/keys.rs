@@ -152,10 +152,10 @@ async fn answer_key(
         .map(|f| f.parse::<Fingerprint>())
         .transpose()
         .map_err(|error| ApiProblem::BadRequest(error.to_string()))?;
-    let record = read(state.store.get(&scope.0, key.as_str())).await?;
+    let record = read(state.store.get(scope.as_str(), key.as_str())).await?;
     let mut status =
         record.and_then(|record| key_status(&record, fingerprint.as_ref(), state.retry_after));
-    if status.is_none() && held(state, &scope.0, &[key.as_str()]).await?[0] {
+    if status.is_none() && held(state, scope.as_str(), &[key.as_str()]).await?[0] {
         status = Some(held_status(key.as_str(), state.retry_after));
     }
     count_state(status.as_ref().map(|s| s.state));
@@ -205,7 +205,7 @@ pub async fn lookup(
         })?;
     }
     let keys: Vec<&str> = request.keys.iter().map(String::as_str).collect();
-    let records = read(state.store.get_many(&scope.0, &keys)).await?;
+    let records = read(state.store.get_many(scope.as_str(), &keys)).await?;
     let statuses: Vec<_> = records
         .into_iter()
         .map(|record| record.and_then(|record| key_status(&record, None, state.retry_after)))
@@ -220,7 +220,7 @@ pub async fn lookup(
     let mut held_keys = if absent.is_empty() {
         Vec::new()
     } else {
-        held(&state, &scope.0, &absent).await?
+        held(&state, scope.as_str(), &absent).await?
     }
     .into_iter();
     let results = request

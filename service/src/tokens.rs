@@ -163,9 +163,10 @@ fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-/// The scope a request was authenticated for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Scope(pub String);
+/// The scope a request was authenticated for: the guard's [`Scope`] (1
+/// to 255 bytes, no control character), checked once, when the token file
+/// is read.
+pub use idempotency_guard::Scope;
 
 /// The configured scope tokens (`<scope> <token>` lines).
 #[derive(Clone, Default)]
@@ -206,9 +207,10 @@ pub enum TokensError {
         /// The line number, from 1.
         line: usize,
     },
-    /// A scope is longer than 255 bytes.
-    #[error("line {line}: the scope is longer than 255 bytes")]
-    ScopeTooLong {
+    /// A scope is not a valid [`Scope`]: longer than 255 bytes, or
+    /// with a control character.
+    #[error("line {line}: the scope is not 1 to 255 bytes without control characters")]
+    ScopeInvalid {
         /// The line number, from 1.
         line: usize,
     },
@@ -225,7 +227,7 @@ impl From<LineError> for TokensError {
         match fault {
             LineFault::Malformed => Self::Malformed { line },
             LineFault::TooShort => Self::TooShort { line },
-            LineFault::Holder => Self::ScopeTooLong { line },
+            LineFault::Holder => Self::ScopeInvalid { line },
             LineFault::Duplicate => Self::Duplicate { line },
         }
     }
@@ -257,7 +259,7 @@ impl Tokens {
     }
 
     fn add_lines<'a>(&mut self, lines: impl Iterator<Item = &'a str>) -> Result<(), TokensError> {
-        let scope = |fields: &[&str]| (fields[0].len() <= 255).then(|| Scope(fields[0].to_owned()));
+        let scope = |fields: &[&str]| Scope::new(fields[0]).ok();
         Ok(self.table.add_lines(lines, 1, scope)?)
     }
 
@@ -309,7 +311,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             tokens.scope_of("tokenA-0123456789abcdef#tail"),
-            Some(Scope("default".into())),
+            Scope::new("default").ok(),
             "the configured token is accepted"
         );
         assert_eq!(
@@ -319,7 +321,7 @@ mod tests {
         );
         assert_eq!(
             tokens.scope_of("tokenB-0123456789abcdef"),
-            Some(Scope("other".into()))
+            Scope::new("other").ok()
         );
     }
 
@@ -327,8 +329,8 @@ mod tests {
     fn maps_each_token_to_its_scope() {
         let tokens = tokens();
         assert_eq!(tokens.len(), 2);
-        assert_eq!(tokens.scope_of(A), Some(Scope("tenant-a".into())));
-        assert_eq!(tokens.scope_of(B), Some(Scope("tenant-b".into())));
+        assert_eq!(tokens.scope_of(A), Scope::new("tenant-a").ok());
+        assert_eq!(tokens.scope_of(B), Scope::new("tenant-b").ok());
         assert_eq!(tokens.scope_of("token-of-tenant-c-0123456789"), None);
         assert_eq!(tokens.scope_of(""), None);
     }
@@ -378,12 +380,16 @@ mod tests {
     }
 
     #[test]
-    fn refuses_a_scope_longer_than_255_bytes() {
+    fn refuses_a_scope_longer_than_255_bytes_or_with_a_control_character() {
         let mut tokens = Tokens::default();
+        assert!(matches!(
+            tokens.add_pairs(&format!("a\u{1}b {A}")),
+            Err(TokensError::ScopeInvalid { line: 1 })
+        ));
         let long = "s".repeat(256);
         assert!(matches!(
             tokens.add_pairs(&format!("{long} {A}")),
-            Err(TokensError::ScopeTooLong { line: 1 })
+            Err(TokensError::ScopeInvalid { line: 1 })
         ));
         tokens
             .add_pairs(&format!("{} {A}", "s".repeat(255)))
