@@ -492,15 +492,34 @@ impl RedisStore {
         value: &[u8],
         retention: Duration,
     ) {
-        pipe.cmd("SET")
+        // Sized up front: a command that grows its buffers argument by
+        // argument reallocates several times per claim.
+        let key = at.prefix.len() + at.namespace.len() + at.scope.len() + at.key.len() + 24;
+        let mut set = redis::Cmd::with_capacity(7, key + value.len() + 32);
+        set.arg("SET")
             .arg(at)
             .arg(value)
             .arg("NX")
             .arg("PX")
             .arg(codec::millis(retention).max(1))
-            .arg("GET")
-            .cmd("PTTL")
-            .arg(at);
+            .arg("GET");
+        let mut pttl = redis::Cmd::with_capacity(2, key + 4);
+        pttl.arg("PTTL").arg(at);
+        pipe.add_command(set).add_command(pttl);
+    }
+
+    /// A native fenced completion: `SET key <completed> IFEQ <claimed>
+    /// KEEPTTL`, its buffers sized up front.
+    fn ifeq_command(at: &RecordKey<'_>, done: &[u8], claimed: &[u8]) -> redis::Cmd {
+        let key = at.prefix.len() + at.namespace.len() + at.scope.len() + at.key.len() + 24;
+        let mut set = redis::Cmd::with_capacity(6, key + done.len() + claimed.len() + 32);
+        set.arg("SET")
+            .arg(at)
+            .arg(done)
+            .arg("IFEQ")
+            .arg(claimed)
+            .arg("KEEPTTL");
+        set
     }
 
     /// What one claim's `SET … NX GET` and `PTTL` answered: acquired, the
@@ -582,12 +601,7 @@ impl RedisStore {
         {
             let done = codec::completed(&claimed.value, claimed.at.elapsed(), &response)?;
             let mut pipe = redis::pipe();
-            pipe.cmd("SET")
-                .arg(&at)
-                .arg(done)
-                .arg("IFEQ")
-                .arg(claimed.value)
-                .arg("KEEPTTL");
+            pipe.add_command(Self::ifeq_command(&at, &done, &claimed.value));
             let acked = self.send(pipe, &at, true).await?;
             match acked.values.first() {
                 Some(Value::Okay) => return acked.replicated(),
@@ -758,12 +772,7 @@ impl BatchedStore for RedisStore {
             let mut pipe = redis::pipe();
             for &n in group {
                 let (index, done, claimed) = &native[n];
-                pipe.cmd("SET")
-                    .arg(record_key(*index))
-                    .arg(done.as_slice())
-                    .arg("IFEQ")
-                    .arg(claimed.as_slice())
-                    .arg("KEEPTTL");
+                pipe.add_command(Self::ifeq_command(&record_key(*index), done, claimed));
             }
             let route = record_key(native[group[0]].0);
             async move { self.send(pipe, &route, true).await }
