@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bytes::Bytes;
-use idempotency_guard::store::AnyStore;
+use idempotency_guard::store::{AnyStore, Backend};
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::sqlite::SqliteStore;
@@ -277,14 +277,14 @@ impl Bench {
         let pool_size = self.args.pool_size;
         Ok(match store {
             StoreName::Postgres => {
-                AnyStore::Postgres(PostgresStore::connect(&self.db.url, pool_size).await?)
+                AnyStore::from(PostgresStore::connect(&self.db.url, pool_size).await?)
             }
             StoreName::Sqlite => {
                 let url = self.sqlite_url().await?;
-                AnyStore::Sqlite(SqliteStore::connect(&url).await?)
+                AnyStore::from(SqliteStore::connect(&url).await?)
             }
             StoreName::Redis => {
-                AnyStore::Redis(RedisStore::connect(&self.args.redis_url, prefix).await?)
+                AnyStore::from(RedisStore::connect(&self.args.redis_url, prefix).await?)
             }
             StoreName::RedisCluster => {
                 let nodes: Vec<&str> = self
@@ -293,9 +293,9 @@ impl Bench {
                     .iter()
                     .map(String::as_str)
                     .collect();
-                AnyStore::Redis(RedisStore::connect_cluster(&nodes, prefix).await?)
+                AnyStore::from(RedisStore::connect_cluster(&nodes, prefix).await?)
             }
-            StoreName::Tiered => AnyStore::Tiered(TieredStore::new(
+            StoreName::Tiered => AnyStore::from(TieredStore::new(
                 PostgresStore::connect(&self.db.url, pool_size).await?,
                 RedisStore::connect(&self.args.redis_url, prefix).await?,
             )),
@@ -350,10 +350,10 @@ impl Bench {
 
 /// Closes a store's pools, so the next run starts from none.
 pub(crate) async fn close(store: AnyStore) {
-    match store {
-        AnyStore::Postgres(store) => store.pool().close().await,
-        AnyStore::Sqlite(store) => store.pool().close().await,
-        AnyStore::Tiered(store) => store.database().pool().close().await,
+    match store.backend() {
+        Backend::Postgres(store) => store.pool().close().await,
+        Backend::Sqlite(store) => store.pool().close().await,
+        Backend::Tiered(store) => store.database().pool().close().await,
         _ => {}
     }
 }

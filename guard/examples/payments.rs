@@ -46,7 +46,7 @@ use axum::{Json, Router};
 use idempotency_guard::server::{BodyTimeoutLayer, Server};
 use idempotency_guard::store::TransactionalStore as _;
 use idempotency_guard::store::encrypted::require_sealed_from_environment;
-use idempotency_guard::store::{AnyStore, EncryptionKeys, StoreKind, StoreOptions};
+use idempotency_guard::store::{AnyStore, Backend, EncryptionKeys, StoreKind, StoreOptions};
 use idempotency_guard::{Drain, IdempotencyLayer, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, SqlitePool};
@@ -423,14 +423,14 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     let payments_db = AnyStore::connect(url)
         .await
         .with_context(|| format!("connect to {url}"))?;
-    let db = match payments_db {
-        AnyStore::Postgres(payments) => {
+    let db = match payments_db.backend() {
+        Backend::Postgres(payments) => {
             sqlx::query(CREATE_POSTGRES)
                 .execute(payments.pool())
                 .await?;
             Db::Postgres(payments.pool().clone())
         }
-        AnyStore::Sqlite(payments) => {
+        Backend::Sqlite(payments) => {
             sqlx::query(CREATE_SQLITE).execute(payments.pool()).await?;
             Db::Sqlite(payments.pool().clone())
         }

@@ -21,7 +21,7 @@ pub mod sqlite;
 pub mod tiered;
 
 mod any;
-pub use any::{AnyStore, StoreKind, StoreOptions};
+pub use any::{AnyStore, Backend, StoreKind, StoreOptions};
 
 mod settings;
 pub use settings::{SettingNames, SettingsError};

@@ -9,10 +9,25 @@ use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError
 use crate::{Record, RecordEvents, StoredResponse};
 
 /// One of the stores, chosen at run time (an enum that delegates, so the
-/// layer stays monomorphic and nothing is boxed).
+/// layer stays monomorphic and nothing is boxed): a [`Backend`], its
+/// stored responses in clear or sealed.
+///
+/// Two variants, each naming its whole composition: a store added to
+/// [`Backend`] is at once available plain and sealed, and a `match` on
+/// `AnyStore` has no arm that a forgotten variant could fall into.
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    /// The backend, stored responses in clear.
+    Plain(Backend),
+    /// The backend, its stored responses sealed ([`EncryptedStore`]).
+    Sealed(EncryptedStore<Backend>),
+}
+
+/// The store that holds the records: one per backend the features compile
+/// in.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub enum AnyStore {
+pub enum Backend {
     /// See [`PostgresStore`](crate::store::postgres::PostgresStore).
     #[cfg(feature = "postgres")]
     Postgres(crate::store::postgres::PostgresStore),
@@ -25,19 +40,6 @@ pub enum AnyStore {
     /// See [`TieredStore`](crate::store::tiered::TieredStore).
     #[cfg(feature = "redis")]
     Tiered(crate::store::tiered::TieredStore),
-    /// PostgreSQL, its stored responses sealed ([`EncryptedStore`]).
-    #[cfg(feature = "postgres")]
-    EncryptedPostgres(EncryptedStore<crate::store::postgres::PostgresStore>),
-    /// SQLite, its stored responses sealed ([`EncryptedStore`]).
-    #[cfg(feature = "sqlite")]
-    EncryptedSqlite(EncryptedStore<crate::store::sqlite::SqliteStore>),
-    /// Redis, its stored responses sealed ([`EncryptedStore`]).
-    #[cfg(feature = "redis")]
-    EncryptedRedis(EncryptedStore<crate::store::redis::RedisStore>),
-    /// The tiered store, its stored responses sealed in both tiers
-    /// ([`EncryptedStore`]).
-    #[cfg(feature = "redis")]
-    EncryptedTiered(EncryptedStore<crate::store::tiered::TieredStore>),
 }
 
 /// What [`AnyStore::open`] opens.
@@ -123,31 +125,33 @@ impl std::str::FromStr for StoreKind {
     }
 }
 
-/// Runs the same expression on whichever store `self` holds.
-macro_rules! delegate {
+/// Runs the same expression on whichever backend `self` holds.
+macro_rules! on_backend {
     ($self:expr, $store:ident => $body:expr) => {
         match $self {
             #[cfg(feature = "postgres")]
-            AnyStore::Postgres($store) => $body,
+            Backend::Postgres($store) => $body,
             #[cfg(feature = "sqlite")]
-            AnyStore::Sqlite($store) => $body,
+            Backend::Sqlite($store) => $body,
             #[cfg(feature = "redis")]
-            AnyStore::Redis($store) => $body,
+            Backend::Redis($store) => $body,
             #[cfg(feature = "redis")]
-            AnyStore::Tiered($store) => $body,
-            #[cfg(feature = "postgres")]
-            AnyStore::EncryptedPostgres($store) => $body,
-            #[cfg(feature = "sqlite")]
-            AnyStore::EncryptedSqlite($store) => $body,
-            #[cfg(feature = "redis")]
-            AnyStore::EncryptedRedis($store) => $body,
-            #[cfg(feature = "redis")]
-            AnyStore::EncryptedTiered($store) => $body,
+            Backend::Tiered($store) => $body,
         }
     };
 }
 
-impl AnyStore {
+/// Runs the same expression on the plain or the sealed store.
+macro_rules! on_store {
+    ($self:expr, $store:ident => $body:expr) => {
+        match $self {
+            AnyStore::Plain($store) => $body,
+            AnyStore::Sealed($store) => $body,
+        }
+    };
+}
+
+impl Backend {
     /// Connects to the store a URL names: `postgres://` (or
     /// `postgresql://`) or `sqlite:`.
     ///
@@ -169,83 +173,6 @@ impl AnyStore {
         Err(StoreError::Unsupported("this database URL scheme"))
     }
 
-    /// Opens the store `options` describe.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unsupported`] when a URL the kind needs is missing or
-    /// of the wrong scheme, [`StoreError::Unavailable`] when a server
-    /// cannot be reached.
-    pub async fn open(options: &StoreOptions<'_>) -> Result<Self, StoreError> {
-        let store = Self::open_plain(options).await?;
-        Ok(match options.encryption {
-            Some(keys) => store
-                .with_encryption(keys.clone())
-                .with_require_sealed(options.require_sealed),
-            None => store,
-        })
-    }
-
-    /// Opens the store `options` describe, without encryption.
-    async fn open_plain(options: &StoreOptions<'_>) -> Result<Self, StoreError> {
-        let StoreOptions {
-            kind,
-            database_url,
-            redis_url,
-            redis_prefix,
-            notifications,
-            encryption: _,
-            require_sealed: _,
-        } = *options;
-        match kind {
-            #[cfg(feature = "postgres")]
-            StoreKind::Sql if notifications && is_postgres(database_url) => {
-                // Irrefutable when PostgreSQL is the only store compiled in.
-                #[allow(irrefutable_let_patterns)]
-                let Self::Postgres(postgres) = Self::connect(database_url).await? else {
-                    return Err(StoreError::Unsupported("notifications on this database"));
-                };
-                Ok(Self::Postgres(postgres.with_notifications().await?))
-            }
-            StoreKind::Sql => Self::connect(database_url).await,
-            #[cfg(feature = "redis")]
-            StoreKind::Redis => {
-                let url = redis_url.ok_or(StoreError::Unsupported(
-                    "the Redis store without a Redis URL",
-                ))?;
-                Ok(Self::Redis(connect_redis(url, redis_prefix).await?))
-            }
-            #[cfg(feature = "redis")]
-            StoreKind::Tiered => {
-                let url = redis_url.ok_or(StoreError::Unsupported(
-                    "the tiered store without a Redis URL",
-                ))?;
-                let Self::Postgres(postgres) = Self::connect(database_url).await? else {
-                    return Err(StoreError::Unsupported(
-                        "the tiered store over a database that is not PostgreSQL",
-                    ));
-                };
-                let cache = connect_redis(url, redis_prefix).await?;
-                // One registry of waiters for both sides; with notifications,
-                // PostgreSQL wakes them too (and alone while Redis is down).
-                let postgres = postgres.with_events(cache.events().clone());
-                let postgres = if notifications {
-                    postgres.with_notifications().await?
-                } else {
-                    postgres
-                };
-                Ok(Self::Tiered(crate::store::tiered::TieredStore::new(
-                    postgres, cache,
-                )))
-            }
-            #[cfg(not(feature = "redis"))]
-            StoreKind::Redis | StoreKind::Tiered => {
-                let _ = (redis_url, redis_prefix, notifications);
-                Err(StoreError::Unsupported("Redis (the redis feature is off)"))
-            }
-        }
-    }
-
     /// Applies the store's pending migrations (Redis has none).
     ///
     /// # Errors
@@ -261,15 +188,129 @@ impl AnyStore {
             Self::Redis(_) => Ok(()),
             #[cfg(feature = "redis")]
             Self::Tiered(store) => store.database().migrate().await,
-            #[cfg(feature = "postgres")]
-            Self::EncryptedPostgres(store) => store.inner().migrate().await,
-            #[cfg(feature = "sqlite")]
-            Self::EncryptedSqlite(store) => store.inner().migrate().await,
-            #[cfg(feature = "redis")]
-            Self::EncryptedRedis(_) => Ok(()),
-            #[cfg(feature = "redis")]
-            Self::EncryptedTiered(store) => store.inner().database().migrate().await,
         }
+    }
+
+    /// The backend's kind, for logs: `postgres`, `sqlite`, `redis` or
+    /// `tiered`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => "postgres",
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(_) => "sqlite",
+            #[cfg(feature = "redis")]
+            Self::Redis(_) => "redis",
+            #[cfg(feature = "redis")]
+            Self::Tiered(_) => "tiered",
+        }
+    }
+}
+
+impl AnyStore {
+    /// Connects to the store a URL names: `postgres://` (or
+    /// `postgresql://`) or `sqlite:`, its responses in clear.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unsupported`] for another scheme (or one whose feature
+    /// is off), [`StoreError::Unavailable`] when the store cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Ok(Self::Plain(Backend::connect(url).await?))
+    }
+
+    /// Opens the store `options` describe.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unsupported`] when a URL the kind needs is missing or
+    /// of the wrong scheme, [`StoreError::Unavailable`] when a server
+    /// cannot be reached.
+    pub async fn open(options: &StoreOptions<'_>) -> Result<Self, StoreError> {
+        let store = Self::Plain(Self::open_plain(options).await?);
+        Ok(match options.encryption {
+            Some(keys) => store
+                .with_encryption(keys.clone())
+                .with_require_sealed(options.require_sealed),
+            None => store,
+        })
+    }
+
+    /// Opens the store `options` describe, without encryption.
+    async fn open_plain(options: &StoreOptions<'_>) -> Result<Backend, StoreError> {
+        let StoreOptions {
+            kind,
+            database_url,
+            redis_url,
+            redis_prefix,
+            notifications,
+            encryption: _,
+            require_sealed: _,
+        } = *options;
+        match kind {
+            #[cfg(feature = "postgres")]
+            StoreKind::Sql if notifications && is_postgres(database_url) => {
+                // Irrefutable when PostgreSQL is the only store compiled in.
+                #[allow(irrefutable_let_patterns)]
+                let Backend::Postgres(postgres) = Backend::connect(database_url).await? else {
+                    return Err(StoreError::Unsupported("notifications on this database"));
+                };
+                Ok(Backend::Postgres(postgres.with_notifications().await?))
+            }
+            StoreKind::Sql => Backend::connect(database_url).await,
+            #[cfg(feature = "redis")]
+            StoreKind::Redis => {
+                let url = redis_url.ok_or(StoreError::Unsupported(
+                    "the Redis store without a Redis URL",
+                ))?;
+                Ok(Backend::Redis(connect_redis(url, redis_prefix).await?))
+            }
+            #[cfg(feature = "redis")]
+            StoreKind::Tiered => {
+                let url = redis_url.ok_or(StoreError::Unsupported(
+                    "the tiered store without a Redis URL",
+                ))?;
+                let Backend::Postgres(postgres) = Backend::connect(database_url).await? else {
+                    return Err(StoreError::Unsupported(
+                        "the tiered store over a database that is not PostgreSQL",
+                    ));
+                };
+                let cache = connect_redis(url, redis_prefix).await?;
+                // One registry of waiters for both sides; with notifications,
+                // PostgreSQL wakes them too (and alone while Redis is down).
+                let postgres = postgres.with_events(cache.events().clone());
+                let postgres = if notifications {
+                    postgres.with_notifications().await?
+                } else {
+                    postgres
+                };
+                Ok(Backend::Tiered(crate::store::tiered::TieredStore::new(
+                    postgres, cache,
+                )))
+            }
+            #[cfg(not(feature = "redis"))]
+            StoreKind::Redis | StoreKind::Tiered => {
+                let _ = (redis_url, redis_prefix, notifications);
+                Err(StoreError::Unsupported("Redis (the redis feature is off)"))
+            }
+        }
+    }
+
+    /// The backend, sealed or not.
+    pub fn backend(&self) -> &Backend {
+        match self {
+            Self::Plain(backend) => backend,
+            Self::Sealed(sealed) => sealed.inner(),
+        }
+    }
+
+    /// Applies the store's pending migrations (Redis has none).
+    ///
+    /// # Errors
+    ///
+    /// Returns the migration that failed, or the connection error.
+    pub async fn migrate(&self) -> Result<(), crate::MigrationError> {
+        self.backend().migrate().await
     }
 
     /// Seals this store's responses with `keys` from now on (an
@@ -284,40 +325,11 @@ impl AnyStore {
     /// answers `None`): its completion would store the response in clear.
     pub fn with_encryption(self, keys: EncryptionKeys) -> Self {
         match self {
-            #[cfg(feature = "postgres")]
-            Self::Postgres(store) => Self::EncryptedPostgres(EncryptedStore::new(store, keys)),
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(store) => Self::EncryptedSqlite(EncryptedStore::new(store, keys)),
-            #[cfg(feature = "redis")]
-            Self::Redis(store) => Self::EncryptedRedis(EncryptedStore::new(store, keys)),
-            #[cfg(feature = "redis")]
-            Self::Tiered(store) => Self::EncryptedTiered(EncryptedStore::new(store, keys)),
-            #[cfg(feature = "postgres")]
-            Self::EncryptedPostgres(store) => {
-                let required = store.requires_sealed();
-                Self::EncryptedPostgres(
-                    EncryptedStore::new(store.inner().clone(), keys).with_require_sealed(required),
-                )
-            }
-            #[cfg(feature = "sqlite")]
-            Self::EncryptedSqlite(store) => {
-                let required = store.requires_sealed();
-                Self::EncryptedSqlite(
-                    EncryptedStore::new(store.inner().clone(), keys).with_require_sealed(required),
-                )
-            }
-            #[cfg(feature = "redis")]
-            Self::EncryptedRedis(store) => {
-                let required = store.requires_sealed();
-                Self::EncryptedRedis(
-                    EncryptedStore::new(store.inner().clone(), keys).with_require_sealed(required),
-                )
-            }
-            #[cfg(feature = "redis")]
-            Self::EncryptedTiered(store) => {
-                let required = store.requires_sealed();
-                Self::EncryptedTiered(
-                    EncryptedStore::new(store.inner().clone(), keys).with_require_sealed(required),
+            Self::Plain(backend) => Self::Sealed(EncryptedStore::new(backend, keys)),
+            Self::Sealed(sealed) => {
+                let required = sealed.requires_sealed();
+                Self::Sealed(
+                    EncryptedStore::new(sealed.inner().clone(), keys).with_require_sealed(required),
                 )
             }
         }
@@ -334,24 +346,8 @@ impl AnyStore {
     #[must_use]
     pub fn with_require_sealed(self, required: bool) -> Self {
         match self {
-            #[cfg(feature = "postgres")]
-            Self::EncryptedPostgres(store) => {
-                Self::EncryptedPostgres(store.with_require_sealed(required))
-            }
-            #[cfg(feature = "sqlite")]
-            Self::EncryptedSqlite(store) => {
-                Self::EncryptedSqlite(store.with_require_sealed(required))
-            }
-            #[cfg(feature = "redis")]
-            Self::EncryptedRedis(store) => {
-                Self::EncryptedRedis(store.with_require_sealed(required))
-            }
-            #[cfg(feature = "redis")]
-            Self::EncryptedTiered(store) => {
-                Self::EncryptedTiered(store.with_require_sealed(required))
-            }
-            #[allow(unreachable_patterns)]
-            plain => plain,
+            Self::Plain(backend) => Self::Plain(backend),
+            Self::Sealed(sealed) => Self::Sealed(sealed.with_require_sealed(required)),
         }
     }
 
@@ -359,54 +355,23 @@ impl AnyStore {
     /// an encrypted store, `None` over one in clear.
     pub fn requires_sealed(&self) -> Option<bool> {
         match self {
-            #[cfg(feature = "postgres")]
-            Self::EncryptedPostgres(store) => Some(store.requires_sealed()),
-            #[cfg(feature = "sqlite")]
-            Self::EncryptedSqlite(store) => Some(store.requires_sealed()),
-            #[cfg(feature = "redis")]
-            Self::EncryptedRedis(store) => Some(store.requires_sealed()),
-            #[cfg(feature = "redis")]
-            Self::EncryptedTiered(store) => Some(store.requires_sealed()),
-            #[allow(unreachable_patterns)]
-            _ => None,
+            Self::Plain(_) => None,
+            Self::Sealed(sealed) => Some(sealed.requires_sealed()),
         }
     }
 
     /// Whether stored responses are sealed (encryption at rest).
     pub fn is_encrypted(&self) -> bool {
         match self {
-            #[cfg(feature = "postgres")]
-            Self::EncryptedPostgres(_) => true,
-            #[cfg(feature = "sqlite")]
-            Self::EncryptedSqlite(_) => true,
-            #[cfg(feature = "redis")]
-            Self::EncryptedRedis(_) | Self::EncryptedTiered(_) => true,
-            #[allow(unreachable_patterns)]
-            _ => false,
+            Self::Plain(_) => false,
+            Self::Sealed(_) => true,
         }
     }
 
     /// The store's kind, for logs: `postgres`, `sqlite`, `redis` or `tiered`
     /// (sealed or not: see [`AnyStore::is_encrypted`]).
     pub fn kind(&self) -> &'static str {
-        match self {
-            #[cfg(feature = "postgres")]
-            Self::Postgres(_) => "postgres",
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(_) => "sqlite",
-            #[cfg(feature = "redis")]
-            Self::Redis(_) => "redis",
-            #[cfg(feature = "redis")]
-            Self::Tiered(_) => "tiered",
-            #[cfg(feature = "postgres")]
-            Self::EncryptedPostgres(_) => "postgres",
-            #[cfg(feature = "sqlite")]
-            Self::EncryptedSqlite(_) => "sqlite",
-            #[cfg(feature = "redis")]
-            Self::EncryptedRedis(_) => "redis",
-            #[cfg(feature = "redis")]
-            Self::EncryptedTiered(_) => "tiered",
-        }
+        self.backend().kind()
     }
 }
 
@@ -427,42 +392,45 @@ async fn connect_redis(
     }
 }
 
-#[cfg(feature = "redis")]
-impl From<crate::store::redis::RedisStore> for AnyStore {
-    fn from(store: crate::store::redis::RedisStore) -> Self {
-        Self::Redis(store)
+impl From<Backend> for AnyStore {
+    fn from(backend: Backend) -> Self {
+        Self::Plain(backend)
     }
 }
 
-#[cfg(feature = "redis")]
-impl From<crate::store::tiered::TieredStore> for AnyStore {
-    fn from(store: crate::store::tiered::TieredStore) -> Self {
-        Self::Tiered(store)
-    }
+/// `From<store>` for [`Backend`] and, in clear, for [`AnyStore`].
+macro_rules! from_store {
+    ($(#[$cfg:meta])* $variant:ident($store:ty)) => {
+        $(#[$cfg])*
+        impl From<$store> for Backend {
+            fn from(store: $store) -> Self {
+                Self::$variant(store)
+            }
+        }
+
+        $(#[$cfg])*
+        impl From<$store> for AnyStore {
+            fn from(store: $store) -> Self {
+                Self::Plain(Backend::$variant(store))
+            }
+        }
+    };
 }
 
-#[cfg(feature = "postgres")]
-impl From<crate::store::postgres::PostgresStore> for AnyStore {
-    fn from(store: crate::store::postgres::PostgresStore) -> Self {
-        Self::Postgres(store)
-    }
-}
+from_store!(#[cfg(feature = "postgres")] Postgres(crate::store::postgres::PostgresStore));
+from_store!(#[cfg(feature = "sqlite")] Sqlite(crate::store::sqlite::SqliteStore));
+from_store!(#[cfg(feature = "redis")] Redis(crate::store::redis::RedisStore));
+from_store!(#[cfg(feature = "redis")] Tiered(crate::store::tiered::TieredStore));
 
-#[cfg(feature = "sqlite")]
-impl From<crate::store::sqlite::SqliteStore> for AnyStore {
-    fn from(store: crate::store::sqlite::SqliteStore) -> Self {
-        Self::Sqlite(store)
-    }
-}
-
-// The request path's calls box the delegated future: an `async fn` that
-// matches on the store would otherwise be as large as the largest store's
-// future (the tiered store's, PostgreSQL and Redis together, KiBs), and so
-// would every guard future that awaits it, copied whole into its box and
-// into each spawned task. One small allocation per call is cheaper.
-impl Store for AnyStore {
+// The backend's calls box the delegated future: an `async fn` that matches
+// on the store would otherwise be as large as the largest store's future
+// (the tiered store's, PostgreSQL and Redis together, KiBs), and so would
+// every guard future that awaits it, copied whole into its box and into
+// each spawned task. One small allocation per call is cheaper. `AnyStore`
+// then holds a small future whichever way it is composed.
+impl Store for Backend {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
-        delegate!(self, store => Box::pin(store.claim(new)).await)
+        on_backend!(self, store => Box::pin(store.claim(new)).await)
     }
 
     async fn take_over(
@@ -470,23 +438,23 @@ impl Store for AnyStore {
         previous: LeaseToken,
         new: &NewRecord<'_>,
     ) -> Result<Option<Lease>, StoreError> {
-        delegate!(self, store => Box::pin(store.take_over(previous, new)).await)
+        on_backend!(self, store => Box::pin(store.take_over(previous, new)).await)
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        delegate!(self, store => Box::pin(store.complete(lease, response)).await)
+        on_backend!(self, store => Box::pin(store.complete(lease, response)).await)
     }
 
     async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
-        delegate!(self, store => Box::pin(store.renew(lease, duration)).await)
+        on_backend!(self, store => Box::pin(store.renew(lease, duration)).await)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        delegate!(self, store => Box::pin(store.release(lease)).await)
+        on_backend!(self, store => Box::pin(store.release(lease)).await)
     }
 
     async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        delegate!(self, store => Box::pin(store.get(scope, key)).await)
+        on_backend!(self, store => Box::pin(store.get(scope, key)).await)
     }
 
     async fn get_many(
@@ -494,35 +462,88 @@ impl Store for AnyStore {
         scope: &str,
         keys: &[&str],
     ) -> Result<Vec<Option<Record>>, StoreError> {
-        delegate!(self, store => store.get_many(scope, keys).await)
+        on_backend!(self, store => store.get_many(scope, keys).await)
     }
 
     fn events(&self) -> &RecordEvents {
-        delegate!(self, store => store.events())
+        on_backend!(self, store => store.events())
+    }
+}
+
+impl Store for AnyStore {
+    async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        on_store!(self, store => store.claim(new).await)
+    }
+
+    async fn take_over(
+        &self,
+        previous: LeaseToken,
+        new: &NewRecord<'_>,
+    ) -> Result<Option<Lease>, StoreError> {
+        on_store!(self, store => store.take_over(previous, new).await)
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        on_store!(self, store => store.complete(lease, response).await)
+    }
+
+    async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
+        on_store!(self, store => store.renew(lease, duration).await)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        on_store!(self, store => store.release(lease).await)
+    }
+
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        on_store!(self, store => store.get(scope, key).await)
+    }
+
+    async fn get_many(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Record>>, StoreError> {
+        on_store!(self, store => store.get_many(scope, keys).await)
+    }
+
+    fn events(&self) -> &RecordEvents {
+        on_store!(self, store => store.events())
+    }
+}
+
+impl Purge for Backend {
+    async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
+        on_backend!(self, store => store.purge(limit).await)
     }
 }
 
 impl Purge for AnyStore {
     async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
-        delegate!(self, store => store.purge(limit).await)
+        on_store!(self, store => store.purge(limit).await)
     }
 }
 
+/// Transactional mode runs over a plain PostgreSQL or tiered backend only:
+/// over a sealed store its completion would store the response in clear.
 #[cfg(feature = "postgres")]
 impl TransactionalStore for AnyStore {
     fn postgres(&self) -> Option<&crate::store::postgres::PostgresStore> {
         match self {
-            Self::Postgres(store) => Some(store),
+            Self::Plain(Backend::Postgres(store)) => Some(store),
             #[cfg(feature = "redis")]
-            Self::Tiered(store) => Some(store.database()),
-            #[allow(unreachable_patterns)]
-            _ => None,
+            Self::Plain(Backend::Tiered(store)) => Some(store.database()),
+            #[cfg(feature = "sqlite")]
+            Self::Plain(Backend::Sqlite(_)) => None,
+            #[cfg(feature = "redis")]
+            Self::Plain(Backend::Redis(_)) => None,
+            Self::Sealed(_) => None,
         }
     }
 
     async fn committed(&self, lease: &Lease) {
         #[cfg(feature = "redis")]
-        if let Self::Tiered(store) = self {
+        if let Self::Plain(Backend::Tiered(store)) = self {
             store.committed(lease).await;
         }
         let _ = lease;
@@ -533,14 +554,14 @@ impl TransactionalStore for AnyStore {
 // Operators' operations (`AdminStore`), delegated.
 // ---------------------------------------------------------------------------
 
-impl crate::store::admin::AdminStore for AnyStore {
+impl crate::store::admin::AdminStore for Backend {
     async fn list(
         &self,
         scope: &str,
         filter: crate::store::admin::StateFilter,
         page: crate::store::admin::PageRequest<'_>,
     ) -> Result<crate::store::admin::Page, StoreError> {
-        delegate!(self, store => crate::store::admin::AdminStore::list(store, scope, filter, page).await)
+        on_backend!(self, store => crate::store::admin::AdminStore::list(store, scope, filter, page).await)
     }
 
     async fn forget(
@@ -549,7 +570,7 @@ impl crate::store::admin::AdminStore for AnyStore {
         key: &str,
         rule: crate::store::admin::ForgetRule,
     ) -> Result<crate::store::admin::Forgotten, StoreError> {
-        delegate!(self, store => crate::store::admin::AdminStore::forget(store, scope, key, rule).await)
+        on_backend!(self, store => crate::store::admin::AdminStore::forget(store, scope, key, rule).await)
     }
 
     async fn held_without_record(
@@ -557,6 +578,34 @@ impl crate::store::admin::AdminStore for AnyStore {
         scope: &str,
         keys: &[&str],
     ) -> Result<Vec<bool>, StoreError> {
-        delegate!(self, store => crate::store::admin::AdminStore::held_without_record(store, scope, keys).await)
+        on_backend!(self, store => crate::store::admin::AdminStore::held_without_record(store, scope, keys).await)
+    }
+}
+
+impl crate::store::admin::AdminStore for AnyStore {
+    async fn list(
+        &self,
+        scope: &str,
+        filter: crate::store::admin::StateFilter,
+        page: crate::store::admin::PageRequest<'_>,
+    ) -> Result<crate::store::admin::Page, StoreError> {
+        on_store!(self, store => crate::store::admin::AdminStore::list(store, scope, filter, page).await)
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        rule: crate::store::admin::ForgetRule,
+    ) -> Result<crate::store::admin::Forgotten, StoreError> {
+        on_store!(self, store => crate::store::admin::AdminStore::forget(store, scope, key, rule).await)
+    }
+
+    async fn held_without_record(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> Result<Vec<bool>, StoreError> {
+        on_store!(self, store => crate::store::admin::AdminStore::held_without_record(store, scope, keys).await)
     }
 }
