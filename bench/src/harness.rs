@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bytes::Bytes;
-use idempotency_guard::store::{AnyStore, Backend};
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::sqlite::SqliteStore;
 use idempotency_guard::store::tiered::TieredStore;
+use idempotency_guard::store::{AnyStore, Backend};
 
 use crate::batches::BatchSizes;
 use crate::cli::{App, RunArgs, StoreName};

@@ -73,14 +73,15 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
+use axum::response::IntoResponse;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use futures_util::future::BoxFuture;
 use hmac::{Hmac, KeyInit, Mac};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use idempotency_guard::IDEMPOTENCY_KEY;
-use idempotency_guard::problem::Problem;
+use idempotency_guard::problem::{Problem, types};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -264,41 +265,31 @@ pub enum WebhookRejection {
 }
 
 impl WebhookRejection {
-    /// The problem+json response.
-    pub fn into_response(self) -> Response<Body> {
-        let (status, name, title, detail) = match self {
-            Self::IdMissing => (
-                StatusCode::BAD_REQUEST,
-                "webhook-id-missing",
-                "Webhook id missing",
-                "The delivery carries no id to deduplicate it by.",
-            ),
-            Self::TimestampInvalid => (
-                StatusCode::BAD_REQUEST,
-                "webhook-timestamp-invalid",
-                "Webhook timestamp invalid",
+    /// The declared problem type and this refusal's detail.
+    fn problem(self) -> Problem {
+        match self {
+            Self::IdMissing => types::WEBHOOK_ID_MISSING
+                .problem("The delivery carries no id to deduplicate it by."),
+            Self::TimestampInvalid => types::WEBHOOK_TIMESTAMP_INVALID.problem(
                 "The delivery's signed timestamp (webhook-timestamp, or t= in Stripe-Signature) is missing or not a number of seconds.",
             ),
-            Self::TimestampExpired => (
-                StatusCode::BAD_REQUEST,
-                "webhook-timestamp-expired",
-                "Webhook timestamp outside tolerance",
+            Self::TimestampExpired => types::WEBHOOK_TIMESTAMP_EXPIRED.problem(
                 "The delivery's timestamp is too far from now; it may be a replay attack.",
             ),
-            Self::SignatureInvalid => (
-                StatusCode::UNAUTHORIZED,
-                "webhook-signature-invalid",
-                "Webhook signature invalid",
+            Self::SignatureInvalid => types::WEBHOOK_SIGNATURE_INVALID.problem(
                 "No signature on the delivery matches its content and the shared secret.",
             ),
-            Self::BodyTooLarge => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body-too-large",
-                "Body too large",
-                "The delivery's body is over the limit.",
-            ),
-        };
-        Problem::new(status, name, title, detail).into_response()
+            Self::BodyTooLarge => {
+                types::BODY_TOO_LARGE.problem("The delivery's body is over the limit.")
+            }
+        }
+    }
+}
+
+/// The refusal's problem+json response.
+impl IntoResponse for WebhookRejection {
+    fn into_response(self) -> Response<Body> {
+        self.problem().into_response()
     }
 }
 

@@ -11,10 +11,11 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::from_fn_with_state;
+use axum::response::IntoResponse;
 use axum::routing::{any, get};
 use http::{Method, Response, StatusCode, header};
 use idempotency_guard::layer::BodyBudget;
-use idempotency_guard::problem::Problem;
+use idempotency_guard::problem::types;
 use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
 use idempotency_guard::{
     AbandonedPolicy, Drain, Engine, FinalResponse, IDEMPOTENCY_KEY, IdempotencyLayer,
@@ -307,15 +308,11 @@ async fn readyz(State(gateway): State<Gateway>) -> Response<Body> {
         (false, true) => "The store does not answer.",
         _ => "The upstream does not accept connections.",
     };
-    Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "not-ready",
-        "Not ready",
-        detail,
-    )
-    .with("store", store)
-    .with("upstream", upstream)
-    .into_response()
+    types::NOT_READY
+        .problem(detail)
+        .with("store", store)
+        .with("upstream", upstream)
+        .into_response()
 }
 
 async fn render_metrics(State(gateway): State<Gateway>) -> Response<Body> {

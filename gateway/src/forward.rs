@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+use axum::response::IntoResponse;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
@@ -29,7 +30,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idempotency_guard::OutcomeUnknown;
-use idempotency_guard::problem::Problem;
+use idempotency_guard::problem::{ProblemType, types};
 
 use crate::config::{Config, ConfigError, HostHeader, seconds};
 use crate::pool::{Http1Pool, SendError};
@@ -276,27 +277,18 @@ impl Upstream {
     ) -> (Exchange, Response<Body>) {
         let Some(outgoing) = self.outgoing(request, client) else {
             // Not sent: nothing ran upstream.
-            let response = problem(
-                StatusCode::BAD_REQUEST,
-                "bad-request",
-                "Bad request",
-                "The request target cannot be forwarded.",
-            );
+            let response = types::BAD_REQUEST
+                .problem("The request target cannot be forwarded.")
+                .into_response();
             return (Exchange::BadTarget, response);
         };
         let answer = match self.send(outgoing, started).await {
             Ok(answer) => answer,
             Err(SendError::Connect(error)) => {
                 tracing::warn!(error = %error, "upstream: cannot connect");
-                let mut response = problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "upstream-unavailable",
-                    "Upstream unavailable",
-                    "The upstream could not be reached; the request was not sent.",
-                );
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                let response = types::UPSTREAM_UNAVAILABLE
+                    .problem("The upstream could not be reached; the request was not sent.")
+                    .into_response();
                 return (Exchange::Unavailable, response);
             }
             Err(SendError::Failed(error)) => {
@@ -304,8 +296,7 @@ impl Upstream {
                 return (
                     Exchange::Failed,
                     unknown(
-                        StatusCode::BAD_GATEWAY,
-                        "upstream-failed",
+                        types::UPSTREAM_FAILED,
                         "The upstream connection failed after the request was sent; it may have run.",
                     ),
                 );
@@ -314,8 +305,7 @@ impl Upstream {
                 return (
                     Exchange::Timeout,
                     unknown(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        "upstream-timeout",
+                        types::UPSTREAM_TIMEOUT,
                         "The upstream did not answer in time; the request may have run.",
                     ),
                 );
@@ -331,8 +321,7 @@ impl Upstream {
             return (
                 Exchange::Failed,
                 unknown(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream-failed",
+                    types::UPSTREAM_FAILED,
                     "The upstream switched protocols though no upgrade was asked for; the request may have run.",
                 ),
             );
@@ -369,8 +358,7 @@ impl Upstream {
                     return (
                         Exchange::Failed,
                         unknown(
-                            StatusCode::BAD_GATEWAY,
-                            "upstream-failed",
+                            types::UPSTREAM_FAILED,
                             "The upstream's answer broke off; the request may have run.",
                         ),
                     );
@@ -559,18 +547,9 @@ fn add_forwarding(
     }
 }
 
-fn problem(status: StatusCode, name: &str, title: &str, detail: &str) -> Response<Body> {
-    Problem::new(status, name, title, detail).into_response()
-}
-
 /// A failure after the request was sent: marked so the guard abandons the key.
-fn unknown(status: StatusCode, name: &str, detail: &str) -> Response<Body> {
-    let title = if status == StatusCode::GATEWAY_TIMEOUT {
-        "Upstream timeout"
-    } else {
-        "Upstream failed"
-    };
-    let mut response = problem(status, name, title, detail);
+fn unknown(kind: ProblemType, detail: &str) -> Response<Body> {
+    let mut response = kind.problem(detail).into_response();
     response.extensions_mut().insert(OutcomeUnknown);
     response
 }

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
-use idempotency_guard::problem::Problem;
+use axum::response::IntoResponse;
+use http::{HeaderMap, HeaderName, Method, Response, header};
+use idempotency_guard::problem::types;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 use crate::config::{ConfigError, ScopeConfig};
@@ -244,17 +245,13 @@ pub async fn establish_scope(
         }
         Err(error) => {
             tracing::info!(error = %error, path = request.uri().path(), "no scope: 401");
-            let mut response = Problem::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "Unauthorized",
-                &error.to_string(),
-            )
-            .into_response();
-            if matches!(*gate.source, ScopeSource::Jwt(_)) {
-                response
-                    .headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            let mut response = types::UNAUTHORIZED
+                .problem(error.to_string())
+                .into_response();
+            if !matches!(*gate.source, ScopeSource::Jwt(_)) {
+                // The challenge names a scheme the client could answer; a
+                // scope from a header set by a proxy is not one.
+                response.headers_mut().remove(header::WWW_AUTHENTICATE);
             }
             response
         }

@@ -17,9 +17,10 @@ use std::task::{Context, Poll};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use http::{Method, Request, Response, StatusCode};
+use axum::response::IntoResponse;
+use http::{Method, Request, Response};
 use idempotency_guard::IDEMPOTENCY_KEY;
-use idempotency_guard::problem::Problem;
+use idempotency_guard::problem::{ProblemType, types};
 use idempotency_guard::server::{BodyTimeoutLayer, Server};
 use tokio::net::TcpListener;
 
@@ -57,13 +58,9 @@ impl Dispatch {
         let method = request.method();
         if method == Method::CONNECT {
             return Some(
-                Problem::new(
-                    StatusCode::NOT_IMPLEMENTED,
-                    "method-not-supported",
-                    "Method not supported",
-                    "The gateway does not open tunnels (CONNECT).",
-                )
-                .into_response(),
+                types::METHOD_NOT_SUPPORTED
+                    .problem("The gateway does not open tunnels (CONNECT).")
+                    .into_response(),
             );
         }
         let name = method.as_str();
@@ -76,8 +73,7 @@ impl Dispatch {
                 .any(|m| m.as_str().eq_ignore_ascii_case(name))
         {
             return Some(bad_request(
-                "method-not-canonical",
-                "Method not canonical",
+                types::METHOD_NOT_CANONICAL,
                 "Methods are case-sensitive: a guarded method is spelled in capitals.",
             ));
         } else {
@@ -90,18 +86,13 @@ impl Dispatch {
         let keyed = request.headers().contains_key(&IDEMPOTENCY_KEY);
         if let Err(reason) = target::check(path) {
             if keyed || self.routed(&target::normalise(path)) {
-                return Some(bad_request(
-                    "target-not-canonical",
-                    "Target not canonical",
-                    reason.detail(),
-                ));
+                return Some(bad_request(types::TARGET_NOT_CANONICAL, reason.detail()));
             }
             return None;
         }
         if keyed && self.refuse_unguarded_keys && !self.routed(path) {
             return Some(bad_request(
-                "route-not-guarded",
-                "Route not guarded",
+                types::ROUTE_NOT_GUARDED,
                 "The request carries Idempotency-Key but no guarded route has this path and method; it was not forwarded.",
             ));
         }
@@ -109,8 +100,9 @@ impl Dispatch {
     }
 }
 
-fn bad_request(name: &str, title: &str, detail: &str) -> Response<Body> {
-    Problem::new(StatusCode::BAD_REQUEST, name, title, detail).into_response()
+/// A refusal of a request the gateway will not forward (a 400 type).
+fn bad_request(kind: ProblemType, detail: &str) -> Response<Body> {
+    kind.problem(detail).into_response()
 }
 
 /// One connection's service: the shared dispatch and the client's address

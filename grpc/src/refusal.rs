@@ -29,6 +29,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use idempotency_guard::KeyError;
+use idempotency_guard::problem::types;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -105,21 +106,22 @@ const RELEASED_RETRY: Duration = Duration::from_secs(1);
 impl GrpcRefusal {
     /// The problem name (the `reason` of its `ErrorInfo`).
     pub fn reason(&self) -> &'static str {
-        match self {
-            Self::KeyMissing => "key-missing",
-            Self::KeyInvalid(_) => "key-invalid",
-            Self::ScopeInvalid => "scope-invalid",
-            Self::BodyTooLarge { .. } => "body-too-large",
-            Self::BodyUnreadable => "body-unreadable",
-            Self::KeyReused { .. } => "key-reused",
-            Self::InFlight { .. } => "request-in-flight",
-            Self::OutcomeUnknown { .. } => "outcome-unknown",
-            Self::ResponseNotStored { .. } => "response-not-stored",
-            Self::StoreUnavailable { .. } => "store-unavailable",
-            Self::TimedOutRolledBack { .. } => "handler-timeout",
-            Self::HandlerFailed { .. } => "handler-failed",
-            Self::LayerMissing => "layer-missing",
-        }
+        let kind = match self {
+            Self::KeyMissing => types::KEY_MISSING,
+            Self::KeyInvalid(_) => types::KEY_INVALID,
+            Self::ScopeInvalid => types::SCOPE_INVALID,
+            Self::BodyTooLarge { .. } => types::BODY_TOO_LARGE,
+            Self::BodyUnreadable => types::BODY_UNREADABLE,
+            Self::KeyReused { .. } => types::KEY_REUSED,
+            Self::InFlight { .. } => types::REQUEST_IN_FLIGHT,
+            Self::OutcomeUnknown { .. } => types::OUTCOME_UNKNOWN,
+            Self::ResponseNotStored { .. } => types::RESPONSE_NOT_STORED,
+            Self::StoreUnavailable { .. } => types::STORE_UNAVAILABLE,
+            Self::TimedOutRolledBack { .. } => types::HANDLER_TIMEOUT,
+            Self::HandlerFailed { .. } => types::HANDLER_FAILED,
+            Self::LayerMissing => types::LAYER_MISSING,
+        };
+        kind.name
     }
 
     /// The status code.

@@ -42,11 +42,12 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 
 use crate::StoredResponse;
-use crate::problem::Problem;
+use crate::problem::types;
+use axum::response::IntoResponse;
 
 /// The problem name of a replay of a status-only response:
 /// `urn:idempotency:response-not-replayable`.
-pub const NOT_REPLAYABLE: &str = "response-not-replayable";
+pub const NOT_REPLAYABLE: &str = types::RESPONSE_NOT_REPLAYABLE.name;
 
 /// The stored header that marks a status-only response (a store keeps it
 /// with the record, so a replay knows even if the route's policy changed
@@ -304,7 +305,9 @@ pub fn not_replayable(status: StatusCode, key: &str) -> Response<Body> {
          own endpoint instead of resending.",
         status.as_u16()
     );
-    Problem::new(status, NOT_REPLAYABLE, "Response not replayable", &detail)
+    types::RESPONSE_NOT_REPLAYABLE
+        .problem(detail)
+        .with_status(status)
         .with("key", key)
         .into_response()
 }

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use idempotency_guard::problem::types;
 use serde_json::value::RawValue;
 
 use crate::envelope::RawObject;
@@ -77,19 +78,20 @@ pub enum RpcRefusal {
 impl RpcRefusal {
     /// The problem's name (the part of `error.data.type` after `urn:idempotency:`).
     pub fn name(&self) -> &'static str {
-        match self {
-            Self::RequestInFlight { .. } => "request-in-flight",
-            Self::KeyReused => "key-reused",
-            Self::OutcomeUnknown => "outcome-unknown",
-            Self::StoreUnavailable { .. } => "store-unavailable",
-            Self::KeyMissing => "key-missing",
-            Self::KeyInvalid => "key-invalid",
-            Self::ResponseNotStored => "response-not-stored",
-            Self::HandlerTimeout => "handler-timeout",
-            Self::HandlerFailed => "handler-failed",
-            Self::ScopeInvalid => "scope-invalid",
-            Self::BatchNotGuarded => "batch-not-guarded",
-        }
+        let kind = match self {
+            Self::RequestInFlight { .. } => types::REQUEST_IN_FLIGHT,
+            Self::KeyReused => types::KEY_REUSED,
+            Self::OutcomeUnknown => types::OUTCOME_UNKNOWN,
+            Self::StoreUnavailable { .. } => types::STORE_UNAVAILABLE,
+            Self::KeyMissing => types::KEY_MISSING,
+            Self::KeyInvalid => types::KEY_INVALID,
+            Self::ResponseNotStored => types::RESPONSE_NOT_STORED,
+            Self::HandlerTimeout => types::HANDLER_TIMEOUT,
+            Self::HandlerFailed => types::HANDLER_FAILED,
+            Self::ScopeInvalid => types::SCOPE_INVALID,
+            Self::BatchNotGuarded => types::BATCH_NOT_GUARDED,
+        };
+        kind.name
     }
 
     /// The JSON-RPC `error.code` (see the table above).

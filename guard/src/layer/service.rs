@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, OriginalUri};
+use axum::response::IntoResponse;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{Request, Response, request::Parts};

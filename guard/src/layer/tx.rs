@@ -4,24 +4,19 @@
 
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
-use http::StatusCode;
 use http::request::Parts;
 
 use crate::engine::transaction::{TransactionSlot, Tx, TxRejection};
-use crate::problem::Problem;
+use crate::problem::types;
 
 impl IntoResponse for TxRejection {
     fn into_response(self) -> Response {
-        let (status, name) = match self {
-            Self::Begin(_) | Self::Mark(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "store-unavailable")
-            }
-            Self::NotTransactional | Self::InUse => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "transaction-unavailable")
-            }
+        let kind = match self {
+            Self::Begin(_) | Self::Mark(_) => types::STORE_UNAVAILABLE,
+            Self::NotTransactional | Self::InUse => types::TRANSACTION_UNAVAILABLE,
         };
         tracing::error!(error = %self, "transactional mode: no transaction for the handler");
-        Problem::new(status, name, "Transaction unavailable", &self.to_string()).into_response()
+        kind.problem(self.to_string()).into_response()
     }
 }
 

@@ -10,12 +10,13 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::response::IntoResponse;
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{Request, Response};
 use http_body::{Frame, SizeHint};
 use tower::{Layer, Service};
 
-use crate::problem::Problem;
+use crate::problem::types;
 use crate::response::BoxError;
 
 /// A request body that fails once its deadline passes, and says so.
@@ -72,17 +73,9 @@ impl http_body::Body for DeadlineBody {
 /// The answer to a request whose body did not arrive in time: 408
 /// `body-timeout`, and the connection closes (HTTP/1.1).
 pub fn body_timeout_response() -> Response<Body> {
-    let mut response = Problem::new(
-        StatusCode::REQUEST_TIMEOUT,
-        "body-timeout",
-        "Body timeout",
-        "The request body did not arrive in time; nothing was run.",
-    )
-    .into_response();
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
+    types::BODY_TIMEOUT
+        .problem("The request body did not arrive in time; nothing was run.")
+        .into_response()
 }
 
 /// A layer that gives every request body `within` to arrive, counted from

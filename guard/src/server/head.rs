@@ -8,9 +8,10 @@
 //! empty body (see the [module docs](super)).
 
 use axum::body::Body;
-use http::{HeaderValue, Request, Response, StatusCode, Version, header};
+use axum::response::IntoResponse;
+use http::{HeaderValue, Request, Response, Version, header};
 
-use crate::problem::Problem;
+use crate::problem::types;
 
 /// The most header fields hyper parses in an HTTP/1.1 head (its default);
 /// a head with more is answered by hyper itself, 431 with no body.
@@ -44,15 +45,10 @@ impl HeadLimits {
             .path_and_query()
             .map_or(0, |target| target.as_str().len());
         let mut refusal = if target > self.max_uri_bytes {
-            Problem::new(
-                StatusCode::URI_TOO_LONG,
-                "uri-too-long",
-                "URI too long",
-                &format!(
-                    "The request target is longer than {} bytes.",
-                    self.max_uri_bytes
-                ),
-            )
+            types::URI_TOO_LONG.problem(format!(
+                "The request target is longer than {} bytes.",
+                self.max_uri_bytes
+            ))
         } else {
             let bytes: usize = request
                 .headers()
@@ -62,15 +58,10 @@ impl HeadLimits {
             if bytes <= self.max_header_bytes {
                 return None;
             }
-            Problem::new(
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "headers-too-large",
-                "Request header fields too large",
-                &format!(
-                    "The request's header names and values add up to more than {} bytes.",
-                    self.max_header_bytes
-                ),
-            )
+            types::HEADERS_TOO_LARGE.problem(format!(
+                "The request's header names and values add up to more than {} bytes.",
+                self.max_header_bytes
+            ))
         }
         .into_response();
         if request.version() <= Version::HTTP_11 {
@@ -86,6 +77,7 @@ impl HeadLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::StatusCode;
 
     const LIMITS: HeadLimits = HeadLimits {
         max_uri_bytes: 64,

@@ -417,10 +417,22 @@ macro_rules! from_store {
     };
 }
 
-from_store!(#[cfg(feature = "postgres")] Postgres(crate::store::postgres::PostgresStore));
-from_store!(#[cfg(feature = "sqlite")] Sqlite(crate::store::sqlite::SqliteStore));
-from_store!(#[cfg(feature = "redis")] Redis(crate::store::redis::RedisStore));
-from_store!(#[cfg(feature = "redis")] Tiered(crate::store::tiered::TieredStore));
+from_store!(
+    #[cfg(feature = "postgres")]
+    Postgres(crate::store::postgres::PostgresStore)
+);
+from_store!(
+    #[cfg(feature = "sqlite")]
+    Sqlite(crate::store::sqlite::SqliteStore)
+);
+from_store!(
+    #[cfg(feature = "redis")]
+    Redis(crate::store::redis::RedisStore)
+);
+from_store!(
+    #[cfg(feature = "redis")]
+    Tiered(crate::store::tiered::TieredStore)
+);
 
 // The backend's calls box the delegated future: an `async fn` that matches
 // on the store would otherwise be as large as the largest store's future

@@ -2,8 +2,7 @@
 //! and headers, and the `result` its audit line and counter carry.
 
 use axum::response::{IntoResponse, Response};
-use http::{HeaderValue, StatusCode, header};
-use idempotency_guard::problem::Problem as ProblemBody;
+use idempotency_guard::problem::{Problem, types};
 
 /// Why the admin API answered with a problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,75 +61,36 @@ impl AdminProblem {
     }
 }
 
+impl AdminProblem {
+    /// The declared problem type and this answer's detail.
+    fn problem(&self) -> Problem {
+        match self {
+            Self::Unauthorized => types::UNAUTHORIZED.problem(
+                "Send `Authorization: Bearer <token>` with an admin token (scope tokens are not admin tokens).",
+            ),
+            Self::ScopeForbidden { scope } => types::SCOPE_FORBIDDEN
+                .problem(format!("This admin token may not act on scope {scope:?}.")),
+            Self::BadRequest(detail) => types::BAD_REQUEST.problem(detail.clone()),
+            Self::KeyNotFound { key } => types::KEY_NOT_FOUND
+                .problem("No record of this key in this scope.")
+                .with("key", key),
+            Self::InFlight { key } => types::REQUEST_IN_FLIGHT
+                .problem("The record's handler is running (its lease is live): it is never deleted. Ask again once it finished or its lease lapsed.")
+                .with("key", key),
+            Self::Abandoned { key } => types::OUTCOME_UNKNOWN
+                .problem("The record is abandoned: its handler may or may not have had effects. Reconcile, then forget it with `?force=true` or free it with `POST .../release`.")
+                .with("key", key),
+            Self::Completed { key } => types::RECORD_COMPLETED
+                .problem("`release` frees abandoned keys; forget a completed record with `DELETE`.")
+                .with("key", key),
+            Self::StoreUnavailable => types::STORE_UNAVAILABLE
+                .problem("The idempotency store could not be reached. Try again shortly."),
+        }
+    }
+}
+
 impl IntoResponse for AdminProblem {
     fn into_response(self) -> Response {
-        let (status, name, title, detail) = match &self {
-            Self::Unauthorized => (
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "Unauthorized",
-                "Send `Authorization: Bearer <token>` with an admin token (scope tokens are not admin tokens).".to_owned(),
-            ),
-            Self::ScopeForbidden { scope } => (
-                StatusCode::FORBIDDEN,
-                "scope-forbidden",
-                "Scope forbidden",
-                format!("This admin token may not act on scope {scope:?}."),
-            ),
-            Self::BadRequest(detail) => (StatusCode::BAD_REQUEST, "bad-request", "Bad request", detail.clone()),
-            Self::KeyNotFound { .. } => (
-                StatusCode::NOT_FOUND,
-                "key-not-found",
-                "Key not found",
-                "No record of this key in this scope.".to_owned(),
-            ),
-            Self::InFlight { .. } => (
-                StatusCode::CONFLICT,
-                "request-in-flight",
-                "Request in flight",
-                "The record's handler is running (its lease is live): it is never deleted. Ask again once it finished or its lease lapsed.".to_owned(),
-            ),
-            Self::Abandoned { .. } => (
-                StatusCode::CONFLICT,
-                "outcome-unknown",
-                "Outcome unknown",
-                "The record is abandoned: its handler may or may not have had effects. Reconcile, then forget it with `?force=true` or free it with `POST .../release`.".to_owned(),
-            ),
-            Self::Completed { .. } => (
-                StatusCode::CONFLICT,
-                "record-completed",
-                "Record completed",
-                "`release` frees abandoned keys; forget a completed record with `DELETE`.".to_owned(),
-            ),
-            Self::StoreUnavailable => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                "Store unavailable",
-                "The idempotency store could not be reached. Try again shortly.".to_owned(),
-            ),
-        };
-        let mut body = ProblemBody::new(status, name, title, &detail);
-        match &self {
-            Self::KeyNotFound { key }
-            | Self::InFlight { key }
-            | Self::Abandoned { key }
-            | Self::Completed { key } => body = body.with("key", key),
-            _ => {}
-        }
-        let mut response = body.into_response();
-        match self {
-            Self::Unauthorized => {
-                response
-                    .headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            }
-            Self::StoreUnavailable => {
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
-            }
-            _ => {}
-        }
-        response
+        self.problem().into_response()
     }
 }
