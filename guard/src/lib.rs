@@ -170,17 +170,17 @@ compile_error!(
 
 pub mod decision;
 pub mod engine;
-pub mod events;
+mod events;
 pub mod fingerprint;
 pub mod headers;
-pub mod key;
+mod key;
 pub mod layer;
 pub mod migrate;
 pub mod problem;
 pub mod purge;
-pub mod record;
+mod record;
 pub mod replay;
-pub mod response;
+mod response;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod store;
@@ -196,14 +196,16 @@ pub mod transaction {
 
 pub use decision::{AbandonedPolicy, InFlightPolicy};
 pub use engine::{Drain, Engine, FailureMode};
-pub use events::RecordEvents;
+pub use events::{RecordEvents, Subscription, Watcher};
 pub use fingerprint::Fingerprint;
-pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_SCOPE_LEN, Scope, ScopeError};
+pub use key::{
+    IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, ScopeError,
+};
 pub use layer::{FinalResponse, IdempotencyLayer, IdempotencyService, OutcomeUnknown};
 pub use migrate::MigrationError;
 pub use problem::Rejection;
-pub use record::{Record, RecordState, StoredResponse};
-pub use response::IDEMPOTENT_REPLAYED;
+pub use record::{CorruptRecord, Record, RecordState, StoredResponse};
+pub use response::{IDEMPOTENT_REPLAYED, default_stored_status};
 pub use store::{AnyStore, LeaseToken, Purge, Store, StoreError};
 #[cfg(feature = "postgres")]
 pub use transaction::Tx;
