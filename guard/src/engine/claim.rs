@@ -27,8 +27,7 @@ pub(super) enum Acquired<T> {
     Lease(Lease),
     /// Single-commit mode: this run holds the key's lock, and its
     /// uncommitted claim, in this transaction.
-    #[cfg(feature = "postgres")]
-    Locked(Lease, sqlx::Transaction<'static, sqlx::Postgres>),
+    Locked(Lease, super::transaction::Locked),
     /// Answer the caller without running.
     Answer(Answer<T>),
     /// The store failed: fail closed or open.
@@ -53,14 +52,6 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Whether a claim is marked transactional from the start.
-    fn claims_transactional(&self) -> bool {
-        #[cfg(feature = "postgres")]
-        return self.config.transactional_claims && self.config.transactions.is_some();
-        #[cfg(not(feature = "postgres"))]
-        false
-    }
-
     /// Claims `job`'s key, taking over or waiting as the policy says.
     #[cfg_attr(
         feature = "otel",
@@ -83,27 +74,10 @@ impl<S: Store> Engine<S> {
             InFlightPolicy::Reject => Instant::now(),
         };
         for _ in 0..MAX_CLAIM_ROUNDS {
-            #[cfg(feature = "postgres")]
-            let claimed = match self.single_commit_store() {
-                Some(postgres) => {
-                    use super::transaction::LockedStep;
-                    match Box::pin(self.claim_locked(postgres, &new, wait_until)).await {
-                        LockedStep::Held(lease, transaction) => {
-                            return Acquired::Locked(lease, transaction);
-                        }
-                        LockedStep::Record(record) => Ok(Claim::Existing(record)),
-                        LockedStep::InFlight => {
-                            return Acquired::Answer(Answer::Refused(Refusal::InFlight {
-                                retry_after: self.config.policy.retry_after,
-                            }));
-                        }
-                        LockedStep::Failed => return Acquired::StoreFailed,
-                    }
-                }
-                None => self.claim_committed(&new).await,
+            let claimed = match self.claim_once(&new, wait_until).await {
+                Ok(claimed) => claimed,
+                Err(acquired) => return acquired,
             };
-            #[cfg(not(feature = "postgres"))]
-            let claimed = self.claim_committed(&new).await;
             let mut record = match claimed {
                 Ok(Claim::Acquired(lease)) => return Acquired::Lease(lease),
                 Ok(Claim::Existing(record)) if record.lease_token == token => {
@@ -183,7 +157,7 @@ impl<S: Store> Engine<S> {
 
     /// The claim as a committed record (every mode but single-commit),
     /// released in the background if the caller goes away meanwhile.
-    async fn claim_committed(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+    pub(super) async fn claim_committed(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
         let pending = PendingClaim::arm(self, new);
         let claimed = self.timed("claim", self.store.claim(new)).await;
         pending.disarm();

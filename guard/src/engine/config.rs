@@ -46,15 +46,12 @@ pub(crate) struct EngineConfig {
     /// 5 s: a store slower than that is as good as down.
     pub(crate) store_timeout: Duration,
     /// Off: it needs PostgreSQL and work that writes through a [`crate::Tx`].
-    #[cfg(feature = "postgres")]
     pub(crate) transactions: Option<super::transaction::Transactions>,
     /// Off: only work whose every write goes through its transaction may
     /// be taken over before it began one.
-    #[cfg(feature = "postgres")]
     pub(crate) transactional_claims: bool,
     /// Off: single-commit runs repeat work whose effects are outside their
     /// transaction when a run dies (see `Engine::with_single_commit`).
-    #[cfg(feature = "postgres")]
     pub(crate) single_commit: bool,
 }
 
@@ -71,11 +68,8 @@ impl Default for EngineConfig {
             },
             failure_mode: FailureMode::Closed,
             store_timeout: Duration::from_secs(5),
-            #[cfg(feature = "postgres")]
             transactions: None,
-            #[cfg(feature = "postgres")]
             transactional_claims: false,
-            #[cfg(feature = "postgres")]
             single_commit: false,
         }
     }
@@ -234,7 +228,6 @@ macro_rules! as_written {
         $($item)*
     };
 }
-#[cfg(feature = "postgres")]
 pub(crate) use as_written;
 
 impl<S: Store> Engine<S> {

@@ -77,7 +77,6 @@ mod release;
 mod settle;
 mod supervise;
 mod timed;
-#[cfg(feature = "postgres")]
 pub(crate) mod transaction;
 
 use std::future::Future;
@@ -94,25 +93,18 @@ pub(crate) use config::engine_settings;
 pub use drain::Drain;
 pub use job::Job;
 pub(crate) use timed::timed;
-#[cfg(feature = "postgres")]
 pub(crate) use transaction::transactional_settings;
 
 use crate::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 use crate::telemetry::MetricHandles;
 
-/// The transaction a single-commit claim holds the key in (nothing
-/// without PostgreSQL).
-#[cfg(feature = "postgres")]
-type Held = Option<sqlx::Transaction<'static, sqlx::Postgres>>;
-#[cfg(not(feature = "postgres"))]
-type Held = ();
+use transaction::Held;
 
 /// What the work gets to know about its run.
 #[derive(Debug)]
 pub struct RunContext {
     lease: Option<Lease>,
-    #[cfg(feature = "postgres")]
     slot: Option<transaction::TransactionSlot>,
 }
 
@@ -121,28 +113,6 @@ impl RunContext {
     /// failed and the engine fails open).
     pub fn lease(&self) -> Option<&Lease> {
         self.lease.as_ref()
-    }
-
-    /// Begins (on first call) the run's transaction in transactional mode:
-    /// writes through it commit together with the stored outcome.
-    ///
-    /// # Errors
-    ///
-    /// [`crate::transaction::TxRejection`] when the engine is not in
-    /// transactional mode, the transaction is in use, or it cannot begin.
-    #[cfg(feature = "postgres")]
-    pub async fn tx(&self) -> Result<transaction::Tx, transaction::TxRejection> {
-        match &self.slot {
-            Some(slot) => slot.tx().await,
-            None => Err(transaction::TxRejection::NotTransactional),
-        }
-    }
-
-    /// The transaction slot, for adapters that hand it on (the axum layer
-    /// puts it in the request's extensions for the [`crate::Tx`] extractor).
-    #[cfg(feature = "postgres")]
-    pub(crate) fn slot(&self) -> Option<&transaction::TransactionSlot> {
-        self.slot.as_ref()
     }
 }
 
@@ -223,7 +193,6 @@ impl<S: Store> Engine<S> {
             config.retention,
             config.max_handler_time + config.lease,
         );
-        #[cfg(feature = "postgres")]
         assert!(
             !config.single_commit || config.transactions.is_some(),
             "single-commit mode needs transactional mode (with_transactional_mode(true))"
@@ -279,7 +248,6 @@ impl<S: Store> Engine<S> {
     {
         let (lease, held) = match self.acquire(&job).await {
             claim::Acquired::Lease(lease) => (lease, Held::default()),
-            #[cfg(feature = "postgres")]
             claim::Acquired::Locked(lease, transaction) => (lease, Some(transaction)),
             claim::Acquired::Answer(answer) => return answer,
             claim::Acquired::StoreFailed => return self.store_failed(work).await,
@@ -343,24 +311,13 @@ impl<S: Store> Engine<S> {
         Fut: Future<Output = Settle<T>> + Send + 'static,
         T: Send + 'static,
     {
-        #[cfg(feature = "postgres")]
-        let slot = match held {
-            Some(transaction) => Some(transaction::TransactionSlot::locked(transaction)),
-            None => self.config.transactions.as_ref().map(|transactions| {
-                transaction::TransactionSlot::new(transactions.postgres.clone(), lease.clone())
-            }),
-        };
-        #[cfg(not(feature = "postgres"))]
-        let () = held;
+        let slot =
+            transaction::TransactionSlot::for_run(held, self.config.transactions.as_ref(), &lease);
         let context = RunContext {
             lease: Some(lease.clone()),
-            #[cfg(feature = "postgres")]
             slot: slot.clone(),
         };
-        #[cfg(feature = "postgres")]
         let transaction = settle::Transaction(slot);
-        #[cfg(not(feature = "postgres"))]
-        let transaction = settle::Transaction;
         // The work's future is made here, not inside an `async` block that
         // would hold the closure and its future both; a panic while making
         // it is caught as one while it runs.
@@ -392,7 +349,6 @@ impl<S: Store> Engine<S> {
             FailureMode::Open => {
                 let context = RunContext {
                     lease: None,
-                    #[cfg(feature = "postgres")]
                     slot: None,
                 };
                 let reply = match work(context).await {

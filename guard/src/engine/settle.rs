@@ -41,22 +41,14 @@ pub(super) struct SettleError {
 }
 
 /// The run's transaction in transactional mode (`None` otherwise).
-#[cfg(feature = "postgres")]
 pub(super) struct Transaction(pub(super) Option<super::transaction::TransactionSlot>);
-
-/// No transactions without PostgreSQL.
-#[cfg(not(feature = "postgres"))]
-pub(super) struct Transaction;
 
 impl Transaction {
     /// Whether the run holds its key by its transaction's lock
     /// (single-commit mode): no lease to renew, nothing committed to
     /// release.
     pub(super) fn holds_lock(&self) -> bool {
-        #[cfg(feature = "postgres")]
-        return self.0.as_ref().is_some_and(|slot| slot.holds_lock());
-        #[cfg(not(feature = "postgres"))]
-        false
+        self.0.as_ref().is_some_and(|slot| slot.holds_lock())
     }
 }
 
@@ -75,42 +67,14 @@ impl<S: Store> Engine<S> {
         transaction: &Transaction,
         ending: Ending<'_>,
     ) -> Result<bool, SettleError> {
-        #[cfg(feature = "postgres")]
-        if let Some(slot) = &transaction.0 {
-            match slot.take() {
-                Ok(Some(open)) => {
-                    // Boxed: its PostgreSQL futures would otherwise enlarge
-                    // every run's future, transactional or not.
-                    let locked = slot.holds_lock();
-                    return Box::pin(self.settle_in_transaction(lease, open, locked, ending))
-                        .await
-                        .map(|()| true);
-                }
-                Ok(None) => {}
-                Err(super::transaction::TxStillInUse) => {
-                    // A leaked `Tx` keeps the transaction: it rolls back when
-                    // dropped. Free the key so a retry runs.
-                    tracing::error!(
-                        "the work kept its Tx after it returned; its writes are rolled back"
-                    );
-                    let error = match self.timed("release", self.store.release(lease)).await {
-                        Ok(()) => StoreError::Unsupported("a Tx outliving its work"),
-                        Err(error) => error,
-                    };
-                    return Err(SettleError {
-                        error,
-                        rolled_back: true,
-                    });
-                }
-            }
-        }
-        #[cfg(not(feature = "postgres"))]
-        let Transaction = transaction;
+        let ending = match &transaction.0 {
+            Some(slot) => match self.settle_in_slot(lease, slot, ending).await {
+                Ok(settled) => return settled,
+                Err(ending) => ending,
+            },
+            None => ending,
+        };
         // Without a transaction, what the work wrote stands either way.
-        #[cfg(not(feature = "postgres"))]
-        if let Ending::Release { keep_writes } = &ending {
-            let _ = keep_writes;
-        }
         let result = match ending {
             Ending::Complete(stored) => self.complete_with_retries(lease, stored).await,
             Ending::Release { .. } => self.timed("release", self.store.release(lease)).await,
@@ -123,59 +87,6 @@ impl<S: Store> Engine<S> {
             error,
             rolled_back: false,
         })
-    }
-
-    #[cfg(feature = "postgres")]
-    async fn settle_in_transaction(
-        &self,
-        lease: &Lease,
-        mut transaction: sqlx::Transaction<'static, sqlx::Postgres>,
-        locked: bool,
-        ending: Ending<'_>,
-    ) -> Result<(), SettleError> {
-        let rolled_back = |error| SettleError {
-            error,
-            rolled_back: true,
-        };
-        let Some(transactions) = self.config.transactions.as_ref() else {
-            return Err(rolled_back(StoreError::Unsupported("transactions")));
-        };
-        let postgres = &transactions.postgres;
-        let written = match ending {
-            Ending::Complete(stored) => {
-                self.timed(
-                    "complete",
-                    postgres.complete_in(&mut transaction, lease, stored),
-                )
-                .await
-            }
-            Ending::Release { keep_writes: true } => {
-                self.timed("release", postgres.release_in(&mut transaction, lease))
-                    .await
-            }
-            Ending::Release { keep_writes: false } | Ending::CutOff => {
-                // Roll the writes back, then free the key: nothing ran.
-                let _ = transaction.rollback().await;
-                if locked {
-                    // The claim was in the transaction too: the rollback
-                    // freed the key. Wake waiters elsewhere.
-                    transactions.postgres.announce_rolled_back(lease).await;
-                    return Ok(());
-                }
-                return self
-                    .timed("release", self.store.release(lease))
-                    .await
-                    .map_err(rolled_back);
-            }
-        };
-        if let Err(error) = written {
-            let _ = transaction.rollback().await;
-            return Err(rolled_back(error));
-        }
-        let commit = async { transaction.commit().await.map_err(StoreError::from) };
-        self.timed("commit", commit).await.map_err(rolled_back)?;
-        transactions.committed(lease).await;
-        Ok(())
     }
 
     /// Completes the record, trying again on transient failures: an outcome

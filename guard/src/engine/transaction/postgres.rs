@@ -1,0 +1,518 @@
+//! Transactional mode over PostgreSQL: the run's transaction, begun on
+//! first use by the work, single-commit claims by the key's lock, and the
+//! settling of a run inside its transaction.
+//!
+//! A handler on a route in transactional mode takes a [`Tx`] and writes
+//! through it. The guard commits that transaction only together with the
+//! completion of the record, so a crash, a timeout or a lost lease rolls both
+//! back: a retry then runs exactly once and no outcome is ever unknown.
+//!
+//! ```no_run
+//! use axum::{Json, http::StatusCode};
+//! use idempotency_guard::Tx;
+//!
+//! async fn create_payment(mut tx: Tx, Json(amount): Json<i64>) -> Result<StatusCode, StatusCode> {
+//!     sqlx::query("insert into payments (amount) values ($1)")
+//!         .bind(amount)
+//!         .execute(&mut *tx)
+//!         .await
+//!         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+//!     Ok(StatusCode::CREATED) // committed by the guard, with the stored response
+//! }
+//! ```
+
+use std::sync::Arc;
+
+use sqlx::{PgConnection, Postgres, Transaction};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+
+use super::super::claim::Acquired;
+use super::super::config::as_written;
+use super::super::settle::{Ending, SettleError};
+use super::super::{Engine, RunContext};
+use crate::store::Lease;
+use crate::store::postgres::PostgresStore;
+use crate::store::{Claim, StoreError};
+
+/// The handler's share of the guard's transaction: derefs to the
+/// [`PgConnection`] of the transaction that will also commit the stored
+/// response. Use `&mut *tx` wherever sqlx wants an executor.
+///
+/// Only one `Tx` exists per request at a time; drop it before the handler
+/// returns (a `Tx` moved into a spawned task makes the request fail and
+/// roll back).
+pub struct Tx(OwnedMappedMutexGuard<SlotState, PgConnection>);
+
+impl std::ops::Deref for Tx {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Tx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.0
+    }
+}
+
+impl std::fmt::Debug for Tx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tx")
+    }
+}
+
+/// Why a [`Tx`] could not be extracted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxRejection {
+    /// The route is not guarded in transactional mode.
+    #[error("this route is not guarded by an idempotency layer in transactional mode")]
+    NotTransactional,
+    /// A `Tx` was already extracted for this request and is still alive.
+    #[error("the transaction of this request is already in use")]
+    InUse,
+    /// The transaction could not begin.
+    #[error("the transaction could not begin")]
+    Begin(#[source] sqlx::Error),
+    /// The record could not be marked transactional (the store failed, or
+    /// the run no longer holds its lease).
+    #[error("the record could not be marked transactional")]
+    Mark(#[source] crate::StoreError),
+}
+
+/// The transaction of one run, begun on first use by the work (or, in
+/// single-commit mode, the one that holds the key's lock from the claim on).
+#[derive(Clone)]
+pub(crate) struct TransactionSlot {
+    state: Arc<Mutex<SlotState>>,
+    holds_lock: bool,
+}
+
+impl std::fmt::Debug for TransactionSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TransactionSlot")
+    }
+}
+
+/// Where the run's transaction is: not begun yet, open, or handed back.
+pub(crate) enum SlotState {
+    Unused(PostgresStore, Lease),
+    Open(Transaction<'static, Postgres>),
+    Taken,
+}
+
+/// The handler still holds its [`Tx`] after it returned.
+#[derive(Debug)]
+pub(crate) struct TxStillInUse;
+
+impl TransactionSlot {
+    pub(crate) fn new(postgres: PostgresStore, lease: Lease) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(SlotState::Unused(postgres, lease))),
+            holds_lock: false,
+        }
+    }
+
+    /// The slot of a single-commit run: its transaction is open from the
+    /// claim on and holds the key's lock and its uncommitted record.
+    pub(crate) fn locked(transaction: Transaction<'static, Postgres>) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(SlotState::Open(transaction))),
+            holds_lock: true,
+        }
+    }
+
+    /// Whether the transaction holds the key (single-commit mode): its
+    /// record is uncommitted, so nothing is renewed or released outside it.
+    pub(crate) fn holds_lock(&self) -> bool {
+        self.holds_lock
+    }
+
+    /// Hands out the run's transaction, beginning it on first use. Before it
+    /// begins, the record is marked transactional (fenced, committed on its
+    /// own): from then on a lapsed lease means the writes were rolled back.
+    pub(crate) async fn tx(&self) -> Result<Tx, TxRejection> {
+        let mut state = Arc::clone(&self.state)
+            .try_lock_owned()
+            .map_err(|_| TxRejection::InUse)?;
+        if let SlotState::Unused(postgres, lease) = &*state {
+            postgres
+                .mark_transactional(lease)
+                .await
+                .map_err(TxRejection::Mark)?;
+            let transaction = postgres.pool().begin().await.map_err(TxRejection::Begin)?;
+            *state = SlotState::Open(transaction);
+        }
+        OwnedMutexGuard::try_map(state, |state| match state {
+            SlotState::Open(transaction) => Some(&mut **transaction),
+            _ => None,
+        })
+        .map(Tx)
+        .map_err(|_| TxRejection::InUse)
+    }
+
+    /// Takes the transaction back after the work returned: `None` when the
+    /// work never began one.
+    pub(crate) fn take(&self) -> Result<Option<Transaction<'static, Postgres>>, TxStillInUse> {
+        let mut state = self.state.try_lock().map_err(|_| TxStillInUse)?;
+        match std::mem::replace(&mut *state, SlotState::Taken) {
+            SlotState::Open(transaction) => Ok(Some(transaction)),
+            SlotState::Unused(..) | SlotState::Taken => Ok(None),
+        }
+    }
+}
+
+/// Transactional mode: the PostgreSQL store whose transactions carry the
+/// work's writes, and what to tell the store after one commits.
+#[derive(Clone)]
+pub(crate) struct Transactions {
+    pub(crate) postgres: PostgresStore,
+    pub(crate) committed:
+        Arc<dyn Fn(Lease) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>,
+}
+
+impl Transactions {
+    /// Tells the store that a completion committed in a run's transaction.
+    pub(crate) async fn committed(&self, lease: &Lease) {
+        (self.committed)(lease.clone()).await;
+    }
+}
+
+impl std::fmt::Debug for Transactions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transactions").finish_non_exhaustive()
+    }
+}
+
+/// Transactional mode's builders, each written once (as
+/// `engine_settings!` in `config.rs` writes the others):
+/// `transactional_settings!(m)` hands them to the macro `m`, which makes
+/// them the engine's own or an adapter's forwarders with the same docs.
+macro_rules! transactional_settings {
+    ($expand:ident) => {
+        $expand! {
+            /// Turns transactional mode on or off: the work writes through a
+            /// [`crate::Tx`] (see [`RunContext::tx`](crate::engine::RunContext::tx)), and the engine commits those
+            /// writes together with the stored outcome, so a crash or timeout
+            /// leaves nothing behind. A run that never begins its transaction is an
+            /// ordinary run (its record is marked transactional only when the
+            /// transaction begins).
+            ///
+            /// The default value is `false`.
+            ///
+            /// # Panics
+            ///
+            /// When turned on over a store without PostgreSQL.
+            pub fn with_transactional_mode(mut self, on: bool) -> Self {
+                let transactions = on.then(|| {
+                    let postgres = self
+                        .store
+                        .postgres()
+                        .cloned()
+                        .expect("transactional mode needs a PostgreSQL store");
+                    let store = self.store.clone();
+                    Transactions {
+                        postgres,
+                        committed: Arc::new(move |lease: Lease| {
+                            let store = store.clone();
+                            Box::pin(async move { store.committed(&lease).await })
+                        }),
+                    }
+                });
+                self.config_mut().transactions = transactions;
+                self
+            }
+
+            /// Marks every record transactional from its claim on (in
+            /// transactional mode), not only once the work begins its transaction:
+            /// a run that dies between its claim and its commit is then taken over
+            /// by the next caller, never left with an unknown outcome. For a
+            /// transactional inbox, whose handler writes only through its
+            /// transaction.
+            ///
+            /// The default value is `false`.
+            ///
+            /// # Warning
+            ///
+            /// A write of the work that does not go through [`RunContext::tx`](crate::engine::RunContext::tx) (a
+            /// call to another service, say) is repeated when a dead run is taken
+            /// over.
+            pub fn with_transactional_claims(mut self, on: bool) -> Self {
+                self.config_mut().transactional_claims = on;
+                self
+            }
+
+            /// Single-commit transactional mode (in transactional mode): the key is
+            /// held by a transaction-scoped advisory lock instead of a committed
+            /// claim, and the claim, the work's writes and the stored outcome
+            /// commit together, once. Others see the key in flight through the
+            /// lock (the status service too); a crash, a timeout or a rollback
+            /// frees it with the transaction, so the next request runs, once. No
+            /// lease is renewed and nothing is ever taken over.
+            ///
+            /// Each running work holds one pooled connection (its transaction)
+            /// from its claim to its end: size the pool for the runs in flight at
+            /// once, work that calls other services included. PostgreSQL itself
+            /// ends a transaction that stays idle past the maximum handler time.
+            ///
+            /// The default value is `false`.
+            ///
+            /// # Warning
+            ///
+            /// As with
+            /// [`with_transactional_claims`](crate::engine::Engine::with_transactional_claims),
+            /// a run that dies left nothing committed, so the next request runs
+            /// the work again: an effect outside the transaction (an email, a
+            /// call to another service) is then repeated. Use it where every effect goes through the
+            /// transaction (a transactional inbox, a payment row).
+            pub fn with_single_commit(mut self, on: bool) -> Self {
+                self.config_mut().single_commit = on;
+                self
+            }
+        }
+    };
+}
+pub(crate) use transactional_settings;
+
+impl<S: crate::store::TransactionalStore> Engine<S> {
+    transactional_settings!(as_written);
+}
+
+/// What a single-commit claim ([`Engine::claim_locked`]) ends with.
+pub(super) enum LockedStep {
+    /// This run holds the key: its lock and uncommitted claim are in the
+    /// transaction.
+    Held(Lease, Transaction<'static, Postgres>),
+    /// A committed record to decide about.
+    Record(Box<crate::Record>),
+    /// Another run holds the key (and the wait, if any, ran out).
+    InFlight,
+    /// The store failed: nothing was committed.
+    Failed,
+}
+
+impl<S: crate::store::Store> Engine<S> {
+    /// Claims the key by its lock (single-commit mode). While another run
+    /// holds it, waits as the policy says: woken by the holder's commit or
+    /// rollback, and asking again every `retry_after` in case the holder
+    /// died (which announces nothing).
+    pub(super) async fn claim_locked(
+        &self,
+        postgres: &PostgresStore,
+        new: &crate::store::NewRecord<'_>,
+        wait_until: tokio::time::Instant,
+    ) -> LockedStep {
+        use crate::store::postgres::LockedClaim;
+        let idle_bound = self.config.max_handler_time + self.config.store_timeout;
+        let mut subscription = None;
+        loop {
+            let claimed = self
+                .timed("claim", postgres.claim_locked(new, idle_bound))
+                .await;
+            match claimed {
+                Ok(LockedClaim::Acquired { transaction, lease }) => {
+                    return LockedStep::Held(lease, transaction);
+                }
+                Ok(LockedClaim::Existing(record)) => return LockedStep::Record(record),
+                Ok(LockedClaim::Busy) => {
+                    let wait_left =
+                        wait_until.saturating_duration_since(tokio::time::Instant::now());
+                    if wait_left.is_zero() {
+                        return LockedStep::InFlight;
+                    }
+                    // Subscribed before the next claim, so a commit right
+                    // after it is not missed.
+                    if let Some(subscription) = subscription.take() {
+                        let bound = wait_left.min(self.config.policy.retry_after);
+                        let _ = tokio::time::timeout(
+                            bound,
+                            crate::events::Subscription::changed(&subscription),
+                        )
+                        .await;
+                    }
+                    subscription = Some(self.store.events().subscribe(new.scope, new.key));
+                }
+                Err(error) => {
+                    // Nothing committed: the lock went with the transaction.
+                    tracing::warn!(error = %error, "idempotency store failed during a single-commit claim");
+                    return LockedStep::Failed;
+                }
+            }
+        }
+    }
+
+    /// The PostgreSQL store that holds keys by lock, in single-commit mode.
+    pub(super) fn single_commit_store(&self) -> Option<&PostgresStore> {
+        let config = &self.config;
+        config
+            .transactions
+            .as_ref()
+            .filter(|_| config.single_commit)
+            .map(|transactions| &transactions.postgres)
+    }
+}
+
+/// The transaction a single-commit claim holds the key in.
+pub(crate) type Locked = Transaction<'static, Postgres>;
+
+impl TransactionSlot {
+    /// The slot of a run: the transaction its claim holds (single-commit
+    /// mode), else one to begin on first use in transactional mode, else
+    /// none.
+    pub(crate) fn for_run(
+        held: Option<Locked>,
+        transactions: Option<&Transactions>,
+        lease: &Lease,
+    ) -> Option<Self> {
+        match held {
+            Some(transaction) => Some(Self::locked(transaction)),
+            None => transactions
+                .map(|transactions| Self::new(transactions.postgres.clone(), lease.clone())),
+        }
+    }
+}
+
+impl RunContext {
+    /// Begins (on first call) the run's transaction in transactional mode:
+    /// writes through it commit together with the stored outcome.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::transaction::TxRejection`] when the engine is not in
+    /// transactional mode, the transaction is in use, or it cannot begin.
+    pub async fn tx(&self) -> Result<Tx, TxRejection> {
+        match &self.slot {
+            Some(slot) => slot.tx().await,
+            None => Err(TxRejection::NotTransactional),
+        }
+    }
+
+    /// The transaction slot, for adapters that hand it on (the axum layer
+    /// puts it in the request's extensions for the [`crate::Tx`] extractor).
+    pub(crate) fn slot(&self) -> Option<&TransactionSlot> {
+        self.slot.as_ref()
+    }
+}
+
+impl<S: crate::store::Store> Engine<S> {
+    /// Whether a claim is marked transactional from the start.
+    pub(in crate::engine) fn claims_transactional(&self) -> bool {
+        self.config.transactional_claims && self.config.transactions.is_some()
+    }
+
+    /// One claim: by the key's lock in single-commit mode, else the
+    /// store's committed claim. `Err` is an answer the run ends with.
+    pub(in crate::engine) async fn claim_once<T>(
+        &self,
+        new: &crate::store::NewRecord<'_>,
+        wait_until: tokio::time::Instant,
+    ) -> Result<Result<Claim, StoreError>, Acquired<T>> {
+        let Some(postgres) = self.single_commit_store() else {
+            return Ok(self.claim_committed(new).await);
+        };
+        match Box::pin(self.claim_locked(postgres, new, wait_until)).await {
+            LockedStep::Held(lease, transaction) => Err(Acquired::Locked(lease, transaction)),
+            LockedStep::Record(record) => Ok(Ok(Claim::Existing(record))),
+            LockedStep::InFlight => Err(Acquired::Answer(crate::engine::Answer::Refused(
+                crate::engine::Refusal::InFlight {
+                    retry_after: self.config.policy.retry_after,
+                },
+            ))),
+            LockedStep::Failed => Err(Acquired::StoreFailed),
+        }
+    }
+
+    /// Settles the run in its transaction, if the work began one: `Err`
+    /// hands the ending back when it did not.
+    pub(in crate::engine) async fn settle_in_slot<'a>(
+        &self,
+        lease: &Lease,
+        slot: &TransactionSlot,
+        ending: Ending<'a>,
+    ) -> Result<Result<bool, SettleError>, Ending<'a>> {
+        match slot.take() {
+            Ok(Some(open)) => {
+                // Boxed: its PostgreSQL futures would otherwise enlarge
+                // every run's future, transactional or not.
+                let locked = slot.holds_lock();
+                Ok(
+                    Box::pin(self.settle_in_transaction(lease, open, locked, ending))
+                        .await
+                        .map(|()| true),
+                )
+            }
+            Ok(None) => Err(ending),
+            Err(TxStillInUse) => {
+                // A leaked `Tx` keeps the transaction: it rolls back when
+                // dropped. Free the key so a retry runs.
+                tracing::error!(
+                    "the work kept its Tx after it returned; its writes are rolled back"
+                );
+                let error = match self.timed("release", self.store.release(lease)).await {
+                    Ok(()) => StoreError::Unsupported("a Tx outliving its work"),
+                    Err(error) => error,
+                };
+                Ok(Err(SettleError {
+                    error,
+                    rolled_back: true,
+                }))
+            }
+        }
+    }
+
+    /// Writes the ending in the run's transaction and commits it (or
+    /// rolls it back and frees the key).
+    async fn settle_in_transaction(
+        &self,
+        lease: &Lease,
+        mut transaction: Locked,
+        locked: bool,
+        ending: Ending<'_>,
+    ) -> Result<(), SettleError> {
+        let rolled_back = |error| SettleError {
+            error,
+            rolled_back: true,
+        };
+        let Some(transactions) = self.config.transactions.as_ref() else {
+            return Err(rolled_back(StoreError::Unsupported("transactions")));
+        };
+        let postgres = &transactions.postgres;
+        let written = match ending {
+            Ending::Complete(stored) => {
+                self.timed(
+                    "complete",
+                    postgres.complete_in(&mut transaction, lease, stored),
+                )
+                .await
+            }
+            Ending::Release { keep_writes: true } => {
+                self.timed("release", postgres.release_in(&mut transaction, lease))
+                    .await
+            }
+            Ending::Release { keep_writes: false } | Ending::CutOff => {
+                // Roll the writes back, then free the key: nothing ran.
+                let _ = transaction.rollback().await;
+                if locked {
+                    // The claim was in the transaction too: the rollback
+                    // freed the key. Wake waiters elsewhere.
+                    transactions.postgres.announce_rolled_back(lease).await;
+                    return Ok(());
+                }
+                return self
+                    .timed("release", self.store.release(lease))
+                    .await
+                    .map_err(rolled_back);
+            }
+        };
+        if let Err(error) = written {
+            let _ = transaction.rollback().await;
+            return Err(rolled_back(error));
+        }
+        let commit = async { transaction.commit().await.map_err(StoreError::from) };
+        self.timed("commit", commit).await.map_err(rolled_back)?;
+        transactions.committed(lease).await;
+        Ok(())
+    }
+}
