@@ -58,14 +58,8 @@ impl<S: Store> Engine<S> {
         tracing::instrument(name = "idempotency.claim", skip_all)
     )]
     pub(super) async fn acquire<T>(&self, job: &Job) -> Acquired<T> {
-        if let Some(cache) = self.replay_cache() {
-            match cache.get(job.scope.as_str(), job.key.as_str(), &job.fingerprint) {
-                Some(Hit::Replay(stored)) => return Acquired::Answer(Answer::Replay(stored)),
-                Some(Hit::Reused) => {
-                    return Acquired::Answer(Answer::Refused(Refusal::KeyReused));
-                }
-                None => {}
-            }
+        if let Some(answer) = self.cached(job) {
+            return Acquired::Answer(answer);
         }
         let token = LeaseToken::new();
         let new = self.new_record(job, token);
@@ -92,28 +86,7 @@ impl<S: Store> Engine<S> {
                 let wait_left = wait_until.saturating_duration_since(Instant::now());
                 let refuse = |refusal| Acquired::Answer(Answer::Refused(refusal));
                 match decide(&record, &job.fingerprint, &self.config.policy, wait_left) {
-                    Decision::Replay => {
-                        return match record.response {
-                            Some(stored) if stored.body.is_some() => {
-                                if let Some(cache) = self.replay_cache() {
-                                    let lives = Left::Read {
-                                        expires_at: record.expires_at,
-                                        observed_at: record.observed_at,
-                                    }
-                                    .lives();
-                                    cache.put(
-                                        job.scope.as_str(),
-                                        job.key.as_str(),
-                                        record.fingerprint,
-                                        stored.clone(),
-                                        lives,
-                                    );
-                                }
-                                Acquired::Answer(Answer::Replay(stored))
-                            }
-                            _ => refuse(Refusal::ResponseNotStored),
-                        };
-                    }
+                    Decision::Replay => return Acquired::Answer(self.replay(job, record)),
                     Decision::ResponseNotStored => return refuse(Refusal::ResponseNotStored),
                     Decision::KeyReused => return refuse(Refusal::KeyReused),
                     Decision::InFlight { retry_after } => {
@@ -153,6 +126,38 @@ impl<S: Store> Engine<S> {
         Acquired::Answer(Answer::Refused(Refusal::InFlight {
             retry_after: self.config.policy.retry_after,
         }))
+    }
+
+    /// The replay cache's answer for `job`, if it holds its key.
+    fn cached<T>(&self, job: &Job) -> Option<Answer<T>> {
+        let cache = self.replay_cache()?;
+        match cache.get(job.scope.as_str(), job.key.as_str(), &job.fingerprint)? {
+            Hit::Replay(stored) => Some(Answer::Replay(stored)),
+            Hit::Reused => Some(Answer::Refused(Refusal::KeyReused)),
+        }
+    }
+
+    /// The replay of a completed `record` (kept in the replay cache too),
+    /// or `response-not-stored` when it kept no body.
+    fn replay<T>(&self, job: &Job, record: Record) -> Answer<T> {
+        let Some(stored) = record.response.filter(|stored| stored.body.is_some()) else {
+            return Answer::Refused(Refusal::ResponseNotStored);
+        };
+        if let Some(cache) = self.replay_cache() {
+            let lives = Left::Read {
+                expires_at: record.expires_at,
+                observed_at: record.observed_at,
+            }
+            .lives();
+            cache.put(
+                job.scope.as_str(),
+                job.key.as_str(),
+                record.fingerprint,
+                stored.clone(),
+                lives,
+            );
+        }
+        Answer::Replay(stored)
     }
 
     /// The claim as a committed record (every mode but single-commit),
