@@ -399,11 +399,7 @@ impl RedisStore {
     /// Reads a cached completed record (tiered store): the value and its
     /// `PTTL`, native. A release 1 hash there reads as a miss (the
     /// PostgreSQL record behind it is the truth).
-    pub(crate) async fn cache_get(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> Result<Option<Record>, StoreError> {
+    async fn cache_get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
         let at = self.key_arg(CACHED, scope, key);
         let mut pipe = redis::pipe();
         pipe.cmd("GET").arg(&at).cmd("PTTL").arg(&at);
@@ -426,7 +422,7 @@ impl RedisStore {
     }
 
     /// Caches a completed record for `ttl` (tiered store), one native `SET`.
-    pub(crate) async fn cache_put(&self, record: &Record, ttl: Duration) -> Result<(), StoreError> {
+    async fn cache_put(&self, record: &Record, ttl: Duration) -> Result<(), StoreError> {
         let Some(response) = &record.response else {
             return Ok(());
         };
@@ -444,7 +440,7 @@ impl RedisStore {
 
     /// Announces that a record changed (tiered store), waking waiters in
     /// every process.
-    pub(crate) async fn announce(&self, scope: &str, key: &str) -> Result<(), StoreError> {
+    async fn announce(&self, scope: &str, key: &str) -> Result<(), StoreError> {
         let mut command = redis::cmd("PUBLISH");
         command
             .arg(&*self.channel)
@@ -1124,11 +1120,34 @@ fn primaries(nodes: &str) -> Vec<(String, u16)> {
 
 impl RedisStore {
     /// Deletes the cached copy of a record (tiered store), if any.
-    pub(crate) async fn cache_forget(&self, scope: &str, key: &str) -> Result<(), StoreError> {
+    async fn cache_forget(&self, scope: &str, key: &str) -> Result<(), StoreError> {
         let mut command = redis::cmd("DEL");
         command.arg(self.key_arg(CACHED, scope, key));
         self.query(&command).await?;
         Ok(())
+    }
+}
+
+/// The tiered store's cache: completed records under their own keys.
+impl crate::store::tiered::RecordCache for RedisStore {
+    async fn get_completed(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.cache_get(scope, key).await
+    }
+
+    async fn put_completed(&self, record: &Record, ttl: Duration) -> Result<(), StoreError> {
+        self.cache_put(record, ttl).await
+    }
+
+    async fn forget(&self, scope: &str, key: &str) -> Result<(), StoreError> {
+        self.cache_forget(scope, key).await
+    }
+
+    async fn announce(&self, scope: &str, key: &str) -> Result<(), StoreError> {
+        RedisStore::announce(self, scope, key).await
+    }
+
+    fn events(&self) -> &RecordEvents {
+        Store::events(self)
     }
 }
 

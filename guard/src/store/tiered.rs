@@ -47,11 +47,45 @@ const COOL_DOWN: Duration = Duration::from_secs(1);
 /// skew between PostgreSQL and Redis).
 const EXPIRY_MARGIN: time::Duration = time::Duration::seconds(1);
 
-/// PostgreSQL (the truth) with Redis serving completed records.
+/// What the tiered store asks of its cache: copies of completed records,
+/// and a way to wake waiters in every process. [`RedisStore`] implements
+/// it; the tiered store touches nothing else of it.
+pub trait RecordCache: Clone + Send + Sync + 'static {
+    /// The cached copy of a completed record, with the time it has left.
+    fn get_completed(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Caches a completed record for `ttl`, counted down by the cache.
+    fn put_completed(
+        &self,
+        record: &Record,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Deletes the cached copy of a record, if any.
+    fn forget(&self, scope: &str, key: &str)
+    -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Announces that a record changed, waking waiters in every process.
+    fn announce(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The waiters of this process (shared with the PostgreSQL store).
+    fn events(&self) -> &RecordEvents;
+}
+
+/// PostgreSQL (the truth) with a cache, Redis by default, serving
+/// completed records.
 #[derive(Debug, Clone)]
-pub struct TieredStore {
+pub struct TieredStore<C = RedisStore> {
     postgres: PostgresStore,
-    cache: RedisStore,
+    cache: C,
     /// Until when (Unix ms, local clock) Redis is skipped after a failure.
     skip_cache_until: Arc<AtomicI64>,
 }
@@ -60,10 +94,10 @@ fn now_millis() -> i64 {
     i64::try_from(OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
 }
 
-impl TieredStore {
+impl<C: RecordCache> TieredStore<C> {
     /// Puts `cache` in front of `postgres`. Both must be connected; the
     /// Redis store's prefix namespaces the cached copies.
-    pub fn new(postgres: PostgresStore, cache: RedisStore) -> Self {
+    pub fn new(postgres: PostgresStore, cache: C) -> Self {
         Self {
             postgres,
             cache,
@@ -111,7 +145,7 @@ impl TieredStore {
 
     /// A completed record from the cache, if it holds one.
     async fn cached_completed(&self, scope: &str, key: &str) -> Option<Record> {
-        self.cached("cache_get", self.cache.cache_get(scope, key))
+        self.cached("cache_get", self.cache.get_completed(scope, key))
             .await
             .flatten()
             .filter(|record| record.state() == RecordState::Completed && !record.is_expired())
@@ -132,7 +166,7 @@ impl TieredStore {
         if ttl.is_zero() {
             return;
         }
-        self.cached("cache_put", self.cache.cache_put(record, ttl))
+        self.cached("cache_put", self.cache.put_completed(record, ttl))
             .await;
     }
 
@@ -143,7 +177,7 @@ impl TieredStore {
     }
 }
 
-impl Store for TieredStore {
+impl<C: RecordCache> Store for TieredStore<C> {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
         if let Some(record) = self.cached_completed(new.scope, new.key).await {
             return Ok(Claim::Existing(Box::new(record)));
@@ -209,14 +243,14 @@ impl Store for TieredStore {
     }
 }
 
-impl Purge for TieredStore {
+impl<C: RecordCache> Purge for TieredStore<C> {
     async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
         // Cached copies expire by themselves, before their records.
         self.postgres.purge(limit).await
     }
 }
 
-impl TransactionalStore for TieredStore {
+impl<C: RecordCache> TransactionalStore for TieredStore<C> {
     fn postgres(&self) -> Option<&PostgresStore> {
         Some(&self.postgres)
     }
@@ -234,7 +268,7 @@ impl TransactionalStore for TieredStore {
 // filled by a read that raced the delete does not outlive it.
 // ---------------------------------------------------------------------------
 
-impl crate::store::admin::AdminStore for TieredStore {
+impl<C: RecordCache> crate::store::admin::AdminStore for TieredStore<C> {
     async fn list(
         &self,
         scope: &str,
@@ -254,10 +288,10 @@ impl crate::store::admin::AdminStore for TieredStore {
         // The cache must not answer for a record PostgreSQL no longer has:
         // here a Redis failure fails the operation (unlike reads, which
         // fall back), so the operator can try again.
-        self.cache.cache_forget(scope, key).await?;
+        self.cache.forget(scope, key).await?;
         let forgotten = self.postgres.forget(scope, key, rule).await?;
         if let Forgotten::Deleted(_) = forgotten {
-            self.cache.cache_forget(scope, key).await?;
+            self.cache.forget(scope, key).await?;
             self.cache.announce(scope, key).await?;
             // This process at once, not when the announcement comes back.
             self.events().publish(scope, key);
