@@ -15,6 +15,8 @@ use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(feature = "redis")]

@@ -19,6 +19,7 @@ use sqlx::{PgConnection, PgPool, Row};
 use time::OffsetDateTime;
 
 use crate::store::batch::{BatchLimits, BatchStats, BatchedStore, Batches, ClaimItem};
+use crate::store::sql::{CLAIM_ATTEMPTS, fenced, millis};
 use crate::store::{
     Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError, TransactionalStore,
 };
@@ -164,11 +165,6 @@ const PURGE: &str = "delete from idempotency_records where (scope, key) in (
         order by expires_at
         limit $1
         for update skip locked)";
-
-/// How often one claim statement is tried again when the conflicting row
-/// was committed after the statement's snapshot (it then sees neither its
-/// own insert nor the other row).
-const CLAIM_ATTEMPTS: usize = 16;
 
 /// The channel of `NOTIFY` messages (see [`PostgresStore::with_notifications`]).
 pub const NOTIFY_CHANNEL: &str = "idempotency_records";
@@ -600,19 +596,6 @@ fn parse_notification(payload: &str) -> Option<(&str, &str)> {
     let (length, rest) = payload.split_once(':')?;
     let length: usize = length.parse().ok()?;
     Some((rest.get(..length)?, rest.get(length..)?))
-}
-
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// A fenced write changed one row, or its lease was lost.
-fn fenced(rows: u64) -> Result<(), StoreError> {
-    if rows == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::LeaseLost)
-    }
 }
 
 fn record_from_row(row: &PgRow, scope: &str, key: &str) -> Result<Record, StoreError> {

@@ -22,6 +22,7 @@ use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
 
 use crate::store::batch::{BatchLimits, BatchStats, BatchedStore, Batches, ClaimItem};
+use crate::store::sql::{CLAIM_ATTEMPTS, fenced, millis};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
 use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
 
@@ -59,10 +60,6 @@ const RELEASE: &str = "delete from idempotency_records
 
 const PURGE: &str = "delete from idempotency_records where rowid in (
         select rowid from idempotency_records where expires_at <= ?1 order by expires_at limit ?2)";
-
-/// How often a claim inserts again after the conflicting record vanished
-/// before it could be read (released in between).
-const CLAIM_ATTEMPTS: usize = 16;
 
 /// The default batching: up to 128 claims (or completions) per
 /// transaction, one transaction of each on its way at a time (SQLite has
@@ -189,18 +186,6 @@ fn to_millis(at: OffsetDateTime) -> i64 {
 fn from_millis(millis: i64) -> Result<OffsetDateTime, StoreError> {
     OffsetDateTime::from_unix_timestamp_nanos(i128::from(millis) * 1_000_000)
         .map_err(|_| crate::record::CorruptRecord("a stored time is out of range").into())
-}
-
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn fenced(rows: u64) -> Result<(), StoreError> {
-    if rows == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::LeaseLost)
-    }
 }
 
 fn token_bytes(token: LeaseToken) -> Vec<u8> {
