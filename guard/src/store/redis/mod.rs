@@ -76,7 +76,7 @@ macro_rules! script {
     ($($file:literal),+) => {
         LazyLock::new(|| {
             let mut source = codec::lua_layout();
-            $(source.push_str(include_str!(concat!("redis/lua/", $file)));)+
+            $(source.push_str(include_str!(concat!("lua/", $file)));)+
             Script::new(&source)
         })
     };
