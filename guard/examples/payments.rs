@@ -440,7 +440,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     // (not over an encrypted store, whose completions it would bypass).
     let transactional = store.postgres().is_some();
     let metrics = idempotency_guard::telemetry::install_prometheus()?;
-    tokio::spawn(idempotency_guard::purge::purge_periodically(
+    tokio::spawn(idempotency_guard::purge_periodically(
         store.clone(),
         Duration::from_secs(60),
         1000,

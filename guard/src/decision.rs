@@ -37,18 +37,18 @@ pub enum InFlightPolicy {
 
 /// The inputs of [`decide`] that come from configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Policy {
+pub(crate) struct Policy {
     /// See [`AbandonedPolicy`].
-    pub abandoned: AbandonedPolicy,
+    pub(crate) abandoned: AbandonedPolicy,
     /// See [`InFlightPolicy`].
-    pub in_flight: InFlightPolicy,
+    pub(crate) in_flight: InFlightPolicy,
     /// The `Retry-After` hint for in-flight answers; never beyond the lease.
-    pub retry_after: Duration,
+    pub(crate) retry_after: Duration,
 }
 
 /// What the layer does with a request whose key has a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Answer with the stored response (`Idempotent-Replayed: true`).
     Replay,
     /// The response was too large to store: 409 `response-not-stored`.
@@ -74,7 +74,7 @@ pub enum Decision {
 ///
 /// `wait_left` is how much of the route's wait bound remains (zero when the
 /// request has waited its fill or the route does not wait).
-pub fn decide(
+pub(crate) fn decide(
     record: &Record,
     fingerprint: &Fingerprint,
     policy: &Policy,

@@ -79,7 +79,7 @@
 //!   one lease. An abandoned run may or may not have had effects, so by
 //!   default its key answers `outcome-unknown` until retention ends.
 //! - **Retention** (default 24 h) counts from the claim. After it the record
-//!   is purged ([`purge`]) and the key may be used again.
+//!   is purged ([`purge_periodically`]) and the key may be used again.
 //!
 //! # Guarantees
 //!
@@ -168,18 +168,18 @@ compile_error!(
     "idempotency-guard needs a store: enable the feature `postgres`, `sqlite` or `redis`"
 );
 
-pub mod decision;
+mod decision;
 pub mod engine;
 mod events;
 pub mod fingerprint;
 pub mod headers;
 mod key;
 pub mod layer;
-pub mod migrate;
+mod migrate;
 pub mod problem;
-pub mod purge;
+mod purge;
 mod record;
-pub mod replay;
+mod replay;
 mod response;
 #[cfg(feature = "server")]
 pub mod server;
@@ -202,9 +202,11 @@ pub use key::{
     IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, ScopeError,
 };
 pub use layer::{FinalResponse, IdempotencyLayer, IdempotencyService, OutcomeUnknown};
-pub use migrate::MigrationError;
+pub use migrate::{MIGRATIONS_TABLE, MigrationError};
 pub use problem::Rejection;
+pub use purge::{purge_expired, purge_periodically};
 pub use record::{CorruptRecord, Record, RecordState, StoredResponse};
+pub use replay::{RedactFn, ReplayPolicy};
 pub use response::{IDEMPOTENT_REPLAYED, default_stored_status};
 pub use store::{AnyStore, LeaseToken, Purge, Store, StoreError};
 #[cfg(feature = "postgres")]

@@ -24,12 +24,12 @@ pub const MIGRATIONS_TABLE: &str = "_idempotency_migrations";
 pub struct MigrationError(#[source] pub sqlx::migrate::MigrateError);
 
 /// The table sqlx-cli records migrations in when no `sqlx.toml` names another.
-pub const SQLX_CLI_MIGRATIONS_TABLE: &str = "_sqlx_migrations";
+pub(crate) const SQLX_CLI_MIGRATIONS_TABLE: &str = "_sqlx_migrations";
 
 /// The migrations of `migrations/postgres`. PostgreSQL runs them under an
 /// advisory lock: several deploy jobs may run them at once.
 #[cfg(feature = "postgres")]
-pub fn postgres_migrator() -> sqlx::migrate::Migrator {
+pub(crate) fn postgres_migrator() -> sqlx::migrate::Migrator {
     let mut migrator = sqlx::migrate!("migrations/postgres");
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator
@@ -37,7 +37,7 @@ pub fn postgres_migrator() -> sqlx::migrate::Migrator {
 
 /// The migrations of `migrations/sqlite`.
 #[cfg(feature = "sqlite")]
-pub fn sqlite_migrator() -> sqlx::migrate::Migrator {
+pub(crate) fn sqlite_migrator() -> sqlx::migrate::Migrator {
     let mut migrator = sqlx::migrate!("migrations/sqlite");
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator

@@ -14,8 +14,7 @@
 //! - **Store status only** ([`ReplayPolicy::status_only`]): the stored
 //!   response keeps its status and nothing else; a replay answers that
 //!   status with a problem body `urn:idempotency:response-not-replayable`
-//!   (see [`NOT_REPLAYABLE`]) saying the request ran but its response is not
-//!   kept. Use it on **secret-minting endpoints** (create an API key, issue
+//!   saying the request ran but its response is not kept. Use it on **secret-minting endpoints** (create an API key, issue
 //!   a token, reveal a card number): a retry learns that the request ran and
 //!   with which status, never the secret, and the client fetches what it
 //!   may see through the resource's own, authorized endpoint.
@@ -45,20 +44,16 @@ use crate::StoredResponse;
 use crate::problem::types;
 use axum::response::IntoResponse;
 
-/// The problem name of a replay of a status-only response:
-/// `urn:idempotency:response-not-replayable`.
-pub const NOT_REPLAYABLE: &str = types::RESPONSE_NOT_REPLAYABLE.name;
-
 /// The stored header that marks a status-only response (a store keeps it
 /// with the record, so a replay knows even if the route's policy changed
 /// since): `idempotency-stored: status-only`.
-pub static STATUS_ONLY_MARKER: HeaderName = HeaderName::from_static("idempotency-stored");
+pub(crate) static STATUS_ONLY_MARKER: HeaderName = HeaderName::from_static("idempotency-stored");
 
 /// The value of [`STATUS_ONLY_MARKER`].
 const STATUS_ONLY: &str = "status-only";
 
 /// What replaces a redacted JSON value.
-pub const REDACTED: &str = "[redacted]";
+pub(crate) const REDACTED: &str = "[redacted]";
 
 /// A function that redacts a JSON body in place before it is stored.
 pub type RedactFn = Arc<dyn Fn(&mut serde_json::Value) + Send + Sync>;
@@ -95,7 +90,7 @@ impl ReplayPolicy {
     /// `response-not-replayable` problem. For secret-minting endpoints.
     ///
     /// ```
-    /// use idempotency_guard::replay::ReplayPolicy;
+    /// use idempotency_guard::ReplayPolicy;
     /// let policy = ReplayPolicy::status_only();
     /// assert!(policy.is_status_only());
     /// ```
@@ -116,7 +111,7 @@ impl ReplayPolicy {
     /// stores.
     ///
     /// ```
-    /// use idempotency_guard::replay::ReplayPolicy;
+    /// use idempotency_guard::ReplayPolicy;
     /// use http::header;
     /// let policy = ReplayPolicy::new().with_replayed_headers([header::LOCATION]);
     /// ```
@@ -131,7 +126,7 @@ impl ReplayPolicy {
     /// nothing.
     ///
     /// ```
-    /// use idempotency_guard::replay::ReplayPolicy;
+    /// use idempotency_guard::ReplayPolicy;
     /// let policy = ReplayPolicy::new().with_redacted_fields(["/api_key", "/cards/*/number"]);
     /// ```
     pub fn with_redacted_fields(
@@ -147,7 +142,7 @@ impl ReplayPolicy {
     /// has no function.
     ///
     /// ```
-    /// use idempotency_guard::replay::ReplayPolicy;
+    /// use idempotency_guard::ReplayPolicy;
     /// let policy = ReplayPolicy::new().with_redaction(|body| {
     ///     if let Some(token) = body.get_mut("token") {
     ///         *token = serde_json::Value::Null;
@@ -263,7 +258,7 @@ impl ReplayPolicy {
 }
 
 /// Whether `stored` was stored as status only.
-pub fn is_status_only(stored: &StoredResponse) -> bool {
+pub(crate) fn is_status_only(stored: &StoredResponse) -> bool {
     stored
         .headers
         .get(&STATUS_ONLY_MARKER)
@@ -293,7 +288,7 @@ fn status_only(status: StatusCode) -> StoredResponse {
 ///  "detail": "The request with this key already ran and answered 201. ...",
 ///  "key": "order-1"}
 /// ```
-pub fn not_replayable(status: StatusCode, key: &str) -> Response<Body> {
+pub(crate) fn not_replayable(status: StatusCode, key: &str) -> Response<Body> {
     if matches!(status.as_u16(), 204 | 205 | 304) {
         let mut response = Response::new(Body::empty());
         *response.status_mut() = status;
@@ -455,7 +450,7 @@ mod tests {
         let replay = ReplayPolicy::new().replay(&stored, "k");
         assert_eq!(replay.status(), StatusCode::CREATED);
         let body = body_of(replay).await;
-        assert!(contains(&body, NOT_REPLAYABLE));
+        assert!(contains(&body, types::RESPONSE_NOT_REPLAYABLE.name));
     }
 
     #[tokio::test]

@@ -120,7 +120,7 @@ pub async fn serve(config: Config) -> Result<(), ServiceError> {
         idempotency_guard::telemetry::install_prometheus().map_err(ServiceError::Metrics)?;
     let purge = (config.purge_interval_secs > 0).then(|| {
         let interval = Duration::from_secs(config.purge_interval_secs);
-        tokio::spawn(idempotency_guard::purge::purge_periodically(
+        tokio::spawn(idempotency_guard::purge_periodically(
             store.clone(),
             interval,
             1000,

@@ -6,7 +6,7 @@
 //!
 //! | type | who says it | what it says |
 //! |---|---|---|
-//! | [`crate::decision::Decision`] | the pure policy | on an existing record: replay, refuse, wait or take over |
+//! | `decision::Decision` | the pure policy | on an existing record: replay, refuse, wait or take over |
 //! | `claim::Acquired` (private) | the claim step | this run holds the lease, or answer now, or the store failed |
 //! | [`Settle`] | the work | keep this outcome, release the key, or abandon it |
 //! | `settle::Ending` (private) | the engine | what the settle step writes (complete, release, abandon, cut off) |

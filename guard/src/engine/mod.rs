@@ -44,7 +44,7 @@
 //!    already carrying the token is the request's own claim (a client
 //!    library retried it after losing the reply), so it counts as acquired.
 //!    A claim never ends owned by nobody.
-//! 2. **Decide** ([`crate::decision::decide`]) on an existing record:
+//! 2. **Decide** (`decision::decide`, a pure function) on an existing record:
 //!    replay, refuse, wait for it, or take it over (atomically, fenced by
 //!    the previous token).
 //! 3. **Hand-off** (`handoff.rs`). Once the lease is held, with no await in

@@ -1,7 +1,9 @@
 //! Group commit: claims (and completions) of concurrent requests that queue
 //! while one statement or script is on its way go together in the next one.
 //!
-//! A store owns one `Batcher` per batched operation. A caller that finds
+//! [`Batched`] wraps a store ([`BatchedStore`]: one that can send many
+//! claims or completions at once) with one `Batcher` per batched
+//! operation, built once over a copy of the store. A caller that finds
 //! nothing of its operation on its way sends its item by itself, from its
 //! own task (no hand-off to the worker and back: one connection's latency
 //! does not grow). Otherwise it hands its item to the batcher and waits for
@@ -32,7 +34,11 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::store::{Claim, NewRecord, Store, StoreError};
+use std::time::Duration;
+
+use crate::store::admin::{AdminStore, ForgetRule, Forgotten, Page, PageRequest, StateFilter};
+use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
+use crate::{Record, RecordEvents, StoredResponse};
 
 /// How a store groups concurrent calls of one operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -263,21 +269,6 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
         self.shared.counters.snapshot()
     }
 
-    /// Sends `item` by itself when nothing is on its way, or queues it for
-    /// the next batch; waits for its result.
-    pub(crate) async fn call(&self, item: I) -> Result<O, StoreError> {
-        if let Some(_on_its_way) = self.lone() {
-            return match (self.shared.send)(vec![item]).await {
-                Ok(mut results) if results.len() == 1 => results.remove(0),
-                Ok(_) => Err(StoreError::Unavailable(
-                    "the store answered a batch with the wrong number of results".into(),
-                )),
-                Err(error) => Err(error),
-            };
-        }
-        self.queue_and_wait(item).await
-    }
-
     /// A slot for a call that goes by itself, now, from the caller's task,
     /// counted as a batch of one: when nothing of this operation is on its
     /// way or queued (no load). The caller sends it while it holds the slot
@@ -476,7 +467,7 @@ impl StoreError {
 
 /// A claim waiting in a batch: an owned [`NewRecord`].
 #[derive(Debug, Clone)]
-pub(crate) struct ClaimItem {
+pub struct ClaimItem {
     pub(crate) scope: String,
     pub(crate) key: String,
     pub(crate) fingerprint: crate::Fingerprint,
@@ -489,7 +480,8 @@ pub(crate) struct ClaimItem {
 }
 
 impl ClaimItem {
-    pub(crate) fn new(new: &NewRecord<'_>) -> Self {
+    /// An owned copy of `new`.
+    pub fn new(new: &NewRecord<'_>) -> Self {
         Self {
             scope: new.scope.to_owned(),
             key: new.key.to_owned(),
@@ -503,7 +495,8 @@ impl ClaimItem {
         }
     }
 
-    pub(crate) fn as_new(&self) -> NewRecord<'_> {
+    /// The claim as the store's [`Store::claim`] takes it.
+    pub fn as_new(&self) -> NewRecord<'_> {
         NewRecord {
             scope: &self.scope,
             key: &self.key,
@@ -519,10 +512,14 @@ impl ClaimItem {
 }
 
 /// A store that can send many claims, or many completions, at once: one
-/// result per item, in the order of the items.
-pub(crate) trait BatchedStore: Store {
+/// result per item, in the order of the items. [`Batched`] wraps such a
+/// store and feeds it the batches.
+pub trait BatchedStore: Store {
     /// A completion waiting in a batch, in the store's own encoding.
     type Completion: Send + 'static;
+
+    /// The completion of `lease` with `response`, as a batch carries it.
+    fn completion(&self, lease: &Lease, response: &StoredResponse) -> Self::Completion;
 
     /// Claims every item: the batch's one statement, script or transaction.
     fn claim_batch(
@@ -591,18 +588,191 @@ impl<C: Send + 'static> Batches<C> {
         }
     }
 
-    /// The limits both batchers were made with (the Redis store reads them).
-    #[cfg(feature = "redis")]
-    pub(crate) fn limits(&self) -> BatchLimits {
-        self.claims.shared.limits
-    }
-
     /// What both batchers have sent.
     pub(crate) fn stats(&self) -> BatchStats {
         BatchStats {
             claims: self.claims.counts(),
             completions: self.completions.counts(),
         }
+    }
+}
+
+/// A store whose claims and completions go through batchers: `S` is the
+/// store that sends each call on its own, wrapped once (as
+/// [`EncryptedStore`](crate::store::EncryptedStore) and
+/// [`TieredStore`](crate::store::tiered::TieredStore) wrap theirs).
+///
+/// A claim or completion that finds nothing of its operation on its way
+/// goes straight to `S` from the caller's task; under load it is queued
+/// for the next batch ([`BatchedStore::claim_batch`],
+/// [`BatchedStore::complete_batch`]). Every other operation is `S`'s own.
+///
+/// The batchers send through a copy of `S` made when they were built. A
+/// setting of `S` can only change through [`Batched::map`], which builds
+/// them again over the changed store: no batched call runs on a stale copy.
+/// `PostgresStore`, `SqliteStore` and `RedisStore` are `Batched` over
+/// their backend's direct store.
+pub struct Batched<S: BatchedStore> {
+    direct: S,
+    batches: Option<Arc<Batches<S::Completion>>>,
+}
+
+impl<S: BatchedStore> Clone for Batched<S> {
+    fn clone(&self) -> Self {
+        Self {
+            direct: self.direct.clone(),
+            batches: self.batches.clone(),
+        }
+    }
+}
+
+impl<S: BatchedStore + std::fmt::Debug> std::fmt::Debug for Batched<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batched")
+            .field("direct", &self.direct)
+            .field("limits", &self.limits())
+            .finish()
+    }
+}
+
+impl<S: BatchedStore> Batched<S> {
+    /// Batches `direct`'s claims and completions within `limits`;
+    /// [`BatchLimits::OFF`] sends each on its own.
+    pub fn wrap(direct: S, limits: BatchLimits) -> Self {
+        let batches = limits
+            .enabled()
+            .then(|| Arc::new(Batches::new(direct.clone(), limits)));
+        Self { direct, batches }
+    }
+
+    /// Sets how concurrent claims and completions are batched;
+    /// [`BatchLimits::OFF`] sends each on its own.
+    pub fn with_batching(self, limits: BatchLimits) -> Self {
+        Self::wrap(self.direct, limits)
+    }
+
+    /// Changes the store behind the batchers (a builder of `S`), and builds
+    /// the batchers again over the changed store, with the same limits.
+    pub fn map(self, change: impl FnOnce(S) -> S) -> Self {
+        let limits = self.limits();
+        Self::wrap(change(self.direct), limits)
+    }
+
+    /// The store that sends each call on its own.
+    pub fn direct(&self) -> &S {
+        &self.direct
+    }
+
+    /// How claims and completions are batched ([`BatchLimits::OFF`] when
+    /// they are not).
+    pub fn limits(&self) -> BatchLimits {
+        self.batches
+            .as_ref()
+            .map_or(BatchLimits::OFF, |batches| batches.claims.shared.limits)
+    }
+
+    /// How many batches (and claims and completions in them) this store
+    /// has sent.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.batches
+            .as_ref()
+            .map(|batches| batches.stats())
+            .unwrap_or_default()
+    }
+}
+
+impl<S: BatchedStore> Store for Batched<S> {
+    async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        // A lone claim (no load) goes by itself with what it borrows,
+        // holding its slot; under load it is queued for the next batch.
+        let _lone = match &self.batches {
+            Some(batches) => match batches.claims.lone() {
+                Some(lone) => Some(lone),
+                None => return batches.claims.queue_and_wait(ClaimItem::new(new)).await,
+            },
+            None => None,
+        };
+        self.direct.claim(new).await
+    }
+
+    async fn take_over(
+        &self,
+        previous: LeaseToken,
+        new: &NewRecord<'_>,
+    ) -> Result<Option<Lease>, StoreError> {
+        self.direct.take_over(previous, new).await
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        let _lone = match &self.batches {
+            Some(batches) => match batches.completions.lone() {
+                Some(lone) => Some(lone),
+                None => {
+                    let item = self.direct.completion(lease, response);
+                    return batches.completions.queue_and_wait(item).await;
+                }
+            },
+            None => None,
+        };
+        self.direct.complete(lease, response).await
+    }
+
+    async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
+        self.direct.renew(lease, duration).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.direct.release(lease).await
+    }
+
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.direct.get(scope, key).await
+    }
+
+    async fn get_many(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Record>>, StoreError> {
+        self.direct.get_many(scope, keys).await
+    }
+
+    fn events(&self) -> &RecordEvents {
+        self.direct.events()
+    }
+}
+
+impl<S: BatchedStore + Purge> Purge for Batched<S> {
+    async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
+        self.direct.purge(limit).await
+    }
+}
+
+impl<S: BatchedStore + AdminStore> AdminStore for Batched<S> {
+    async fn list(
+        &self,
+        scope: &str,
+        filter: StateFilter,
+        page: PageRequest<'_>,
+    ) -> Result<Page, StoreError> {
+        self.direct.list(scope, filter, page).await
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        rule: ForgetRule,
+    ) -> Result<Forgotten, StoreError> {
+        self.direct.forget(scope, key, rule).await
+    }
+
+    async fn held_without_record(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.direct.held_without_record(scope, keys).await
     }
 }
 
@@ -659,7 +829,6 @@ mod tests {
             );
             // And queued calls reach a new worker on this runtime.
             assert_eq!(batcher.queue_and_wait(7).await.expect("answered"), 7);
-            assert_eq!(batcher.call(8).await.expect("answered"), 8);
         });
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! Every operation is one atomic step in its store. None of them decides
 //! policy: the layer reads what [`Store::claim`] returns and asks
-//! [`decide`](crate::decision::decide) what to do.
+//! `decision::decide` (a pure function) what to do.
 
 use std::fmt;
 use std::future::Future;
@@ -257,7 +257,7 @@ pub trait Store: Clone + Send + Sync + 'static {
 }
 
 /// A store that can delete the records past their retention (every store
-/// here; Redis does it by itself and answers 0). See [`crate::purge`].
+/// here; Redis does it by itself and answers 0). See [`purge_periodically`](crate::purge_periodically).
 pub trait Purge: Store {
     /// Deletes up to `limit` records past their retention; returns how many.
     fn purge(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 
+use crate::store::batch::{Batched, BatchedStore};
 use crate::store::postgres::PostgresStore;
 use crate::store::redis::RedisStore;
 use crate::store::{
@@ -78,6 +79,30 @@ pub trait RecordCache: Clone + Send + Sync + 'static {
 
     /// The waiters of this process (shared with the PostgreSQL store).
     fn events(&self) -> &RecordEvents;
+}
+
+/// A batched cache is its direct store's cache (none of these calls is
+/// batched).
+impl<S: BatchedStore + RecordCache> RecordCache for Batched<S> {
+    async fn get_completed(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.direct().get_completed(scope, key).await
+    }
+
+    async fn put_completed(&self, record: &Record, ttl: Duration) -> Result<(), StoreError> {
+        self.direct().put_completed(record, ttl).await
+    }
+
+    async fn forget(&self, scope: &str, key: &str) -> Result<(), StoreError> {
+        RecordCache::forget(self.direct(), scope, key).await
+    }
+
+    async fn announce(&self, scope: &str, key: &str) -> Result<(), StoreError> {
+        self.direct().announce(scope, key).await
+    }
+
+    fn events(&self) -> &RecordEvents {
+        RecordCache::events(self.direct())
+    }
 }
 
 /// PostgreSQL (the truth) with a cache, Redis by default, serving

@@ -668,7 +668,7 @@ async fn mints_a_secret(State(runs): State<Arc<AtomicUsize>>) -> impl IntoRespon
 
 pub(crate) async fn status_only_routes_never_replay_the_body<S: Store>(db: TestDb<S>) {
     let layer = IdempotencyLayer::new(db.store.clone())
-        .with_replay_policy(idempotency_guard::replay::ReplayPolicy::status_only());
+        .with_replay_policy(idempotency_guard::ReplayPolicy::status_only());
     let (router, runs) = router(layer, mints_a_secret);
     let key = key("secret");
     let first = call(&router, post_json(&key, "application/json", "{}")).await;

@@ -122,10 +122,7 @@ async fn records_table_works(pool: &sqlx::PgPool) {
 
 #[tokio::test]
 async fn the_repository_sqlx_toml_names_the_guards_table() {
-    assert_eq!(
-        sqlx_toml_table_name(),
-        idempotency_guard::migrate::MIGRATIONS_TABLE
-    );
+    assert_eq!(sqlx_toml_table_name(), idempotency_guard::MIGRATIONS_TABLE);
 }
 
 #[tokio::test]

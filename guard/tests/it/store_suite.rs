@@ -364,9 +364,7 @@ pub(crate) async fn purge_removes_expired_records_and_only_those<
         .await;
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let purged = idempotency_guard::purge::purge_expired(&store, 10)
-        .await
-        .unwrap();
+    let purged = idempotency_guard::purge_expired(&store, 10).await.unwrap();
     // SQL stores delete all 25, in batches of 10; stores with native expiry
     // (Redis) have nothing left to delete. Either way they are gone:
     assert!(purged == 25 || purged == 0, "purged {purged}");

@@ -10,7 +10,7 @@
 //! (`insert … select from unnest(…) on conflict do nothing`, one row of
 //! answer per claim), and completions likewise (`update … from unnest(…)`,
 //! fenced per row). One statement and one commit then serve many requests.
-//! [`PostgresStore::with_batching`] tunes or turns it off.
+//! [`Batched::with_batching`] tunes or turns it off.
 
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Row};
 use time::OffsetDateTime;
 
-use crate::store::batch::{BatchLimits, BatchStats, BatchedStore, Batches, ClaimItem};
+use crate::store::batch::{BatchLimits, Batched, BatchedStore, ClaimItem};
 use crate::store::sql::{CLAIM_ATTEMPTS, fenced, millis};
 use crate::store::{
     Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError, TransactionalStore,
@@ -191,60 +191,182 @@ pub const DEFAULT_BATCHING: BatchLimits = BatchLimits {
 /// A completion waiting in a batch.
 type CompleteItem = (Lease, StoredResponse);
 
-/// Records in PostgreSQL, in the table `idempotency_records`.
+/// Records in PostgreSQL, in the table `idempotency_records`, with claims
+/// and completions batched ([`DEFAULT_BATCHING`]): [`PostgresRecords`]
+/// wrapped in [`Batched`].
+pub type PostgresStore = Batched<PostgresRecords>;
+
+/// Records in PostgreSQL, each call a statement of its own: the store that
+/// [`PostgresStore`] batches.
 #[derive(Debug, Clone)]
-pub struct PostgresStore {
+pub struct PostgresRecords {
     pool: PgPool,
     events: RecordEvents,
     listener: Option<std::sync::Arc<Listener>>,
-    limits: BatchLimits,
-    batches: Option<std::sync::Arc<Batches<CompleteItem>>>,
 }
 
 impl PostgresStore {
     /// Wraps a pool. Run [`PostgresStore::migrate`] once before use.
     /// Claims and completions are batched ([`DEFAULT_BATCHING`]).
     pub fn new(pool: PgPool) -> Self {
-        Self {
-            pool,
-            events: RecordEvents::new(),
-            listener: None,
-            limits: DEFAULT_BATCHING,
-            batches: None,
-        }
-        .with_batchers()
+        Batched::wrap(
+            PostgresRecords {
+                pool,
+                events: RecordEvents::new(),
+                listener: None,
+            },
+            DEFAULT_BATCHING,
+        )
     }
 
-    /// Sets how concurrent claims and completions are batched;
-    /// [`BatchLimits::OFF`] sends each in a statement of its own.
-    pub fn with_batching(mut self, limits: BatchLimits) -> Self {
-        self.limits = limits;
-        self.with_batchers()
+    /// Makes the store publish its changes into `events` (the tiered store
+    /// shares one registry between its Redis and PostgreSQL sides). Call it
+    /// before [`PostgresStore::with_notifications`].
+    pub fn with_events(self, events: RecordEvents) -> Self {
+        self.map(|mut direct| {
+            direct.events = events;
+            direct
+        })
     }
 
-    /// How many batches (and claims and completions in them) this store
-    /// has sent.
-    pub fn batch_stats(&self) -> BatchStats {
-        self.batches
-            .as_ref()
-            .map(|batches| batches.stats())
-            .unwrap_or_default()
+    /// Wakes waiters in every process through PostgreSQL: completions,
+    /// releases and abandonments send a `NOTIFY` on [`NOTIFY_CHANNEL`], and
+    /// a `LISTEN` connection (one per store, reconnecting by itself) turns
+    /// the messages into events. Without it, a request waiting for an
+    /// in-flight key in another process reads the record again only when
+    /// its wait bound or the lease ends.
+    ///
+    /// # Warning
+    ///
+    /// PostgreSQL serializes the commits of transactions that `NOTIFY`:
+    /// under heavy write load this costs throughput. It is off by default.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the `LISTEN` connection cannot be made.
+    pub async fn with_notifications(self) -> Result<Self, StoreError> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(self.pool()).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        let events = self.events().clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match listener.recv().await {
+                    Ok(notification) => {
+                        if let Some((scope, key)) = parse_notification(notification.payload()) {
+                            events.publish(scope, key);
+                        }
+                    }
+                    // The listener reconnects on the next call.
+                    Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+                }
+            }
+        });
+        let listener = std::sync::Arc::new(Listener(task.abort_handle()));
+        Ok(self.map(|mut direct| {
+            direct.listener = Some(listener);
+            direct
+        }))
     }
 
-    /// (Re)builds the batchers over a copy of the store as it is now
-    /// configured (called by every builder method).
-    fn with_batchers(mut self) -> Self {
-        self.batches = None;
-        if self.limits.enabled() {
-            let batches = Batches::new(self.clone(), self.limits);
-            self.batches = Some(std::sync::Arc::new(batches));
-        }
-        self
+    /// Connects to `url` (`postgres://...`) with a pool of up to
+    /// `max_connections`, an acquire timeout of 5 s, and a server-side
+    /// `statement_timeout` of 5 s (the layer's default store timeout), so a
+    /// statement the guard gave up on is abandoned by the server too.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the URL is invalid or the server
+    /// cannot be reached.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = url.parse()?;
+        let options = options.options([("statement_timeout", "5s")]);
+        // No ping before every statement (sqlx's default): it doubles the
+        // round trips; a dead connection fails its statement instead, the
+        // request answers 503, and the pool replaces the connection.
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await?;
+        Ok(Self::new(pool))
+    }
+
+    /// The pool the store uses.
+    pub fn pool(&self) -> &PgPool {
+        &self.direct().pool
+    }
+
+    /// Applies the migrations in `migrations/postgres` that have not run yet.
+    /// Safe to run from several processes at once (an advisory lock
+    /// serializes them).
+    ///
+    /// # Errors
+    ///
+    /// Returns the migration that failed, or the connection error.
+    pub async fn migrate(&self) -> Result<(), crate::MigrationError> {
+        crate::migrate::run_postgres(self.pool()).await
+    }
+
+    /// Completes the record inside `transaction`, the handler's transaction
+    /// in transactional mode; the caller commits.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
+    pub async fn complete_in(
+        &self,
+        transaction: &mut PgConnection,
+        lease: &Lease,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let result = complete_query(lease, response)
+            .execute(&mut *transaction)
+            .await?;
+        fenced(result.rows_affected())?;
+        // Delivered when the transaction commits.
+        self.direct().notify(&mut *transaction, lease).await
+    }
+
+    /// Marks the record held by `lease` transactional, committed on its own
+    /// before the run's transaction begins: from then on a lapsed lease
+    /// means the run's writes were rolled back, so the key may run again.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
+    pub async fn mark_transactional(&self, lease: &Lease) -> Result<(), StoreError> {
+        let result = lease_query(MARK_TRANSACTIONAL, lease)
+            .execute(self.pool())
+            .await?;
+        fenced(result.rows_affected())
+    }
+
+    /// Releases the record inside `transaction` (a `no-store` answer in
+    /// transactional mode); the caller commits.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
+    pub async fn release_in(
+        &self,
+        transaction: &mut PgConnection,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
+        let result = lease_query(RELEASE, lease)
+            .execute(&mut *transaction)
+            .await?;
+        fenced(result.rows_affected())?;
+        self.direct().notify(&mut *transaction, lease).await
     }
 }
 
-impl BatchedStore for PostgresStore {
+impl BatchedStore for PostgresRecords {
     type Completion = CompleteItem;
+
+    fn completion(&self, lease: &Lease, response: &StoredResponse) -> CompleteItem {
+        (lease.clone(), response.clone())
+    }
 
     /// Claims a batch: one statement, then again for the rows that raced a
     /// concurrent insert committed after its snapshot.
@@ -413,51 +535,7 @@ impl BatchedStore for PostgresStore {
     }
 }
 
-impl PostgresStore {
-    /// Makes the store publish its changes into `events` (the tiered store
-    /// shares one registry between its Redis and PostgreSQL sides). Call it
-    /// before [`PostgresStore::with_notifications`].
-    pub fn with_events(mut self, events: RecordEvents) -> Self {
-        self.events = events;
-        self.with_batchers()
-    }
-
-    /// Wakes waiters in every process through PostgreSQL: completions,
-    /// releases and abandonments send a `NOTIFY` on [`NOTIFY_CHANNEL`], and
-    /// a `LISTEN` connection (one per store, reconnecting by itself) turns
-    /// the messages into events. Without it, a request waiting for an
-    /// in-flight key in another process reads the record again only when
-    /// its wait bound or the lease ends.
-    ///
-    /// # Warning
-    ///
-    /// PostgreSQL serializes the commits of transactions that `NOTIFY`:
-    /// under heavy write load this costs throughput. It is off by default.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] when the `LISTEN` connection cannot be made.
-    pub async fn with_notifications(mut self) -> Result<Self, StoreError> {
-        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
-        listener.listen(NOTIFY_CHANNEL).await?;
-        let events = self.events.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                match listener.recv().await {
-                    Ok(notification) => {
-                        if let Some((scope, key)) = parse_notification(notification.payload()) {
-                            events.publish(scope, key);
-                        }
-                    }
-                    // The listener reconnects on the next call.
-                    Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
-                }
-            }
-        });
-        self.listener = Some(std::sync::Arc::new(Listener(task.abort_handle())));
-        Ok(self.with_batchers())
-    }
-
+impl PostgresRecords {
     /// Sends the `NOTIFY` for a changed record, when notifications are on.
     async fn notify<'c>(
         &self,
@@ -472,98 +550,6 @@ impl PostgresStore {
                 .await?;
         }
         Ok(())
-    }
-
-    /// Connects to `url` (`postgres://...`) with a pool of up to
-    /// `max_connections`, an acquire timeout of 5 s, and a server-side
-    /// `statement_timeout` of 5 s (the layer's default store timeout), so a
-    /// statement the guard gave up on is abandoned by the server too.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] when the URL is invalid or the server
-    /// cannot be reached.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let options: PgConnectOptions = url.parse()?;
-        let options = options.options([("statement_timeout", "5s")]);
-        // No ping before every statement (sqlx's default): it doubles the
-        // round trips; a dead connection fails its statement instead, the
-        // request answers 503, and the pool replaces the connection.
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(5))
-            .test_before_acquire(false)
-            .connect_with(options)
-            .await?;
-        Ok(Self::new(pool))
-    }
-
-    /// The pool the store uses.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// Applies the migrations in `migrations/postgres` that have not run yet.
-    /// Safe to run from several processes at once (an advisory lock
-    /// serializes them).
-    ///
-    /// # Errors
-    ///
-    /// Returns the migration that failed, or the connection error.
-    pub async fn migrate(&self) -> Result<(), crate::MigrationError> {
-        crate::migrate::run_postgres(&self.pool).await
-    }
-
-    /// Completes the record inside `transaction`, the handler's transaction
-    /// in transactional mode; the caller commits.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
-    pub async fn complete_in(
-        &self,
-        transaction: &mut PgConnection,
-        lease: &Lease,
-        response: &StoredResponse,
-    ) -> Result<(), StoreError> {
-        let result = complete_query(lease, response)
-            .execute(&mut *transaction)
-            .await?;
-        fenced(result.rows_affected())?;
-        // Delivered when the transaction commits.
-        self.notify(&mut *transaction, lease).await
-    }
-
-    /// Marks the record held by `lease` transactional, committed on its own
-    /// before the run's transaction begins: from then on a lapsed lease
-    /// means the run's writes were rolled back, so the key may run again.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
-    pub async fn mark_transactional(&self, lease: &Lease) -> Result<(), StoreError> {
-        let result = lease_query(MARK_TRANSACTIONAL, lease)
-            .execute(&self.pool)
-            .await?;
-        fenced(result.rows_affected())
-    }
-
-    /// Releases the record inside `transaction` (a `no-store` answer in
-    /// transactional mode); the caller commits.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
-    pub async fn release_in(
-        &self,
-        transaction: &mut PgConnection,
-        lease: &Lease,
-    ) -> Result<(), StoreError> {
-        let result = lease_query(RELEASE, lease)
-            .execute(&mut *transaction)
-            .await?;
-        fenced(result.rows_affected())?;
-        self.notify(&mut *transaction, lease).await
     }
 }
 
@@ -633,11 +619,8 @@ fn record_from_row(row: &PgRow, scope: &str, key: &str) -> Result<Record, StoreE
     })
 }
 
-impl Store for PostgresStore {
+impl Store for PostgresRecords {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
-        if let Some(batches) = &self.batches {
-            return batches.claims.call(ClaimItem::new(new)).await;
-        }
         for _ in 0..CLAIM_ATTEMPTS {
             let row = sqlx::query(CLAIM)
                 .bind(new.scope)
@@ -689,12 +672,6 @@ impl Store for PostgresStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        if let Some(batches) = &self.batches {
-            return batches
-                .completions
-                .call((lease.clone(), response.clone()))
-                .await;
-        }
         let result = complete_query(lease, response).execute(&self.pool).await?;
         fenced(result.rows_affected())?;
         self.notify(&self.pool, lease).await
@@ -751,7 +728,7 @@ impl Store for PostgresStore {
     }
 }
 
-impl Purge for PostgresStore {
+impl Purge for PostgresRecords {
     async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
         let result = sqlx::query(PURGE)
             .bind(i64::from(limit))
@@ -796,7 +773,7 @@ const ADMIN_FORGET: &str = "delete from idempotency_records
         or (state = 'in_flight' and lease_expires_at <= now() and $4))
     returning state";
 
-impl crate::store::admin::AdminStore for PostgresStore {
+impl crate::store::admin::AdminStore for PostgresRecords {
     async fn list(
         &self,
         scope: &str,
@@ -858,7 +835,14 @@ impl crate::store::admin::AdminStore for PostgresStore {
         scope: &str,
         keys: &[&str],
     ) -> Result<Vec<bool>, StoreError> {
-        self.locks_held(scope, keys).await
+        let locks: Vec<i64> = keys.iter().map(|key| lock_key(scope, key)).collect();
+        let rows = sqlx::query(single_commit::LOCKS_HELD)
+            .bind(locks)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| row.try_get::<bool, _>("held").map_err(StoreError::from))
+            .collect()
     }
 }
 

@@ -63,7 +63,7 @@ const CLAIM_LOCKED: &str = concat!(
 );
 
 /// Which of the given lock keys some transaction of this database holds.
-const LOCKS_HELD: &str = "select exists (
+pub(super) const LOCKS_HELD: &str = "select exists (
         select 1 from pg_locks l
         where l.locktype = 'advisory' and l.granted and l.objsubid = 1
           and l.database = (select oid from pg_database where datname = current_database())
@@ -187,20 +187,14 @@ impl PostgresStore {
     ///
     /// [`StoreError::Unavailable`] when the store fails.
     pub async fn locks_held(&self, scope: &str, keys: &[&str]) -> Result<Vec<bool>, StoreError> {
-        let locks: Vec<i64> = keys.iter().map(|key| lock_key(scope, key)).collect();
-        let rows = sqlx::query(LOCKS_HELD)
-            .bind(locks)
-            .fetch_all(self.pool())
-            .await?;
-        rows.iter()
-            .map(|row| row.try_get::<bool, _>("held").map_err(StoreError::from))
-            .collect()
+        use crate::store::admin::AdminStore;
+        self.direct().held_without_record(scope, keys).await
     }
 
     /// Wakes waiters in other processes after a single-commit run rolled
     /// back (nothing committed, so nothing else sends the `NOTIFY`).
     pub(crate) async fn announce_rolled_back(&self, lease: &Lease) {
-        if let Err(error) = self.notify(self.pool(), lease).await {
+        if let Err(error) = self.direct().notify(self.pool(), lease).await {
             tracing::debug!(error = %error, "could not announce a rolled-back run");
         }
     }

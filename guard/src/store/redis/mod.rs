@@ -32,7 +32,7 @@
 //! as one pipeline per primary, each key's slot computed here and placed
 //! by a map of the cluster's slots (`store/redis/slots.rs`); a key that
 //! moved meanwhile answers `MOVED` and is sent again on its own.
-//! [`RedisStore::with_batching`] tunes or turns it off.
+//! [`Batched::with_batching`] tunes or turns it off.
 //!
 //! Durability is Redis's: with `appendonly yes` and `appendfsync always` a
 //! crash loses nothing; with the defaults, a Redis crash can forget records,
@@ -66,7 +66,7 @@ use replicas::{Acked, ReplicaAcks};
 use slots::SlotMap;
 
 use crate::record::CorruptRecord;
-use crate::store::batch::{BatchLimits, BatchStats, BatchedStore, Batches, ClaimItem};
+use crate::store::batch::{BatchLimits, Batched, BatchedStore, ClaimItem};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
 use crate::{Record, RecordEvents, StoredResponse};
 
@@ -127,15 +127,19 @@ impl Drop for Subscriber {
     }
 }
 
-/// Records in Redis or Redis Cluster.
+/// Records in Redis or Redis Cluster, with claims and completions batched
+/// ([`DEFAULT_BATCHING`]): [`RedisRecords`] wrapped in [`Batched`].
+pub type RedisStore = Batched<RedisRecords>;
+
+/// Records in Redis or Redis Cluster, each call on its own: the store that
+/// [`RedisStore`] batches.
 #[derive(Clone)]
-pub struct RedisStore {
+pub struct RedisRecords {
     connection: Connection,
     prefix: Arc<str>,
     channel: Arc<str>,
     events: RecordEvents,
     _subscriber: Arc<Subscriber>,
-    batches: Option<Arc<Batches<CompleteItem>>>,
     /// `WAIT` after every write that decides a run (off: `None`).
     replica_acks: Option<ReplicaAcks>,
     /// Whether completions go as native `SET … IFEQ` (the server has it
@@ -148,13 +152,13 @@ pub struct RedisStore {
     slots: Option<Arc<SlotMap>>,
 }
 
-impl std::fmt::Debug for RedisStore {
+impl std::fmt::Debug for RedisRecords {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self.connection {
             Connection::Single(_) => "single",
             Connection::Cluster(_) => "cluster",
         };
-        f.debug_struct("RedisStore")
+        f.debug_struct("RedisRecords")
             .field("kind", &kind)
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
@@ -186,7 +190,7 @@ impl RedisStore {
             .set_connection_timeout(Some(CONNECTION_TIMEOUT))
             .set_number_of_retries(2);
         let manager = client.get_connection_manager_with_config(config).await?;
-        Self::with_connection(Connection::Single(manager), client, prefix).await
+        RedisRecords::with_connection(Connection::Single(manager), client, prefix).await
     }
 
     /// Connects to a Redis Cluster through any of its nodes
@@ -207,97 +211,24 @@ impl RedisStore {
         let connection = cluster.get_async_connection().await?;
         // Classic pub/sub reaches every node of a cluster: one node will do.
         let subscriber = redis::Client::open(*first)?;
-        Self::with_connection(Connection::Cluster(connection), subscriber, prefix).await
-    }
-
-    async fn with_connection(
-        connection: Connection,
-        subscriber: redis::Client,
-        prefix: &str,
-    ) -> Result<Self, StoreError> {
-        let events = RecordEvents::new();
-        let channel: Arc<str> = format!("{prefix}:events").into();
-        let task = tokio::spawn(forward_events(
-            subscriber,
-            channel.clone(),
-            prefix.into(),
-            events.clone(),
-        ));
-        let mut store = Self {
-            connection,
-            prefix: prefix.into(),
-            channel,
-            events,
-            _subscriber: Arc::new(Subscriber(task.abort_handle())),
-            batches: None,
-            replica_acks: None,
-            native_fence: false,
-            claimed: Arc::new(ClaimedValues::default()),
-            slots: None,
-        };
-        store.native_fence = store.has_ifeq().await?;
-        if matches!(store.connection, Connection::Cluster(_)) {
-            let slots = Arc::new(SlotMap::default());
-            store.slots = Some(slots);
-            store.refresh_slots().await;
-        }
-        Ok(store.with_batching(DEFAULT_BATCHING))
-    }
-
-    /// Whether the server takes `SET … IFEQ` (Valkey 8.1, Redis 8.4): a
-    /// probe on a key of the store's own that never exists, so it never
-    /// writes; an older server answers a syntax error.
-    async fn has_ifeq(&self) -> Result<bool, StoreError> {
-        let mut probe = redis::cmd("SET");
-        probe
-            .arg(format!("{}:probe:ifeq", self.prefix))
-            .arg("")
-            .arg("IFEQ")
-            .arg("never")
-            .arg("PX")
-            .arg(1);
-        match self.query(&probe).await {
-            Ok(_) => Ok(true),
-            Err(error)
-                if error.kind()
-                    == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
-            {
-                Ok(false)
-            }
-            Err(error) if error.code().is_some() => Ok(false),
-            Err(error) => Err(error.into()),
-        }
+        RedisRecords::with_connection(Connection::Cluster(connection), subscriber, prefix).await
     }
 
     /// Completions as native `SET … IFEQ` when the server has it (the
     /// default, detected when the store connects), or always as a fenced
     /// script (`false`). Both are atomic and fenced by the lease token; the
     /// native command costs the server less than half the script's time.
-    pub fn with_native_fence(mut self, on: bool) -> Self {
-        self.native_fence = on && self.native_fence;
-        match self.batches.as_ref().map(|batches| batches.limits()) {
-            Some(limits) => self.with_batching(limits),
-            None => self,
-        }
+    pub fn with_native_fence(self, on: bool) -> Self {
+        self.map(|mut direct| {
+            direct.native_fence = on && direct.native_fence;
+            direct
+        })
     }
 
     /// Whether completions go as native `SET … IFEQ`
     /// ([`RedisStore::with_native_fence`]).
     pub fn native_fence(&self) -> bool {
-        self.native_fence
-    }
-
-    /// Sets how concurrent claims and completions are batched;
-    /// [`BatchLimits::OFF`] sends each on its own. On a cluster a batch
-    /// goes as one pipeline per primary (the slot of each key computed
-    /// here, `store/redis/slots.rs`).
-    pub fn with_batching(mut self, limits: BatchLimits) -> Self {
-        self.batches = None;
-        if limits.enabled() {
-            let batches = Batches::new(self.clone(), limits);
-            self.batches = Some(Arc::new(batches));
-        }
-        self
+        self.direct().native_fence
     }
 
     /// Makes every claim, take-over and completion wait until `replicas`
@@ -333,22 +264,71 @@ impl RedisStore {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn with_replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
-        self.replica_acks = ReplicaAcks::new(replicas, timeout);
-        // The batchers hold a copy of the store: give them this setting too.
-        match self.batches.as_ref().map(|batches| batches.limits()) {
-            Some(limits) => self.with_batching(limits),
-            None => self,
+    pub fn with_replica_acks(self, replicas: u32, timeout: Duration) -> Self {
+        self.map(|mut direct| {
+            direct.replica_acks = ReplicaAcks::new(replicas, timeout);
+            direct
+        })
+    }
+}
+
+impl RedisRecords {
+    async fn with_connection(
+        connection: Connection,
+        subscriber: redis::Client,
+        prefix: &str,
+    ) -> Result<RedisStore, StoreError> {
+        let events = RecordEvents::new();
+        let channel: Arc<str> = format!("{prefix}:events").into();
+        let task = tokio::spawn(forward_events(
+            subscriber,
+            channel.clone(),
+            prefix.into(),
+            events.clone(),
+        ));
+        let mut store = Self {
+            connection,
+            prefix: prefix.into(),
+            channel,
+            events,
+            _subscriber: Arc::new(Subscriber(task.abort_handle())),
+            replica_acks: None,
+            native_fence: false,
+            claimed: Arc::new(ClaimedValues::default()),
+            slots: None,
+        };
+        store.native_fence = store.has_ifeq().await?;
+        if matches!(store.connection, Connection::Cluster(_)) {
+            let slots = Arc::new(SlotMap::default());
+            store.slots = Some(slots);
+            store.refresh_slots().await;
         }
+        Ok(Batched::wrap(store, DEFAULT_BATCHING))
     }
 
-    /// How many batches (and claims and completions in them) this store
-    /// has sent.
-    pub fn batch_stats(&self) -> BatchStats {
-        self.batches
-            .as_ref()
-            .map(|batches| batches.stats())
-            .unwrap_or_default()
+    /// Whether the server takes `SET … IFEQ` (Valkey 8.1, Redis 8.4): a
+    /// probe on a key of the store's own that never exists, so it never
+    /// writes; an older server answers a syntax error.
+    async fn has_ifeq(&self) -> Result<bool, StoreError> {
+        let mut probe = redis::cmd("SET");
+        probe
+            .arg(format!("{}:probe:ifeq", self.prefix))
+            .arg("")
+            .arg("IFEQ")
+            .arg("never")
+            .arg("PX")
+            .arg(1);
+        match self.query(&probe).await {
+            Ok(_) => Ok(true),
+            Err(error)
+                if error.kind()
+                    == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+            {
+                Ok(false)
+            }
+            Err(error) if error.code().is_some() => Ok(false),
+            Err(error) => Err(error.into()),
+        }
     }
 
     async fn invoke(&self, call: &ScriptCall) -> Result<Value, StoreError> {
@@ -682,8 +662,12 @@ fn int(value: &Value) -> Result<i64, CorruptRecord> {
     }
 }
 
-impl BatchedStore for RedisStore {
+impl BatchedStore for RedisRecords {
     type Completion = CompleteItem;
+
+    fn completion(&self, lease: &Lease, response: &StoredResponse) -> CompleteItem {
+        (lease.clone(), codec::encode_response(response))
+    }
 
     async fn claim_batch(
         &self,
@@ -834,7 +818,7 @@ fn redirected(error: &redis::ServerError) -> bool {
     )
 }
 
-impl RedisStore {
+impl RedisRecords {
     /// The claims of `group` (indices into `items`, keys one node serves)
     /// in one pipeline, answered in its order; and whether one answered
     /// `MOVED` or `ASK` (it was sent again on its own).
@@ -891,17 +875,8 @@ impl RedisStore {
     }
 }
 
-impl Store for RedisStore {
+impl Store for RedisRecords {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
-        // A lone claim (no load) goes by itself with what it borrows; under
-        // load it is queued for the next batch.
-        let _lone = match &self.batches {
-            Some(batches) => match batches.claims.lone() {
-                Some(lone) => Some(lone),
-                None => return batches.claims.queue_and_wait(ClaimItem::new(new)).await,
-            },
-            None => None,
-        };
         self.claim_alone(new).await
     }
 
@@ -932,21 +907,8 @@ impl Store for RedisStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        let response = codec::encode_response(response);
-        // As for claims: by itself when alone, else in the next batch.
-        let _lone = match &self.batches {
-            Some(batches) => match batches.completions.lone() {
-                Some(lone) => Some(lone),
-                None => {
-                    return batches
-                        .completions
-                        .queue_and_wait((lease.clone(), response))
-                        .await;
-                }
-            },
-            None => None,
-        };
-        self.complete_alone(lease, response).await
+        self.complete_alone(lease, codec::encode_response(response))
+            .await
     }
 
     async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
@@ -1003,7 +965,7 @@ impl Store for RedisStore {
     }
 }
 
-impl Purge for RedisStore {
+impl Purge for RedisRecords {
     async fn purge(&self, _limit: u32) -> Result<u64, StoreError> {
         // Records expire natively at the end of their retention.
         Ok(0)
@@ -1029,7 +991,7 @@ fn glob_escape(text: &str) -> String {
     escaped
 }
 
-impl RedisStore {
+impl RedisRecords {
     /// Every Redis key matching `pattern`: `SCAN` on one Redis; on a
     /// cluster, `SCAN` on every primary in turn (the primaries named by
     /// `CLUSTER NODES`), never `KEYS`, so no node is blocked while it
@@ -1118,7 +1080,7 @@ fn primaries(nodes: &str) -> Vec<(String, u16)> {
         .collect()
 }
 
-impl RedisStore {
+impl RedisRecords {
     /// Deletes the cached copy of a record (tiered store), if any.
     async fn cache_forget(&self, scope: &str, key: &str) -> Result<(), StoreError> {
         let mut command = redis::cmd("DEL");
@@ -1129,7 +1091,7 @@ impl RedisStore {
 }
 
 /// The tiered store's cache: completed records under their own keys.
-impl crate::store::tiered::RecordCache for RedisStore {
+impl crate::store::tiered::RecordCache for RedisRecords {
     async fn get_completed(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
         self.cache_get(scope, key).await
     }
@@ -1143,7 +1105,7 @@ impl crate::store::tiered::RecordCache for RedisStore {
     }
 
     async fn announce(&self, scope: &str, key: &str) -> Result<(), StoreError> {
-        RedisStore::announce(self, scope, key).await
+        RedisRecords::announce(self, scope, key).await
     }
 
     fn events(&self) -> &RecordEvents {
@@ -1151,7 +1113,7 @@ impl crate::store::tiered::RecordCache for RedisStore {
     }
 }
 
-impl crate::store::admin::AdminStore for RedisStore {
+impl crate::store::admin::AdminStore for RedisRecords {
     async fn list(
         &self,
         scope: &str,
@@ -1281,8 +1243,8 @@ mod tests {
     /// The raw value of a record, read with a plain command.
     async fn raw(store: &RedisStore, scope: &str, key: &str) -> Vec<u8> {
         let mut command = redis::cmd("GET");
-        command.arg(store.key_arg(RECORDS, scope, key));
-        match store.query(&command).await.unwrap() {
+        command.arg(store.direct().key_arg(RECORDS, scope, key));
+        match store.direct().query(&command).await.unwrap() {
             Value::BulkString(value) => value,
             other => panic!("no value: {other:?}"),
         }
@@ -1357,8 +1319,8 @@ mod tests {
         let record = store.get("s", "k").await.unwrap().unwrap();
         assert_eq!(record.response, Some(response));
         let mut del = redis::cmd("DEL");
-        del.arg(store.key_arg(RECORDS, "s", "k"));
-        store.query(&del).await.unwrap();
+        del.arg(store.direct().key_arg(RECORDS, "s", "k"));
+        store.direct().query(&del).await.unwrap();
     }
 
     /// Whether a server's `INFO server` names a release with `SET … IFEQ`:
@@ -1490,7 +1452,11 @@ mod tests {
             )
             .unwrap()
         );
-        assert_eq!(store.claimed.len(), 0, "the claimed value was taken");
+        assert_eq!(
+            store.direct().claimed.len(),
+            0,
+            "the claimed value was taken"
+        );
 
         // Renewed: the value changed, the script completes it.
         let new = record("renewed", &fingerprint, Duration::from_secs(30));
@@ -1563,16 +1529,17 @@ mod tests {
                 .map(|i| record(&names[i % keys], &fingerprint, Duration::from_secs(30)))
                 .collect();
             let items: Vec<ClaimItem> = records.iter().map(ClaimItem::new).collect();
-            let groups = store.groups(
-                items
-                    .iter()
-                    .map(|item| store.key_arg(RECORDS, &item.scope, &item.key).to_bytes()),
-            );
+            let groups = store.direct().groups(items.iter().map(|item| {
+                store
+                    .direct()
+                    .key_arg(RECORDS, &item.scope, &item.key)
+                    .to_bytes()
+            }));
             match keys {
                 1 => assert_eq!(groups.len(), 1, "one key is one pipeline"),
                 _ => assert!(groups.len() > 1, "40 keys reach more than one primary"),
             }
-            let claims = store.claim_batch(items).await.unwrap();
+            let claims = store.direct().claim_batch(items).await.unwrap();
             assert_eq!(claims.len(), 200);
             let mut winners = std::collections::HashMap::new();
             for (new, claim) in records.iter().zip(&claims) {
@@ -1591,8 +1558,8 @@ mod tests {
             }
             for name in &names {
                 let mut del = redis::cmd("DEL");
-                del.arg(store.key_arg(RECORDS, "s", name));
-                store.query(&del).await.unwrap();
+                del.arg(store.direct().key_arg(RECORDS, "s", name));
+                store.direct().query(&del).await.unwrap();
             }
         }
     }

@@ -40,7 +40,7 @@ use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{RedisError, ServerErrorKind, Value};
 
 use super::call::{RecordKey, ScriptCall};
-use super::{Connection, RedisStore};
+use super::{Connection, RedisRecords};
 use crate::record::CorruptRecord;
 use crate::store::StoreError;
 
@@ -100,7 +100,7 @@ impl Acked {
     }
 }
 
-impl RedisStore {
+impl RedisRecords {
     /// Sends `pipe` (commands on the one key `route`, a record's), with
     /// `WAIT` behind it on the same connection when the store waits for
     /// replicas and `writes` says the commands may write; answers one

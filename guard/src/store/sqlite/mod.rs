@@ -9,7 +9,7 @@
 //! commit, [`crate::store::batch`]): the claims that queue while one batch
 //! is being written go together in one `BEGIN IMMEDIATE` transaction (one
 //! commit, one fsync), after one read of each (a replay takes no write
-//! lock); completions likewise. [`SqliteStore::with_batching`] tunes or
+//! lock); completions likewise. [`Batched::with_batching`] tunes or
 //! turns it off.
 
 use std::str::FromStr;
@@ -21,7 +21,7 @@ use sqlx::sqlite::{
 use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
 
-use crate::store::batch::{BatchLimits, BatchStats, BatchedStore, Batches, ClaimItem};
+use crate::store::batch::{BatchLimits, Batched, BatchedStore, ClaimItem};
 use crate::store::sql::{CLAIM_ATTEMPTS, fenced, millis};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
 use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
@@ -72,44 +72,30 @@ pub const DEFAULT_BATCHING: BatchLimits = BatchLimits {
 /// A completion waiting in a batch.
 type CompleteItem = (Lease, StoredResponse);
 
-/// Records in an SQLite database, in the table `idempotency_records`.
+/// Records in an SQLite database, in the table `idempotency_records`, with
+/// claims and completions batched ([`DEFAULT_BATCHING`]): [`SqliteRecords`]
+/// wrapped in [`Batched`].
+pub type SqliteStore = Batched<SqliteRecords>;
+
+/// Records in an SQLite database, each call on its own: the store that
+/// [`SqliteStore`] batches.
 #[derive(Debug, Clone)]
-pub struct SqliteStore {
+pub struct SqliteRecords {
     pool: SqlitePool,
     events: RecordEvents,
-    batches: Option<std::sync::Arc<Batches<CompleteItem>>>,
 }
 
 impl SqliteStore {
     /// Wraps a pool. Run [`SqliteStore::migrate`] once before use.
     /// Claims and completions are batched ([`DEFAULT_BATCHING`]).
     pub fn new(pool: SqlitePool) -> Self {
-        Self {
-            pool,
-            events: RecordEvents::new(),
-            batches: None,
-        }
-        .with_batching(DEFAULT_BATCHING)
-    }
-
-    /// Sets how concurrent claims and completions are batched;
-    /// [`BatchLimits::OFF`] writes each in a transaction of its own.
-    pub fn with_batching(mut self, limits: BatchLimits) -> Self {
-        self.batches = None;
-        if limits.enabled() {
-            let batches = Batches::new(self.clone(), limits);
-            self.batches = Some(std::sync::Arc::new(batches));
-        }
-        self
-    }
-
-    /// How many batches (and claims and completions in them) this store
-    /// has sent.
-    pub fn batch_stats(&self) -> BatchStats {
-        self.batches
-            .as_ref()
-            .map(|batches| batches.stats())
-            .unwrap_or_default()
+        Batched::wrap(
+            SqliteRecords {
+                pool,
+                events: RecordEvents::new(),
+            },
+            DEFAULT_BATCHING,
+        )
     }
 
     /// Opens (creating it if missing) the database at `url`
@@ -143,7 +129,7 @@ impl SqliteStore {
 
     /// The pool the store uses.
     pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+        &self.direct().pool
     }
 
     /// Applies the migrations in `migrations/sqlite` that have not run yet.
@@ -160,7 +146,7 @@ impl SqliteStore {
         const ATTEMPTS: u32 = 5;
         let mut attempt = 1;
         loop {
-            match crate::migrate::sqlite_migrator().run(&self.pool).await {
+            match crate::migrate::sqlite_migrator().run(self.pool()).await {
                 Ok(()) => return Ok(()),
                 Err(
                     sqlx::migrate::MigrateError::Execute(_)
@@ -239,8 +225,12 @@ fn record_from_row(
     })
 }
 
-impl BatchedStore for SqliteStore {
+impl BatchedStore for SqliteRecords {
     type Completion = CompleteItem;
+
+    fn completion(&self, lease: &Lease, response: &StoredResponse) -> CompleteItem {
+        (lease.clone(), response.clone())
+    }
 
     async fn claim_batch(
         &self,
@@ -337,11 +327,8 @@ impl BatchedStore for SqliteStore {
     }
 }
 
-impl Store for SqliteStore {
+impl Store for SqliteRecords {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
-        if let Some(batches) = &self.batches {
-            return batches.claims.call(ClaimItem::new(new)).await;
-        }
         // A read first: a replay then costs no write lock (SQLite has one
         // writer at a time). The insert that follows a miss is what
         // arbitrates: `on conflict do nothing` lets one claimer win.
@@ -399,12 +386,6 @@ impl Store for SqliteStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        if let Some(batches) = &self.batches {
-            return batches
-                .completions
-                .call((lease.clone(), response.clone()))
-                .await;
-        }
         let result = sqlx::query(COMPLETE)
             .bind(lease.scope.as_str())
             .bind(lease.key.as_str())
@@ -456,7 +437,7 @@ impl Store for SqliteStore {
     }
 }
 
-impl Purge for SqliteStore {
+impl Purge for SqliteRecords {
     async fn purge(&self, limit: u32) -> Result<u64, StoreError> {
         let result = sqlx::query(PURGE)
             .bind(now_millis())
@@ -493,7 +474,7 @@ const ADMIN_FORGET: &str = "delete from idempotency_records
       and ((state = 'completed' and ?3) or (state = 'in_flight' and lease_expires_at <= ?5 and ?4))
     returning state";
 
-impl crate::store::admin::AdminStore for SqliteStore {
+impl crate::store::admin::AdminStore for SqliteRecords {
     async fn list(
         &self,
         scope: &str,
