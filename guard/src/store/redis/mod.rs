@@ -1392,6 +1392,50 @@ mod tests {
         }
     }
 
+    /// A setting given after the store is built reaches the claims that go
+    /// through its batcher too (`Batched::map` builds the batchers again
+    /// over the changed store): asked for a replica's acknowledgement on a
+    /// Redis that has none, each of 64 concurrent claims fails
+    /// `NotReplicated`, the 63 that went as one batch included.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_setting_given_after_connecting_reaches_batched_claims() {
+        let url = idempotency_tests::fixtures::redis_url();
+        let prefix = format!("test-map-{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect(&url, &prefix)
+            .await
+            .unwrap()
+            .with_replica_acks(1, Duration::from_millis(5));
+        let fingerprint = crate::Fingerprint::from_bytes([3; 32]);
+        let names: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
+        let records: Vec<NewRecord<'_>> = names
+            .iter()
+            .map(|name| record(name, &fingerprint, Duration::from_secs(30)))
+            .collect();
+        let claims =
+            futures_util::future::join_all(records.iter().map(|new| store.claim(new))).await;
+        let batched = store.batch_stats().claims;
+        assert_eq!(batched.items, 64, "{batched:?}");
+        assert!(
+            batched.largest > 1,
+            "some claims went as a batch: {batched:?}"
+        );
+        for (name, claim) in names.iter().zip(claims) {
+            assert!(
+                matches!(
+                    claim,
+                    Err(StoreError::NotReplicated {
+                        wanted: 1,
+                        acked: 0
+                    })
+                ),
+                "{name}: {claim:?}"
+            );
+            let mut del = redis::cmd("DEL");
+            del.arg(store.direct().key_arg(RECORDS, "s", name));
+            store.direct().query(&del).await.unwrap();
+        }
+    }
+
     /// The probe finds `SET … IFEQ` on Valkey 8.1 and on Redis 8.4 or
     /// later, and not on older Redis (7.0 here); the switch turns it off.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
