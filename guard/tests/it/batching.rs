@@ -194,21 +194,45 @@ pub(crate) async fn a_mixed_batch_answers_each_claim_for_itself<S: Store>(
 /// One batch of completions: the holder's completes; a completion with a
 /// stale token and one for a released record are refused, and the records
 /// they name are untouched.
+///
+/// The three go in one batch only if the lead's completion is still on its
+/// way while they queue. A store that answers the lead within its first
+/// poll (seen once in a loaded full run on PostgreSQL) sends them otherwise:
+/// every answer is still checked, and the scenario runs again on fresh keys
+/// (at most five times) until the three went as one batch.
 pub(crate) async fn a_batch_of_completions_is_fenced_per_record<S: Store>(
     store: S,
     stats: impl Fn() -> idempotency_guard::store::BatchStats,
 ) {
+    for attempt in 0..5 {
+        if completions_fenced_per_record(&store, &stats, attempt).await {
+            return;
+        }
+    }
+    panic!("in five attempts, the three completions never went as one batch behind the lead");
+}
+
+/// One attempt of [`a_batch_of_completions_is_fenced_per_record`] on keys
+/// of its own; whether the three completions went as one batch.
+async fn completions_fenced_per_record<S: Store>(
+    store: &S,
+    stats: &impl Fn() -> idempotency_guard::store::BatchStats,
+    attempt: u32,
+) -> bool {
     let fingerprint = Fingerprint::from_bytes([4; 32]);
-    let held = acquire(&store, &new_record("held", &fingerprint)).await;
-    let taken = acquire(&store, &new_record("taken", &fingerprint)).await;
-    let released = acquire(&store, &new_record("released", &fingerprint)).await;
+    let key = |name: &str| format!("{name}-{attempt}");
+    let (held_key, taken_key, released_key, lead_key) =
+        (key("held"), key("taken"), key("released"), key("lead"));
+    let held = acquire(store, &new_record(&held_key, &fingerprint)).await;
+    let taken = acquire(store, &new_record(&taken_key, &fingerprint)).await;
+    let released = acquire(store, &new_record(&released_key, &fingerprint)).await;
     store.release(&released).await.unwrap();
-    let lead = acquire(&store, &new_record("lead", &fingerprint)).await;
+    let lead = acquire(store, &new_record(&lead_key, &fingerprint)).await;
     let stale = Lease {
         token: LeaseToken::new(),
         ..taken.clone()
     };
-    let before = stats().completions.batches;
+    let before = stats().completions;
 
     let first = response("first");
     let mut answers = join_all([
@@ -218,11 +242,7 @@ pub(crate) async fn a_batch_of_completions_is_fenced_per_record<S: Store>(
         store.complete(&released, &first),
     ])
     .await;
-    assert_eq!(
-        (stats().completions.batches, stats().completions.largest),
-        (before + 2, 3),
-        "not one batch behind the lead"
-    );
+    let after = stats().completions;
     assert!(answers.remove(0).is_ok(), "the lead's completion");
     assert!(
         answers[0].is_ok(),
@@ -240,16 +260,19 @@ pub(crate) async fn a_batch_of_completions_is_fenced_per_record<S: Store>(
         answers[2]
     );
 
-    let record = store.get("batch", "held").await.unwrap().unwrap();
+    let record = store.get("batch", &held_key).await.unwrap().unwrap();
     assert_eq!(record.state(), RecordState::Completed);
-    let record = store.get("batch", "taken").await.unwrap().unwrap();
+    let record = store.get("batch", &taken_key).await.unwrap().unwrap();
     assert_eq!(
         record.state(),
         RecordState::InFlight,
         "the stale write landed"
     );
     assert_eq!(record.lease_token, taken.token);
-    assert!(store.get("batch", "released").await.unwrap().is_none());
+    assert!(store.get("batch", &released_key).await.unwrap().is_none());
+    // Four items sent: the lead by itself, then the three behind it.
+    assert_eq!(after.items, before.items + 4, "{after:?}");
+    after.batches == before.batches + 2 && after.largest == 3
 }
 
 async fn acquire<S: Store>(store: &S, new: &NewRecord<'_>) -> Lease {
