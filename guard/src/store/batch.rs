@@ -647,6 +647,10 @@ impl<S: BatchedStore> Batched<S> {
 
     /// Sets how concurrent claims and completions are batched;
     /// [`BatchLimits::OFF`] sends each on its own.
+    ///
+    /// The default value is the backend's `DEFAULT_BATCHING` (PostgreSQL:
+    /// 256 per statement, two on their way; SQLite: 128 per transaction,
+    /// one on its way; Redis: 64 per pipeline, two on their way).
     pub fn with_batching(self, limits: BatchLimits) -> Self {
         Self::wrap(self.direct, limits)
     }
