@@ -10,6 +10,7 @@ How to reproduce (from the repository's root):
   cargo run --release -p idempotency-bench -- --growth      # the same + the 1M/10M-record growth runs
   cargo run --release -p idempotency-bench -- --growth-only # only the growth section
   cargo run -p idempotency-bench -- --smoke                 # CI: a few seconds, no figures, peer 2.0.0 not built
+  cargo run --release -p idempotency-bench -- timers        # what one timer (a lease's, a store call's) costs a request
 
 A full run first builds the peer `idempotent` 2.0.0 (bench/peer2, its own crate outside
 the workspace; it declares rust-version 1.98 and builds on 1.95 with --ignore-rust-version):
@@ -48,6 +49,21 @@ pub(crate) enum Command {
     /// Serves one app under test (used by `run`, which starts it as a child).
     #[command(hide = true)]
     Serve(ServeArgs),
+    /// Times what one timer costs a request (a tokio `Sleep` registered and
+    /// cancelled, as the lease's first renewal and each store call's
+    /// timeout are) and prints it.
+    Timers(TimersArgs),
+}
+
+/// The settings of `timers`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct TimersArgs {
+    /// Timers registered and cancelled per round.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub(crate) iterations: u32,
+    /// Rounds (the median and the range are printed).
+    #[arg(long, default_value_t = 5)]
+    pub(crate) rounds: u32,
 }
 
 /// The settings of a benchmark run.

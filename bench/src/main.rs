@@ -22,6 +22,7 @@
 //! with the hidden `serve` subcommand), so each one's peak RSS is its own;
 //! the load generator and the raw-store runs live in the parent.
 
+mod allocations;
 mod batches;
 mod cli;
 mod growth;
@@ -40,6 +41,7 @@ mod results;
 mod server;
 mod setup;
 mod stats;
+mod timers;
 
 use clap::Parser as _;
 
@@ -53,6 +55,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Some(cli::Command::Serve(args)) => runtime.block_on(server::serve(args)),
         Some(cli::Command::Run(args)) => runtime.block_on(orchestrate::run(args)),
+        Some(cli::Command::Timers(args)) => runtime.block_on(timers::run(args)),
         None => runtime.block_on(orchestrate::run(cli.run)),
     }
 }

@@ -152,14 +152,16 @@ impl Guarded {
     }
 }
 
-/// The Redis store of the guard apps. `BENCH_REDIS_BATCHING=off` turns its
-/// batcher off, for the A/B of batching against the multiplexed
-/// connection's own pipelining (scripts/cost-per-request).
+/// The Redis store of the guard apps. `BENCH_REDIS_BATCHING=on` turns its
+/// batcher on (`PIPELINED_BATCHING`; off is the default), for the A/B of
+/// batching against the multiplexed connection's own pipelining
+/// (scripts/cost-per-request's `guard-batched`).
 async fn redis_store(args: &ServeArgs) -> anyhow::Result<RedisStore> {
     let store = RedisStore::connect(&args.redis_url, &args.prefix).await?;
     Ok(match std::env::var("BENCH_REDIS_BATCHING").as_deref() {
-        Ok("off") => store.with_batching(idempotency_guard::store::BatchLimits::OFF),
-        _ => store,
+        Ok("on") => store.with_batching(idempotency_guard::store::redis::PIPELINED_BATCHING),
+        Ok("off") | Err(_) => store,
+        Ok(other) => anyhow::bail!("BENCH_REDIS_BATCHING: on or off, not {other:?}"),
     })
 }
 
@@ -258,6 +260,12 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     if let Some(handle) = metrics {
         app = app.route(METRICS_PATH, get(move || async move { handle.render() }));
+    }
+    if crate::allocations::counts().is_some() {
+        app = app.route(
+            crate::allocations::PATH,
+            get(|| async { crate::allocations::counts().unwrap_or_default() }),
+        );
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;

@@ -1,6 +1,11 @@
 //! The replay cache: completed records kept in the process, so a replay
 //! costs no store round trip.
 //!
+//! An entry is made when a replay reads a completed record from the store
+//! (the second request with a key), never when a run completes: a key that
+//! is never replayed, which is most of them, costs the cache nothing (no
+//! copy of its response, no lock, no eviction).
+//!
 //! A completed record never changes until it expires or an operator deletes
 //! it, so a copy is safe to answer from while both hold: each entry lives
 //! until its record's retention ends (measured on the store's clock when it
@@ -9,10 +14,7 @@
 //! published by another process through Redis pub/sub or PostgreSQL
 //! notifications). On a store that does not publish other processes'
 //! changes (SQLite, PostgreSQL without notifications), an operator's
-//! deletion elsewhere is seen here within `max_age`. Redis publishes a
-//! run's end only when a waiter watched it; when one did, the echo of the
-//! completion also drops the copy made at the run's end, and the first
-//! replay after it reads the store once.
+//! deletion elsewhere is seen here within `max_age`.
 //!
 //! The cache is bounded by the bytes it holds; when full, it drops entries
 //! in no particular order (the next replay of a dropped key reads the store).
@@ -25,39 +27,14 @@ use tokio::time::Instant;
 
 use crate::{Fingerprint, StoredResponse};
 
-/// What is left of a copy's record, from what its caller knows: the one
-/// place an entry's lifetime is computed (the cache's `max_age` caps it in
-/// [`ReplayCache::put`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Left {
-    /// A record read from the store: its expiry, on the store's clock when
-    /// it was read.
-    Read {
-        expires_at: time::OffsetDateTime,
-        observed_at: time::OffsetDateTime,
-    },
-    /// A run that just completed: the engine's retention, less the time
-    /// since its claim.
-    Completed {
-        retention: Duration,
-        since_claim: Duration,
-    },
-}
-
-impl Left {
-    /// How long a copy may live.
-    pub(crate) fn lives(self) -> Duration {
-        match self {
-            Self::Read {
-                expires_at,
-                observed_at,
-            } => (expires_at - observed_at).try_into().unwrap_or_default(),
-            Self::Completed {
-                retention,
-                since_claim,
-            } => retention.saturating_sub(since_claim),
-        }
-    }
+/// How long a copy of a record read from the store may live: what is left
+/// of its retention, on the store's clock when it was read (the cache's
+/// `max_age` caps it in [`ReplayCache::put`]).
+pub(crate) fn lives(
+    expires_at: time::OffsetDateTime,
+    observed_at: time::OffsetDateTime,
+) -> Duration {
+    (expires_at - observed_at).try_into().unwrap_or_default()
 }
 
 /// What the cache keeps of one completed record.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::cache::{Hit, Left};
+use super::cache::{Hit, lives};
 use super::release::PendingClaim;
 use super::{Answer, Engine, Job, Refusal};
 use crate::decision::{Decision, InFlightPolicy, decide};
@@ -144,17 +144,12 @@ impl<S: Store> Engine<S> {
             return Answer::Refused(Refusal::ResponseNotStored);
         };
         if let Some(cache) = self.replay_cache() {
-            let lives = Left::Read {
-                expires_at: record.expires_at,
-                observed_at: record.observed_at,
-            }
-            .lives();
             cache.put(
                 job.scope.as_str(),
                 job.key.as_str(),
                 record.fingerprint,
                 stored.clone(),
-                lives,
+                lives(record.expires_at, record.observed_at),
             );
         }
         Answer::Replay(stored)

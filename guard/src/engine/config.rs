@@ -96,7 +96,10 @@ macro_rules! engine_settings {
     ($expand:ident) => {
         $expand! {
             /// Keeps completed records' responses in this process, up to
-            /// `capacity` bytes, so replays cost no store round trip (see the
+            /// `capacity` bytes, so replays after the first cost no store
+            /// round trip (a copy is made when a replay reads the record,
+            /// never when a run completes: a key never replayed costs the
+            /// cache nothing; see the
             /// cache's docs in the crate's `engine::cache` module for when a copy
             /// is dropped). A copy lives at most `max_age`: on a store that does not
             /// publish other processes' changes (SQLite, PostgreSQL without

@@ -10,10 +10,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::cache::Left;
 use super::settle::{Ending, SettleError, Transaction};
 use super::{Answer, Engine, Job, Refusal, Settle, Settled, timed};
-use crate::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 use crate::telemetry::count_lease_lost;
 
@@ -69,7 +67,6 @@ impl<S: Store> Engine<S> {
         // Drop the work (and with it any transaction handle it held) before
         // the transaction is taken back.
         drop(work);
-        let mut stored = None;
         let answer = match ended {
             Some(Ok(settle)) => {
                 if matches!(settle, Settle::Abandon { .. })
@@ -78,9 +75,7 @@ impl<S: Store> Engine<S> {
                     // No renewal may land after the lease is ended.
                     renewals.stop().await;
                 }
-                let (answer, kept) = self.settle_outcome(job, &lease, &transaction, settle).await;
-                stored = kept;
-                answer
+                self.settle_outcome(job, &lease, &transaction, settle).await
             }
             Some(Err(_panic)) => {
                 tracing::error!(route = %job.route, "the work panicked; its key is released");
@@ -102,24 +97,12 @@ impl<S: Store> Engine<S> {
         if let Some(renewals) = renewals {
             renewals.stop().await;
         }
+        // Wakes waiters, and drops any copy of an older record of the key
+        // from the replay cache (which this run does not fill: the first
+        // replay does, so a key never replayed costs the cache nothing).
         self.store
             .events()
             .publish(job.scope.as_str(), job.key.as_str());
-        // After the event, which drops any older copy: keep the new one.
-        if let (Some(cache), Some(stored)) = (self.replay_cache(), stored) {
-            let lives = Left::Completed {
-                retention: self.config.retention,
-                since_claim: started.elapsed(),
-            }
-            .lives();
-            cache.put(
-                job.scope.as_str(),
-                job.key.as_str(),
-                job.fingerprint,
-                stored,
-                lives,
-            );
-        }
         answer
     }
 
@@ -130,17 +113,16 @@ impl<S: Store> Engine<S> {
         lease: &Lease,
         transaction: &Transaction,
         settle: Settle<T>,
-    ) -> (Answer<T>, Option<StoredResponse>) {
+    ) -> Answer<T> {
         let (response, reply) = match settle {
             Settle::Complete { response, reply } => (response, reply),
             Settle::Release { reply, keep_writes } => {
                 let ending = Ending::Release { keep_writes };
                 Box::pin(self.settle_logged(job, lease, transaction, ending)).await;
-                let answer = Answer::Ran {
+                return Answer::Ran {
                     reply,
                     settled: Settled::Released,
                 };
-                return (answer, None);
             }
             Settle::Abandon { reply } => {
                 let rolled_back =
@@ -150,21 +132,17 @@ impl<S: Store> Engine<S> {
                 } else {
                     Settled::Abandoned
                 };
-                return (Answer::Ran { reply, settled }, None);
+                return Answer::Ran { reply, settled };
             }
         };
         match self
             .settle(lease, transaction, Ending::Complete(&response))
             .await
         {
-            Ok(_) => {
-                let kept = self.replay_cache().is_some().then_some(response);
-                let answer = Answer::Ran {
-                    reply,
-                    settled: Settled::Stored,
-                };
-                (answer, kept)
-            }
+            Ok(_) => Answer::Ran {
+                reply,
+                settled: Settled::Stored,
+            },
             Err(SettleError {
                 error,
                 rolled_back: true,
@@ -173,14 +151,13 @@ impl<S: Store> Engine<S> {
                 // they did. A retry is safe either way.
                 tracing::error!(error = %error, route = %job.route, "transactional completion failed; writes rolled back");
                 let retry_after = self.config.policy.retry_after;
-                let answer = if matches!(error, StoreError::LeaseLost) {
+                if matches!(error, StoreError::LeaseLost) {
                     count_lease_lost(&job.route, "complete");
                     Answer::Refused(Refusal::InFlight { retry_after })
                 } else {
                     self.release_in_background(lease.clone());
                     Answer::Refused(Refusal::StoreUnavailable { retry_after })
-                };
-                (answer, None)
+                }
             }
             Err(SettleError {
                 error,
@@ -192,11 +169,10 @@ impl<S: Store> Engine<S> {
                     count_lease_lost(&job.route, "complete");
                 }
                 tracing::error!(error = %error, route = %job.route, "the outcome could not be stored");
-                let answer = Answer::Ran {
+                Answer::Ran {
                     reply,
                     settled: Settled::NotStored,
-                };
-                (answer, None)
+                }
             }
         }
     }

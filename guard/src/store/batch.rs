@@ -650,7 +650,8 @@ impl<S: BatchedStore> Batched<S> {
     ///
     /// The default value is the backend's `DEFAULT_BATCHING` (PostgreSQL:
     /// 256 per statement, two on their way; SQLite: 128 per transaction,
-    /// one on its way; Redis: 64 per pipeline, two on their way).
+    /// one on its way; Redis: off, `redis::PIPELINED_BATCHING` turns on 64
+    /// per pipeline, two on their way).
     pub fn with_batching(self, limits: BatchLimits) -> Self {
         Self::wrap(self.direct, limits)
     }

@@ -171,5 +171,5 @@ async fn redis_publishes_a_records_end_only_when_a_reader_watches_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batched_redis_completions_publish_only_watched_ends() {
-    redis_publishes_only_watched_ends(idempotency_guard::store::redis::DEFAULT_BATCHING).await;
+    redis_publishes_only_watched_ends(idempotency_guard::store::redis::PIPELINED_BATCHING).await;
 }

@@ -357,7 +357,10 @@ async fn every_store_call_loads_its_script_again_after_a_script_flush() {
     let fingerprint = Fingerprint::from_bytes([9; 32]);
     for (name, batching) in [
         ("single", BatchLimits::OFF),
-        ("batched", idempotency_guard::store::redis::DEFAULT_BATCHING),
+        (
+            "batched",
+            idempotency_guard::store::redis::PIPELINED_BATCHING,
+        ),
     ] {
         let store = RedisStore::connect(&server.url(), name)
             .await

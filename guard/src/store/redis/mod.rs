@@ -25,14 +25,18 @@
 //! while it ran (every fresh key without a concurrent duplicate) ends
 //! without a message, so no process receives one per request.
 //!
-//! Claims and completions of concurrent requests are batched
-//! ([`crate::store::batch`]): the claims that queue while one pipeline is
-//! on its way go together in the next (one `SET … NX GET` and `PTTL` per
-//! key, answered per key), completions likewise. On a cluster a batch goes
-//! as one pipeline per primary, each key's slot computed here and placed
-//! by a map of the cluster's slots (`store/redis/slots.rs`); a key that
-//! moved meanwhile answers `MOVED` and is sent again on its own.
-//! [`Batched::with_batching`] tunes or turns it off.
+//! Each claim and completion goes from the caller's task straight onto the
+//! multiplexed connection, which already writes the commands of concurrent
+//! requests together ([`DEFAULT_BATCHING`] is off: a batch worker on the
+//! request path cost more server CPU and context switches than it saved
+//! Redis, docs/BENCHMARKS.md). A store that wants group commit anyway
+//! turns it on with [`Batched::with_batching`] ([`PIPELINED_BATCHING`]):
+//! the claims that queue while one pipeline is on its way then go
+//! together in the next (one `SET … NX GET` and `PTTL` per key, answered
+//! per key), completions likewise. On a cluster such a batch goes as one
+//! pipeline per primary, each key's slot computed here and placed by a map
+//! of the cluster's slots (`store/redis/slots.rs`); a key that moved
+//! meanwhile answers `MOVED` and is sent again on its own.
 //!
 //! Durability is Redis's: with `appendonly yes` and `appendfsync always` a
 //! crash loses nothing; with the defaults, a Redis crash can forget records,
@@ -90,9 +94,19 @@ static TAKE_OVER: LazyLock<Script> = script!("legacy_pack.lua", "legacy.lua", "t
 static ADMIN_FORGET: LazyLock<Script> =
     script!("legacy_pack.lua", "legacy.lua", "admin_forget.lua");
 
-/// The default batching on one Redis: up to 64 claims (or completions)
-/// per pipeline, two pipelines of each on their way at once.
-pub const DEFAULT_BATCHING: BatchLimits = BatchLimits {
+/// The default batching on Redis: none. Each claim and completion goes
+/// from the caller's task onto the multiplexed connection, which pipelines
+/// concurrent requests' commands by itself; a batch worker in between
+/// cost 25–35 % of fresh-key throughput on two cores (issue 40's A/B in
+/// docs/BENCHMARKS.md).
+pub const DEFAULT_BATCHING: BatchLimits = BatchLimits::OFF;
+
+/// Group commit on Redis, for a store that turns it on
+/// ([`Batched::with_batching`]): up to 64 claims (or completions) per
+/// pipeline, two pipelines of each on their way at once. It saves Redis
+/// CPU (one pipeline's bookkeeping for many commands) at the cost of the
+/// server's (a hand-off to the batch worker and back).
+pub const PIPELINED_BATCHING: BatchLimits = BatchLimits {
     max_batch: 64,
     max_in_flight: 2,
 };
@@ -127,8 +141,9 @@ impl Drop for Subscriber {
     }
 }
 
-/// Records in Redis or Redis Cluster, with claims and completions batched
-/// ([`DEFAULT_BATCHING`]): [`RedisRecords`] wrapped in [`Batched`].
+/// Records in Redis or Redis Cluster: [`RedisRecords`] wrapped in
+/// [`Batched`], with batching off unless turned on ([`DEFAULT_BATCHING`],
+/// [`PIPELINED_BATCHING`]).
 pub type RedisStore = Batched<RedisRecords>;
 
 /// Records in Redis or Redis Cluster, each call on its own: the store that
@@ -1404,6 +1419,7 @@ mod tests {
         let store = RedisStore::connect(&url, &prefix)
             .await
             .unwrap()
+            .with_batching(PIPELINED_BATCHING)
             .with_replica_acks(1, Duration::from_millis(5));
         let fingerprint = crate::Fingerprint::from_bytes([3; 32]);
         let names: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
