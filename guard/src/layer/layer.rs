@@ -316,6 +316,7 @@ impl<S: Store> IdempotencyLayer<S> {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl<S: crate::store::TransactionalStore> IdempotencyLayer<S> {
     crate::engine::transactional_settings!(forward_to_engine);
 }

@@ -23,6 +23,8 @@ impl TransactionSlot {
     ) -> Option<Self> {
         match (held, transactions) {
             (None, None) => None,
+            (Some(locked), _) => match locked {},
+            (None, Some(transactions)) => match *transactions {},
         }
     }
 
