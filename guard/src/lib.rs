@@ -37,7 +37,7 @@
 //! | no key, key required (default) | 400 `key-missing` | no |
 //! | no key, key optional | handler's | yes, unguarded |
 //! | key invalid (not 1–255 visible ASCII, malformed sf-string, sent twice) | 400 `key-invalid` | no |
-//! | scope from the app's scope function empty or over 255 bytes | 400 `scope-invalid` | no |
+//! | scope from the app's scope function empty, over 255 bytes or holding a control character | 400 `scope-invalid` | no |
 //! | body over the limit (default 1 MiB) | 413 `body-too-large` | no |
 //! | body cannot be read to its end | 400 `body-unreadable` | no |
 //! | bodies being buffered at once fill the budget (`with_max_buffered_bytes`; off by default) | 503 `body-buffer-full` with `Retry-After` | no |
