@@ -99,7 +99,9 @@ pub enum Refusal {
         retry_after: Duration,
     },
     /// The work ran past the maximum handler time and was cut off.
-    #[error("the work ran past the maximum handler time and was cut off (rolled back: {rolled_back})")]
+    #[error(
+        "the work ran past the maximum handler time and was cut off (rolled back: {rolled_back})"
+    )]
     TimedOut {
         /// Whether its writes were rolled back with the record
         /// (transactional mode): then a retry runs it again, safely.
