@@ -39,6 +39,7 @@ impl TransactionSlot {
 pub(crate) enum Transactions {}
 
 /// Expands to no builders: transactional mode's need PostgreSQL.
+#[allow(unused_macros)]
 macro_rules! transactional_settings {
     ($expand:ident) => {};
 }
