@@ -289,6 +289,12 @@ struct Settings {
     require_sealed: bool,
 }
 
+/// The guard's default retention and maximum handler time, in seconds
+/// (the example keeps both): retention must exceed the maximum handler time
+/// plus the lease.
+const RETENTION_SECS: u64 = 24 * 3600;
+const MAX_HANDLER_SECS: u64 = 600;
+
 /// A variable's value parsed, or its default when unset; the error names
 /// the variable and what it expects.
 fn number(name: &str, default: u64) -> anyhow::Result<u64> {
@@ -344,6 +350,20 @@ impl Settings {
             url,
         };
         settings.store_options().check(SettingNames::ENVIRONMENT)?;
+        // What the guard refuses with a panic when the layer is built: a
+        // lease under one second, and a retention (the default 24 h) not
+        // above the maximum handler time (the default 10 min) plus the lease.
+        anyhow::ensure!(
+            settings.lease >= 1,
+            "LEASE_SECS must be at least 1, not {}",
+            settings.lease
+        );
+        anyhow::ensure!(
+            settings.lease < RETENTION_SECS - MAX_HANDLER_SECS,
+            "LEASE_SECS ({}) plus the maximum handler time ({MAX_HANDLER_SECS} s) must stay \
+             under the retention ({RETENTION_SECS} s)",
+            settings.lease
+        );
         Ok(settings)
     }
 

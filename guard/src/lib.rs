@@ -37,7 +37,7 @@
 //! | no key, key required (default) | 400 `key-missing` | no |
 //! | no key, key optional | handler's | yes, unguarded |
 //! | key invalid (not 1–255 visible ASCII, malformed sf-string, sent twice) | 400 `key-invalid` | no |
-//! | scope from the app's scope function empty or over 255 bytes | 400 `scope-invalid` | no |
+//! | scope from the app's scope function empty, over 255 bytes or holding a control character | 400 `scope-invalid` | no |
 //! | body over the limit (default 1 MiB) | 413 `body-too-large` | no |
 //! | body cannot be read to its end | 400 `body-unreadable` | no |
 //! | bodies being buffered at once fill the budget (`with_max_buffered_bytes`; off by default) | 503 `body-buffer-full` with `Retry-After` | no |
@@ -143,18 +143,33 @@
 //!
 //! # Features
 //!
-//! - `postgres` (default): [`store::postgres::PostgresStore`] and transactional mode.
-//! - `sqlite` (default): [`store::sqlite::SqliteStore`], the embedded default.
-//! - `redis` (default): [`store::redis::RedisStore`] (one Redis or a Redis
-//!   Cluster) and [`store::tiered::TieredStore`] (Redis in front of
-//!   PostgreSQL); turns `postgres` on.
-//! - `prometheus` (default): [`telemetry::install_prometheus`], a recorder
-//!   for the guard's metrics.
-//! - `otel` (off): OpenTelemetry traces: spans for the claim, the handler,
+//! By default the engine, the axum layer and the embedded store (`sqlite`)
+//! and no more; everything else is a feature you name (each item behind one
+//! says which on docs.rs):
+//!
+//! - `sqlite` (default): [`store::sqlite::SqliteStore`], the embedded
+//!   default, and its in-memory form for tests
+//!   ([`SqliteStore::memory`](store::sqlite::SqliteStore::memory)).
+//! - `postgres`: [`store::postgres::PostgresStore`] and transactional mode.
+//! - `redis`: [`store::redis::RedisStore`] (one Redis or a Redis Cluster)
+//!   and [`store::tiered::TieredStore`] (Redis in front of PostgreSQL);
+//!   turns `postgres` on.
+//! - `prometheus`: `telemetry::install_prometheus`, a recorder for the
+//!   guard's metrics (the metrics themselves go through the [`metrics`]
+//!   facade whatever the features).
+//! - `logs`: `telemetry::logs`, plain-text or JSON logs chosen by
+//!   `LOG_FORMAT`.
+//! - `server`: `server::Server`, an accept loop that bounds every client
+//!   connection, and `server::BodyTimeoutLayer`.
+//! - `otel`: OpenTelemetry traces: spans for the claim, the handler,
 //!   every store call and the settlement, carrying the outcome, the route
 //!   and a hash of the key (never the key, never a body); W3C
 //!   `traceparent` continued from incoming requests; an OTLP/HTTP exporter
 //!   (see `telemetry::otel`).
+//! - `openapi`: `utoipa::ToSchema` on [`problem::Problem`].
+//!
+//! At least one store feature (`sqlite`, `postgres` or `redis`) is needed:
+//! without one the build fails with a message naming them.
 //!
 //! # Metrics
 //!
@@ -182,10 +197,12 @@ mod record;
 mod replay;
 mod response;
 #[cfg(feature = "server")]
+#[cfg_attr(docsrs, doc(cfg(feature = "server")))]
 pub mod server;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod transaction {
     //! Transactional mode (PostgreSQL): the handler's writes and its stored
     //! response commit in one transaction (see [`Tx`]). The engine's half is
@@ -210,4 +227,5 @@ pub use replay::{RedactFn, ReplayPolicy};
 pub use response::{IDEMPOTENT_REPLAYED, default_stored_status};
 pub use store::{AnyStore, LeaseToken, Purge, Store, StoreError};
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use transaction::Tx;

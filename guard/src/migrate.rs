@@ -24,6 +24,7 @@ pub const MIGRATIONS_TABLE: &str = "_idempotency_migrations";
 pub struct MigrationError(#[source] pub sqlx::migrate::MigrateError);
 
 /// The table sqlx-cli records migrations in when no `sqlx.toml` names another.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) const SQLX_CLI_MIGRATIONS_TABLE: &str = "_sqlx_migrations";
 
 /// The migrations of `migrations/postgres`. PostgreSQL runs them under an

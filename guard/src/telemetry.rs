@@ -20,8 +20,10 @@ use std::sync::{PoisonError, RwLock};
 use std::time::Instant;
 
 #[cfg(feature = "logs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "logs")))]
 pub mod logs;
 #[cfg(feature = "otel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
 pub mod otel;
 
 use http::HeaderMap;
@@ -231,6 +233,7 @@ pub const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 1
 ///
 /// Never for these buckets (the exporter refuses empty ones).
 #[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub fn prometheus_builder()
 -> Result<metrics_exporter_prometheus::PrometheusBuilder, metrics_exporter_prometheus::BuildError> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
@@ -255,6 +258,7 @@ pub fn prometheus_builder()
 ///
 /// When a global recorder is already installed.
 #[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub fn install_prometheus()
 -> Result<metrics_exporter_prometheus::PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     let handle = prometheus_builder()?.install_recorder()?;

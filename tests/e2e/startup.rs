@@ -113,10 +113,16 @@ const STORE_ROWS: [Row; 5] = [
 
 #[test]
 fn the_payments_example_names_each_bad_setting_on_one_line() {
-    let own: [Row; 7] = [
+    let own: [Row; 9] = [
         (
             &[("LEASE_SECS", "soon")],
             &["LEASE_SECS", "whole number", "soon"],
+        ),
+        // What the layer would refuse with a panic: exit 2 and one line.
+        (&[("LEASE_SECS", "0")], &["LEASE_SECS", "at least 1"]),
+        (
+            &[("LEASE_SECS", "86400")],
+            &["LEASE_SECS", "maximum handler time", "retention"],
         ),
         (
             &[("STORE_TIMEOUT_MS", "-1")],

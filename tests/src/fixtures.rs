@@ -241,6 +241,20 @@ pub async fn sqlite() -> TestDb<SqliteStore> {
     }
 }
 
+/// The in-memory SQLite store (`SqliteStore::memory`: one connection, a
+/// private database), migrated and empty.
+pub async fn sqlite_memory() -> TestDb<SqliteStore> {
+    let store = SqliteStore::memory()
+        .await
+        .expect("open an in-memory SQLite store");
+    let pool = store.pool().clone();
+    TestDb {
+        store,
+        cleanup: vec![],
+        breaker: Breaker::SqlitePool(pool),
+    }
+}
+
 /// A fresh PostgreSQL database (not just a schema), for processes that take
 /// a `DATABASE_URL`; dropped with this value.
 pub struct TestDatabase {

@@ -28,7 +28,7 @@ mod watchdog;
 pub use answer::{Answer, call};
 pub use fixtures::{
     TestDatabase, TestDb, postgres, postgres_database, redis, redis_cluster, redis_replica_acks,
-    sqlite, tiered, valkey,
+    sqlite, sqlite_memory, tiered, valkey,
 };
 pub use partition::Partition;
 pub use postgres_server::PostgresServer;

@@ -71,26 +71,37 @@ pub enum Settled {
 }
 
 /// Why the engine did not run the work (or cannot vouch for its run).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// An error (`std::error::Error`), so `?` takes it into `anyhow::Error` or
+/// `Box<dyn Error>`; match on it to tell a retry later from a conflict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Refusal {
     /// The key was used with another request (another fingerprint).
+    #[error("the key was used with another request")]
     KeyReused,
     /// The first request with this key is still running.
+    #[error("the first request with this key is still running; ask again in {retry_after:?}")]
     InFlight {
         /// When to ask again.
         retry_after: Duration,
     },
     /// An earlier run was abandoned: its effects are unknown.
+    #[error("an earlier run with this key was abandoned: its outcome is unknown")]
     OutcomeUnknown,
     /// The earlier run's outcome was too large to store.
+    #[error("the earlier run's outcome was too large to store")]
     ResponseNotStored,
     /// The store failed or did not answer; the work did not run.
+    #[error("the store is unavailable; the work did not run; try again in {retry_after:?}")]
     StoreUnavailable {
         /// When to try again.
         retry_after: Duration,
     },
     /// The work ran past the maximum handler time and was cut off.
+    #[error(
+        "the work ran past the maximum handler time and was cut off (rolled back: {rolled_back})"
+    )]
     TimedOut {
         /// Whether its writes were rolled back with the record
         /// (transactional mode): then a retry runs it again, safely.
@@ -98,6 +109,7 @@ pub enum Refusal {
     },
     /// The work panicked (or its transactional completion failed and was
     /// rolled back); the key was released.
+    #[error("the work failed; the key was released")]
     Failed,
 }
 

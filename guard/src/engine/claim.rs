@@ -27,6 +27,7 @@ pub(super) enum Acquired<T> {
     Lease(Lease),
     /// Single-commit mode: this run holds the key's lock, and its
     /// uncommitted claim, in this transaction.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Locked(Lease, super::transaction::Locked),
     /// Answer the caller without running.
     Answer(Answer<T>),

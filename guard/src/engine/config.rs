@@ -49,6 +49,7 @@ pub(crate) struct EngineConfig {
     pub(crate) transactions: Option<super::transaction::Transactions>,
     /// Off: only work whose every write goes through its transaction may
     /// be taken over before it began one.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) transactional_claims: bool,
     /// Off: single-commit runs repeat work whose effects are outside their
     /// transaction when a run dies (see `Engine::with_single_commit`).
@@ -231,6 +232,7 @@ macro_rules! as_written {
         $($item)*
     };
 }
+#[cfg_attr(not(feature = "postgres"), allow(unused_imports))]
 pub(crate) use as_written;
 
 impl<S: Store> Engine<S> {

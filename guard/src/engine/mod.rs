@@ -93,6 +93,7 @@ pub(crate) use config::engine_settings;
 pub use drain::Drain;
 pub use job::Job;
 pub(crate) use timed::timed;
+#[cfg_attr(not(feature = "postgres"), allow(unused_imports))]
 pub(crate) use transaction::transactional_settings;
 
 use crate::StoredResponse;
@@ -105,6 +106,7 @@ use transaction::Held;
 #[derive(Debug)]
 pub struct RunContext {
     lease: Option<Lease>,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     slot: Option<transaction::TransactionSlot>,
 }
 

@@ -15,6 +15,7 @@ pub(super) enum Ending<'a> {
     /// (`keep_writes`, a success not to be stored) or roll them back.
     Release {
         /// Whether the work's writes commit.
+        #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
         keep_writes: bool,
     },
     /// Cut off at the maximum handler time: in a transaction, roll back and

@@ -182,7 +182,7 @@ impl<S: Store> IdempotencyLayer<S> {
 
     /// Sets the function that names a request's scope, for example its
     /// tenant or authenticated principal. Keys of two scopes never meet.
-    /// A scope must be 1 to 255 bytes; others are refused with 400
+    /// A scope must be 1 to 255 bytes without a control character; others are refused with 400
     /// `scope-invalid`.
     ///
     /// The default value is one fixed scope, `default`.
@@ -316,6 +316,7 @@ impl<S: Store> IdempotencyLayer<S> {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl<S: crate::store::TransactionalStore> IdempotencyLayer<S> {
     crate::engine::transactional_settings!(forward_to_engine);
 }

@@ -30,15 +30,19 @@ pub enum AnyStore {
 pub enum Backend {
     /// See [`PostgresStore`](crate::store::postgres::PostgresStore).
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     Postgres(crate::store::postgres::PostgresStore),
     /// See [`SqliteStore`](crate::store::sqlite::SqliteStore).
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     Sqlite(crate::store::sqlite::SqliteStore),
     /// See [`RedisStore`](crate::store::redis::RedisStore) (one Redis or a cluster).
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redis(crate::store::redis::RedisStore),
     /// See [`TieredStore`](crate::store::tiered::TieredStore).
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Tiered(crate::store::tiered::TieredStore),
 }
 
@@ -315,17 +319,22 @@ impl AnyStore {
 
     /// Seals this store's responses with `keys` from now on (an
     /// [`EncryptedStore`] around it; a store already sealed takes the new
-    /// keys and keeps its `require_sealed`). Records written before stay
-    /// readable: those in clear as they are (unless
-    /// [`AnyStore::with_require_sealed`] refuses them), sealed ones while
-    /// their key is among `keys`.
+    /// keys and keeps its `require_sealed`). A store in clear becomes one
+    /// that refuses a completed record without the sealed marker
+    /// (`require_sealed` on, the documented default: fail closed); when
+    /// turning encryption on over records stored in clear, follow with
+    /// [`AnyStore::with_require_sealed`]`(false)` until their retention has
+    /// passed. Sealed records stay readable while their key is among
+    /// `keys`.
     ///
     /// Transactional mode is unavailable over the result
     /// ([`TransactionalStore::postgres`](crate::store::TransactionalStore::postgres)
     /// answers `None`): its completion would store the response in clear.
     pub fn with_encryption(self, keys: EncryptionKeys) -> Self {
         match self {
-            Self::Plain(backend) => Self::Sealed(EncryptedStore::new(backend, keys)),
+            Self::Plain(backend) => {
+                Self::Sealed(EncryptedStore::new(backend, keys).with_require_sealed(true))
+            }
             Self::Sealed(sealed) => {
                 let required = sealed.requires_sealed();
                 Self::Sealed(
@@ -340,9 +349,9 @@ impl AnyStore {
     /// [`EncryptedStore::with_require_sealed`]). A store in clear is
     /// returned as it is.
     ///
-    /// The default value is `false` after [`AnyStore::with_encryption`];
-    /// [`AnyStore::open`] applies [`StoreOptions::require_sealed`] (default
-    /// `true`).
+    /// The default value is `true`, after [`AnyStore::with_encryption`] as
+    /// after [`AnyStore::open`] (which applies
+    /// [`StoreOptions::require_sealed`], default `true`).
     #[must_use]
     pub fn with_require_sealed(self, required: bool) -> Self {
         match self {
@@ -419,18 +428,22 @@ macro_rules! from_store {
 
 from_store!(
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     Postgres(crate::store::postgres::PostgresStore)
 );
 from_store!(
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     Sqlite(crate::store::sqlite::SqliteStore)
 );
 from_store!(
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redis(crate::store::redis::RedisStore)
 );
 from_store!(
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Tiered(crate::store::tiered::TieredStore)
 );
 
@@ -539,6 +552,7 @@ impl Purge for AnyStore {
 /// Transactional mode runs over a plain PostgreSQL or tiered backend only:
 /// over a sealed store its completion would store the response in clear.
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl TransactionalStore for AnyStore {
     fn postgres(&self) -> Option<&crate::store::postgres::PostgresStore> {
         match self {

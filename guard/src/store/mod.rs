@@ -12,14 +12,18 @@ use std::time::Duration;
 use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod sql;
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod tiered;
 
 mod any;
@@ -160,6 +164,7 @@ pub enum StoreError {
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> Self {
         Self::Unavailable(Box::new(error))
@@ -265,6 +270,7 @@ pub trait Purge: Store {
 
 /// A store with PostgreSQL behind it, for transactional mode.
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub trait TransactionalStore: Store {
     /// The PostgreSQL store whose transactions commit the work's writes
     /// together with its record; `None` for a runtime choice of store

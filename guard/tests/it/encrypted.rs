@@ -477,3 +477,34 @@ async fn store_options_on_postgres_require_sealed_records_by_default_and_can_all
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     assert_eq!(replay.body, fresh.body);
 }
+
+/// `AnyStore::with_encryption` over a store in clear refuses a record
+/// planted in clear, as `AnyStore::open` does by default (fails when it
+/// leaves `require_sealed` off: the planted record would be replayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_encryption_requires_sealed_records_by_default() {
+    use idempotency_guard::IdempotencyLayer;
+    use idempotency_guard::store::AnyStore;
+    use idempotency_guard::store::sqlite::SqliteStore;
+
+    let plain = AnyStore::from(SqliteStore::memory().await.unwrap());
+    assert_eq!(plain.requires_sealed(), None, "a store in clear");
+    let body = r#"{"amount":7}"#;
+    plant_in_clear(&plain, "planted", body).await;
+
+    let sealed = plain.with_encryption(keys(KEY_A));
+    assert_eq!(sealed.requires_sealed(), Some(true));
+    let (router, runs) = crate::support::app(IdempotencyLayer::new(sealed.clone()));
+    let answer = crate::support::send(&router, "planted", body).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.problem(), "store-unavailable");
+    assert_eq!(runs.get(), 0, "neither replayed nor run");
+
+    // Told to, it replays the records stored in clear.
+    let lenient = sealed.with_require_sealed(false);
+    assert_eq!(lenient.requires_sealed(), Some(false));
+    let (router, runs) = crate::support::app(IdempotencyLayer::new(lenient));
+    let answer = crate::support::send(&router, "planted", body).await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    assert_eq!(runs.get(), 0);
+}

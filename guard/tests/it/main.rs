@@ -39,6 +39,9 @@ mod transactional;
 
 store_suite!(postgres_store, idempotency_tests::postgres);
 store_suite!(sqlite_store, idempotency_tests::sqlite);
+// `SqliteStore::memory()`, the store for users' tests: one connection to a
+// private in-memory database.
+store_suite!(memory_store, idempotency_tests::sqlite_memory);
 store_suite!(redis_store, idempotency_tests::redis);
 store_suite!(redis_cluster_store, idempotency_tests::redis_cluster);
 store_suite!(tiered_store, idempotency_tests::tiered);
@@ -53,6 +56,7 @@ store_suite!(
 
 batching_suite!(postgres_batching, idempotency_tests::postgres);
 batching_suite!(sqlite_batching, idempotency_tests::sqlite);
+batching_suite!(memory_batching, idempotency_tests::sqlite_memory);
 batching_suite!(redis_batching, idempotency_tests::redis);
 batching_suite!(valkey_batching, idempotency_tests::valkey);
 batching_suite!(
@@ -62,6 +66,7 @@ batching_suite!(
 
 engine_suite!(postgres_engine, idempotency_tests::postgres);
 engine_suite!(sqlite_engine, idempotency_tests::sqlite);
+engine_suite!(memory_engine, idempotency_tests::sqlite_memory);
 engine_suite!(redis_engine, idempotency_tests::redis);
 engine_suite!(redis_cluster_engine, idempotency_tests::redis_cluster);
 engine_suite!(tiered_engine, idempotency_tests::tiered);
@@ -73,6 +78,7 @@ engine_suite!(
 
 guard_suite!(postgres_guard, idempotency_tests::postgres);
 guard_suite!(sqlite_guard, idempotency_tests::sqlite);
+guard_suite!(memory_guard, idempotency_tests::sqlite_memory);
 guard_suite!(redis_guard, idempotency_tests::redis);
 guard_suite!(tiered_guard, idempotency_tests::tiered);
 guard_suite!(valkey_guard, idempotency_tests::valkey);
@@ -83,6 +89,7 @@ guard_suite!(redis_cluster_guard, idempotency_tests::redis_cluster, outages: [])
 
 admin_suite!(postgres_admin, idempotency_tests::postgres);
 admin_suite!(sqlite_admin, idempotency_tests::sqlite);
+admin_suite!(memory_admin, idempotency_tests::sqlite_memory);
 admin_suite!(redis_admin, idempotency_tests::redis);
 admin_suite!(redis_cluster_admin, idempotency_tests::redis_cluster);
 admin_suite!(tiered_admin, idempotency_tests::tiered);

@@ -23,6 +23,8 @@ impl TransactionSlot {
     ) -> Option<Self> {
         match (held, transactions) {
             (None, None) => None,
+            (Some(locked), _) => match locked {},
+            (None, Some(transactions)) => match *transactions {},
         }
     }
 
@@ -37,6 +39,7 @@ impl TransactionSlot {
 pub(crate) enum Transactions {}
 
 /// Expands to no builders: transactional mode's need PostgreSQL.
+#[allow(unused_macros)]
 macro_rules! transactional_settings {
     ($expand:ident) => {};
 }

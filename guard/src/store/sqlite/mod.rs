@@ -127,6 +127,53 @@ impl SqliteStore {
         Ok(Self::new(pool))
     }
 
+    /// A store in memory, migrated and empty: **for tests and
+    /// single-process tools only, never for production** (its records are
+    /// lost when the store, or the process, ends; no other process sees
+    /// them).
+    ///
+    /// It is the SQLite store, so it behaves as the file-backed one does
+    /// (it passes the same store, engine and guard suites), over one
+    /// connection to a private `sqlite::memory:` database that the pool
+    /// never closes. (Each pooled connection to `sqlite::memory:` would
+    /// open a database of its own: one connection is what keeps every call
+    /// on the same records.) Each call opens a new, separate database, so
+    /// tests that each call it do not see each other's keys.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), idempotency_guard::StoreError> {
+    /// use idempotency_guard::{IdempotencyLayer, store::sqlite::SqliteStore};
+    ///
+    /// let store = SqliteStore::memory().await?;
+    /// let layer = IdempotencyLayer::new(store);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the database cannot be opened or
+    /// migrated.
+    pub async fn memory() -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str("sqlite::memory:")?;
+        // One connection that lives as long as the pool: closing it would
+        // drop the database.
+        let pool = SqlitePoolOptions::new()
+            .min_connections(1)
+            .max_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .acquire_timeout(Duration::from_secs(5))
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await?;
+        let store = Self::new(pool);
+        store
+            .migrate()
+            .await
+            .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+        Ok(store)
+    }
+
     /// The pool the store uses.
     pub fn pool(&self) -> &SqlitePool {
         &self.direct().pool
