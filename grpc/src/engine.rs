@@ -6,7 +6,7 @@
 use std::future::Future;
 
 use futures_util::FutureExt;
-use idempotency_guard::engine::{Answer, Job, Refusal, Settle};
+use idempotency_guard::engine::{Answer, Job, Refusal, RunContext, Settle};
 use idempotency_guard::{Engine, Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 
 use crate::refusal::GrpcRefusal;
@@ -64,8 +64,9 @@ pub(crate) fn fingerprint(method: &str, message: &[u8]) -> Fingerprint {
     Fingerprint::of_bytes(&input)
 }
 
-/// Runs `work` at most once for `call`'s key on `engine`; answers with how
-/// it ended and the `outcome` label of the guard's metrics.
+/// Runs `work` at most once for `call`'s key on `engine` (handing it the
+/// run's context: its transaction in transactional mode); answers with
+/// how it ended and the `outcome` label of the guard's metrics.
 ///
 /// The record shows method `POST` (gRPC's HTTP method) and the full method
 /// name as its path, so the key-status service answers for gRPC keys as
@@ -77,7 +78,7 @@ pub(crate) fn run<S, F, Fut, T>(
 ) -> impl Future<Output = (Ended<T>, &'static str)>
 where
     S: Store,
-    F: FnOnce() -> Fut + Send + 'static,
+    F: FnOnce(RunContext) -> Fut + Send + 'static,
     Fut: Future<Output = Ending<T>> + Send + 'static,
     T: Send + 'static,
 {
@@ -86,8 +87,8 @@ where
         .with_request("POST", call.method)
         .with_route(call.method);
     engine
-        .run(job, move |_context| {
-            work().map(|ending| match ending {
+        .run(job, move |context| {
+            work(context).map(|ending| match ending {
                 Ending::Keep {
                     stored: Some(response),
                     reply,

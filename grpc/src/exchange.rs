@@ -12,11 +12,13 @@
 //! are encoded as the record's headers are (`name: value\r\n`).
 
 use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
-use http_body::{Body as HttpBody, Frame};
+use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use idempotency_guard::{IDEMPOTENT_REPLAYED, StoredResponse};
 use tonic::Code;
@@ -202,16 +204,15 @@ impl Exchange {
     }
 
     /// The answer as a response, marked `idempotent-replayed: true` when
-    /// `replayed`.
+    /// `replayed`, framed as tonic's own server frames it: an answer
+    /// without message and trailers (a status in the headers) is
+    /// trailers-only, one HEADERS frame with END_STREAM; any other is the
+    /// headers, the message, then the trailers that end the stream.
     pub(crate) fn into_response(self, replayed: bool) -> Response<tonic::body::Body> {
-        let mut frames: Vec<Result<Frame<Bytes>, Infallible>> = Vec::with_capacity(2);
-        if !self.message.is_empty() {
-            frames.push(Ok(Frame::data(self.message)));
-        }
-        if let Some(trailers) = self.trailers {
-            frames.push(Ok(Frame::trailers(trailers)));
-        }
-        let body = tonic::body::Body::new(StreamBody::new(futures_util::stream::iter(frames)));
+        let body = tonic::body::Body::new(AnswerBody {
+            message: (!self.message.is_empty()).then_some(self.message),
+            trailers: self.trailers,
+        });
         let mut response = Response::new(body);
         *response.headers_mut() = self.headers;
         if replayed {
@@ -221,6 +222,41 @@ impl Exchange {
             );
         }
         response
+    }
+}
+
+/// A captured answer's body: its message, then its trailers. It reports
+/// its end and its exact size, so hyper ends the stream on the last frame
+/// it has (on the headers when it has none: trailers-only); a body that
+/// cannot tell its end (a `StreamBody`) makes hyper send an empty DATA
+/// frame with END_STREAM after a status in the headers, which gRPC C-core
+/// clients (`grpcio`) read as `UNKNOWN`.
+struct AnswerBody {
+    message: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl HttpBody for AnswerBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let frame = match self.message.take() {
+            Some(message) => Some(Frame::data(message)),
+            None => self.trailers.take().map(Frame::trailers),
+        };
+        Poll::Ready(frame.map(Ok))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.message.is_none() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.message.as_ref().map_or(0, |m| m.len() as u64))
     }
 }
 

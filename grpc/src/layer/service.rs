@@ -234,7 +234,9 @@ where
         let (inner, stored_limit) = (self.inner, self.config.stored_response_limit);
         let key = key.into_string();
         let work_key = key.clone();
-        let (ended, outcome) = engine::run(&self.engine, call, move || {
+        let retry_after = self.engine.retry_after();
+        let (ended, outcome) = engine::run(&self.engine, call, move |context| {
+            let request = with_run(request, context, &work_key, retry_after);
             run_method(inner, request, stored_limit, work_key)
         })
         .await;
@@ -254,6 +256,34 @@ where
         };
         (outcome, result)
     }
+}
+
+/// The request with the run in its extensions: the method's way to the
+/// run's transaction ([`crate::tx`]).
+#[cfg(feature = "postgres")]
+fn with_run(
+    mut request: Request<tonic::body::Body>,
+    context: idempotency_guard::engine::RunContext,
+    key: &str,
+    retry_after: std::time::Duration,
+) -> Request<tonic::body::Body> {
+    request.extensions_mut().insert(crate::tx::CallRun::new(
+        context,
+        key.to_owned(),
+        retry_after,
+    ));
+    request
+}
+
+/// Without PostgreSQL there is no transaction to hand on.
+#[cfg(not(feature = "postgres"))]
+fn with_run(
+    request: Request<tonic::body::Body>,
+    _context: idempotency_guard::engine::RunContext,
+    _key: &str,
+    _retry_after: std::time::Duration,
+) -> Request<tonic::body::Body> {
+    request
 }
 
 /// Reads the key from the metadata entry `name`: one entry, parsed as the
