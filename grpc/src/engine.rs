@@ -7,6 +7,7 @@ use std::future::Future;
 
 use futures_util::FutureExt;
 use idempotency_guard::engine::{Answer, Job, Refusal, RunContext, Settle};
+use idempotency_guard::telemetry::Outcome;
 use idempotency_guard::{Engine, Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 
 use crate::refusal::GrpcRefusal;
@@ -75,7 +76,7 @@ pub(crate) fn run<S, F, Fut, T>(
     engine: &Engine<S>,
     call: Call<'_>,
     work: F,
-) -> impl Future<Output = (Ended<T>, &'static str)>
+) -> impl Future<Output = (Ended<T>, Outcome)>
 where
     S: Store,
     F: FnOnce(RunContext) -> Fut + Send + 'static,
@@ -110,7 +111,7 @@ where
             })
         })
         .map(move |answer| {
-            let outcome = answer.outcome().as_str();
+            let outcome = answer.outcome();
             let ended = match answer {
                 Answer::Ran { reply, .. } => Ended::Ran(reply),
                 Answer::Replay(stored) => Ended::Replay(stored),

@@ -13,6 +13,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -20,6 +21,7 @@ use futures_util::StreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
+use idempotency_guard::headers::{EXCLUDED_BY_DEFAULT, headers_to_store};
 use idempotency_guard::{IDEMPOTENT_REPLAYED, StoredResponse};
 use tonic::Code;
 
@@ -34,23 +36,20 @@ const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const VERSION: u8 = 1;
 const HAS_TRAILERS: u8 = 1;
 
-/// What is never stored nor replayed: the fields HTTP/2 forbids (RFC 9113
-/// section 8.2.2), `Date` (stale on replay), `Set-Cookie` (a session is not
-/// a result), `Content-Length` (the frames carry their own) and the
-/// guard's own markers.
-static NOT_KEPT: [HeaderName; 11] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::TE,
-    header::TRAILER,
-    header::DATE,
-    header::SET_COOKIE,
-    header::CONTENT_LENGTH,
-    HeaderName::from_static(FINAL_STATUS),
-];
+/// What is never stored nor replayed: the guard's own rules (the
+/// hop-by-hop fields, which HTTP/2 forbids, and
+/// [`EXCLUDED_BY_DEFAULT`](idempotency_guard::headers::EXCLUDED_BY_DEFAULT):
+/// `Date`, `Set-Cookie`), `Content-Length` (the frames carry their own)
+/// and the guard's own markers.
+static NOT_KEPT: LazyLock<Vec<HeaderName>> = LazyLock::new(|| {
+    let mut names = EXCLUDED_BY_DEFAULT.to_vec();
+    names.extend([
+        header::CONTENT_LENGTH,
+        HeaderName::from_static(FINAL_STATUS),
+        IDEMPOTENT_REPLAYED.clone(),
+    ]);
+    names
+});
 
 /// One captured answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -162,7 +161,7 @@ impl Exchange {
         body.put_u32(u32::try_from(self.message.len()).unwrap_or(u32::MAX));
         body.put_slice(&self.message);
         if let Some(trailers) = &self.trailers {
-            for (name, value) in kept(trailers) {
+            for (name, value) in &kept(trailers) {
                 body.put_slice(name.as_str().as_bytes());
                 body.put_slice(b": ");
                 body.put_slice(value.as_bytes());
@@ -171,9 +170,7 @@ impl Exchange {
         }
         StoredResponse {
             status: StatusCode::OK,
-            headers: kept(&self.headers)
-                .map(|(name, value)| (name.clone(), value.clone()))
-                .collect(),
+            headers: kept(&self.headers),
             body: Some(body.freeze()),
         }
     }
@@ -261,9 +258,8 @@ impl HttpBody for AnswerBody {
 }
 
 /// The fields of `map` that are kept.
-fn kept(map: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-    map.iter()
-        .filter(|(name, _)| !NOT_KEPT.contains(name) && **name != IDEMPOTENT_REPLAYED)
+fn kept(map: &HeaderMap) -> HeaderMap {
+    headers_to_store(map, &NOT_KEPT)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 
 mod calls;
 mod clients;
+mod counting;
 mod framing;
 mod matrix;
 mod python;
@@ -107,4 +108,10 @@ mod grpcio_matrix {
 async fn transactional_mode_on_postgres() {
     let db = idempotency_tests::postgres().await;
     crate::transactional::the_methods_writes_commit_with_its_stored_answer(db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn counted_once() {
+    let db = idempotency_tests::sqlite().await;
+    crate::counting::each_guarded_call_is_counted_once(db.store.clone()).await;
 }
