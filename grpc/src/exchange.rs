@@ -341,6 +341,31 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_body_reports_its_end_so_a_status_alone_is_trailers_only() {
+        let body = |message: &'static [u8], trailers: bool| AnswerBody {
+            message: (!message.is_empty()).then(|| Bytes::from_static(message)),
+            trailers: trailers.then(HeaderMap::new),
+        };
+        // A status in the headers, nothing else: ended before any frame.
+        assert!(body(b"", false).is_end_stream());
+        assert_eq!(body(b"", false).size_hint().exact(), Some(0));
+        // A message and trailers: the data, then the trailers, then the end.
+        let mut answer = body(b"\0\0\0\0\x01a", true);
+        assert!(!answer.is_end_stream());
+        assert_eq!(answer.size_hint().exact(), Some(6));
+        // Every frame is ready at once: polled without a runtime.
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut frames = Vec::new();
+        while let Poll::Ready(Some(frame)) = Pin::new(&mut answer).poll_frame(&mut cx) {
+            frames.push(frame.unwrap());
+        }
+        assert_eq!(frames.len(), 2);
+        assert!(frames[0].is_data());
+        assert!(frames[1].is_trailers());
+        assert!(answer.is_end_stream());
+    }
+
+    #[test]
     fn a_record_this_crate_did_not_write_is_refused() {
         assert!(Exchange::from_stored(StoredResponse::from_bytes("{}")).is_none());
         let mut truncated = exchange(true).to_stored();
