@@ -18,7 +18,7 @@ use idempotency_tests::TestDb;
 use tonic::Code;
 
 use crate::clients::{CallSpec, Seen, grpcio_calls, tonic_calls};
-use crate::server::{TestServer, handler_status, start};
+use crate::server::{TestServer, handler_status, start, start_limited};
 
 /// Which client a pass of the matrix goes through.
 #[derive(Debug, Clone, Copy)]
@@ -267,6 +267,50 @@ async fn outcome_unknown(server: &TestServer, client: Client, tag: &str) {
     assert_eq!(server.runs.of(&account), 0);
 }
 
+/// `body-too-large` (a request message over the layer's limit) and
+/// `response-not-stored` (the first call's answer over the stored-answer
+/// limit: sent to it whole, later calls refused), twice each, on a server
+/// whose limits are those of [`LIMITS`].
+async fn over_the_limits(server: &TestServer, client: Client, tag: &str) {
+    let (request_limit, _) = LIMITS;
+    let mut large = CallSpec::new(&format!("ok:{tag}-large"), Some(&format!("{tag}-large")));
+    large.account.push_str(&"x".repeat(request_limit));
+    let account = format!("ok:{tag}-big-answer");
+    let key = format!("{tag}-big-answer");
+    let call = CallSpec::new(&account, Some(&key));
+    let seen = client
+        .calls(
+            server,
+            &[large.clone(), large, call.clone(), call.clone(), call],
+        )
+        .await;
+    let too_large = GrpcRefusal::BodyTooLarge {
+        limit: request_limit,
+    };
+    for (answer, attempt) in seen[..2].iter().zip(["fresh", "again"]) {
+        Expect::refusal(&too_large).check(answer, &format!("{client:?}: body-too-large {attempt}"));
+    }
+    assert_eq!(
+        seen[2].code, 0,
+        "{client:?}: the first caller gets its answer: {:?}",
+        seen[2]
+    );
+    assert!(seen[2].body.is_some());
+    let not_stored = GrpcRefusal::ResponseNotStored { key };
+    for (answer, attempt) in seen[3..].iter().zip(["fresh", "again"]) {
+        Expect::refusal(&not_stored).check(
+            answer,
+            &format!("{client:?}: response-not-stored {attempt}"),
+        );
+    }
+    assert_eq!(server.runs.of(&account), 1);
+}
+
+/// The request limit and the stored-answer limit of the server of
+/// [`over_the_limits`]: a payment's answer (about 60 bytes) is over the
+/// second.
+const LIMITS: (usize, usize) = (200, 20);
+
 /// `store-unavailable`, twice.
 async fn store_unavailable(server: &TestServer, retry_after: Duration, client: Client, tag: &str) {
     let account = format!("ok:{tag}-broken");
@@ -292,6 +336,7 @@ pub(crate) async fn every_path_reads_the_same_through_grpcio_and_tonic<S: Store>
     let server = start(engine).await;
     let cut_off = Engine::new(db.store.clone()).with_max_handler_time(Duration::from_millis(300));
     let cut_off = start(cut_off).await;
+    let limited = start_limited(Engine::new(db.store.clone()), LIMITS.0, LIMITS.1).await;
     let run = uuid::Uuid::new_v4().simple().to_string();
     for client in [Client::Grpcio, Client::Tonic] {
         let tag = format!("{run}-{client:?}");
@@ -299,6 +344,7 @@ pub(crate) async fn every_path_reads_the_same_through_grpcio_and_tonic<S: Store>
         ok_and_replay(&server, client, &tag).await;
         in_flight(&server, retry_after, client, &tag).await;
         outcome_unknown(&cut_off, client, &tag).await;
+        over_the_limits(&limited, client, &tag).await;
     }
     db.break_store().await;
     let store_timeout = Duration::from_millis(500);

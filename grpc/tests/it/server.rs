@@ -292,8 +292,47 @@ pub(crate) async fn start<S: Store>(engine: Engine<S>) -> TestServer {
     start_behind(engine, tower::layer::util::Identity::new()).await
 }
 
+/// [`start`] with the layer's limits set: the largest request message and
+/// the largest answer kept for replay.
+pub(crate) async fn start_limited<S: Store>(
+    engine: Engine<S>,
+    request_limit: usize,
+    stored_limit: usize,
+) -> TestServer {
+    start_configured(engine, tower::layer::util::Identity::new(), move |layer| {
+        layer
+            .with_request_limit(request_limit)
+            .with_stored_response_limit(stored_limit)
+    })
+    .await
+}
+
 /// [`start`] with `outer` in front of the guard.
 pub(crate) async fn start_behind<S, L>(engine: Engine<S>, outer: L) -> TestServer
+where
+    S: Store,
+    L: tower::Layer<idempotency_grpc::GrpcIdempotencyService<S, tonic::service::Routes>>
+        + Clone
+        + Send
+        + 'static,
+    L::Service: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Future: Send,
+{
+    start_configured(engine, outer, |layer| layer).await
+}
+
+/// [`start_behind`], the layer as `configure` sets it.
+async fn start_configured<S, L>(
+    engine: Engine<S>,
+    outer: L,
+    configure: impl FnOnce(GrpcIdempotencyLayer<S>) -> GrpcIdempotencyLayer<S>,
+) -> TestServer
 where
     S: Store,
     L: tower::Layer<idempotency_grpc::GrpcIdempotencyService<S, tonic::service::Routes>>
@@ -319,6 +358,7 @@ where
                 .unwrap_or("default")
                 .to_owned()
         });
+    let layer = configure(layer);
     let service = PaymentsServer::new(Service {
         runs: runs.clone(),
         gates: gates.clone(),
