@@ -6,7 +6,8 @@
 use std::future::Future;
 
 use futures_util::FutureExt;
-use idempotency_guard::engine::{Answer, Job, Refusal, Settle};
+use idempotency_guard::engine::{Answer, Job, Refusal, RunContext, Settle};
+use idempotency_guard::telemetry::Outcome;
 use idempotency_guard::{Engine, Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 
 use crate::refusal::GrpcRefusal;
@@ -64,8 +65,9 @@ pub(crate) fn fingerprint(method: &str, message: &[u8]) -> Fingerprint {
     Fingerprint::of_bytes(&input)
 }
 
-/// Runs `work` at most once for `call`'s key on `engine`; answers with how
-/// it ended and the `outcome` label of the guard's metrics.
+/// Runs `work` at most once for `call`'s key on `engine` (handing it the
+/// run's context: its transaction in transactional mode); answers with
+/// how it ended and the `outcome` label of the guard's metrics.
 ///
 /// The record shows method `POST` (gRPC's HTTP method) and the full method
 /// name as its path, so the key-status service answers for gRPC keys as
@@ -74,10 +76,10 @@ pub(crate) fn run<S, F, Fut, T>(
     engine: &Engine<S>,
     call: Call<'_>,
     work: F,
-) -> impl Future<Output = (Ended<T>, &'static str)>
+) -> impl Future<Output = (Ended<T>, Outcome)>
 where
     S: Store,
-    F: FnOnce() -> Fut + Send + 'static,
+    F: FnOnce(RunContext) -> Fut + Send + 'static,
     Fut: Future<Output = Ending<T>> + Send + 'static,
     T: Send + 'static,
 {
@@ -86,8 +88,8 @@ where
         .with_request("POST", call.method)
         .with_route(call.method);
     engine
-        .run(job, move |_context| {
-            work().map(|ending| match ending {
+        .run(job, move |context| {
+            work(context).map(|ending| match ending {
                 Ending::Keep {
                     stored: Some(response),
                     reply,
@@ -109,7 +111,7 @@ where
             })
         })
         .map(move |answer| {
-            let outcome = answer.outcome().as_str();
+            let outcome = answer.outcome();
             let ended = match answer {
                 Answer::Ran { reply, .. } => Ended::Ran(reply),
                 Answer::Replay(stored) => Ended::Replay(stored),

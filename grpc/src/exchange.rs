@@ -12,12 +12,16 @@
 //! are encoded as the record's headers are (`name: value\r\n`).
 
 use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::LazyLock;
+use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
-use http_body::{Body as HttpBody, Frame};
+use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
+use idempotency_guard::headers::{EXCLUDED_BY_DEFAULT, headers_to_store};
 use idempotency_guard::{IDEMPOTENT_REPLAYED, StoredResponse};
 use tonic::Code;
 
@@ -32,23 +36,20 @@ const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const VERSION: u8 = 1;
 const HAS_TRAILERS: u8 = 1;
 
-/// What is never stored nor replayed: the fields HTTP/2 forbids (RFC 9113
-/// section 8.2.2), `Date` (stale on replay), `Set-Cookie` (a session is not
-/// a result), `Content-Length` (the frames carry their own) and the
-/// guard's own markers.
-static NOT_KEPT: [HeaderName; 11] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::TE,
-    header::TRAILER,
-    header::DATE,
-    header::SET_COOKIE,
-    header::CONTENT_LENGTH,
-    HeaderName::from_static(FINAL_STATUS),
-];
+/// What is never stored nor replayed: the guard's own rules (the
+/// hop-by-hop fields, which HTTP/2 forbids, and
+/// [`EXCLUDED_BY_DEFAULT`](idempotency_guard::headers::EXCLUDED_BY_DEFAULT):
+/// `Date`, `Set-Cookie`), `Content-Length` (the frames carry their own)
+/// and the guard's own markers.
+static NOT_KEPT: LazyLock<Vec<HeaderName>> = LazyLock::new(|| {
+    let mut names = EXCLUDED_BY_DEFAULT.to_vec();
+    names.extend([
+        header::CONTENT_LENGTH,
+        HeaderName::from_static(FINAL_STATUS),
+        IDEMPOTENT_REPLAYED.clone(),
+    ]);
+    names
+});
 
 /// One captured answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -160,7 +161,7 @@ impl Exchange {
         body.put_u32(u32::try_from(self.message.len()).unwrap_or(u32::MAX));
         body.put_slice(&self.message);
         if let Some(trailers) = &self.trailers {
-            for (name, value) in kept(trailers) {
+            for (name, value) in &kept(trailers) {
                 body.put_slice(name.as_str().as_bytes());
                 body.put_slice(b": ");
                 body.put_slice(value.as_bytes());
@@ -169,9 +170,7 @@ impl Exchange {
         }
         StoredResponse {
             status: StatusCode::OK,
-            headers: kept(&self.headers)
-                .map(|(name, value)| (name.clone(), value.clone()))
-                .collect(),
+            headers: kept(&self.headers),
             body: Some(body.freeze()),
         }
     }
@@ -202,16 +201,15 @@ impl Exchange {
     }
 
     /// The answer as a response, marked `idempotent-replayed: true` when
-    /// `replayed`.
+    /// `replayed`, framed as tonic's own server frames it: an answer
+    /// without message and trailers (a status in the headers) is
+    /// trailers-only, one HEADERS frame with END_STREAM; any other is the
+    /// headers, the message, then the trailers that end the stream.
     pub(crate) fn into_response(self, replayed: bool) -> Response<tonic::body::Body> {
-        let mut frames: Vec<Result<Frame<Bytes>, Infallible>> = Vec::with_capacity(2);
-        if !self.message.is_empty() {
-            frames.push(Ok(Frame::data(self.message)));
-        }
-        if let Some(trailers) = self.trailers {
-            frames.push(Ok(Frame::trailers(trailers)));
-        }
-        let body = tonic::body::Body::new(StreamBody::new(futures_util::stream::iter(frames)));
+        let body = tonic::body::Body::new(AnswerBody {
+            message: (!self.message.is_empty()).then_some(self.message),
+            trailers: self.trailers,
+        });
         let mut response = Response::new(body);
         *response.headers_mut() = self.headers;
         if replayed {
@@ -224,10 +222,44 @@ impl Exchange {
     }
 }
 
+/// A captured answer's body: its message, then its trailers. It reports
+/// its end and its exact size, so hyper ends the stream on the last frame
+/// it has (on the headers when it has none: trailers-only); a body that
+/// cannot tell its end (a `StreamBody`) makes hyper send an empty DATA
+/// frame with END_STREAM after a status in the headers, which gRPC C-core
+/// clients (`grpcio`) read as `UNKNOWN`.
+struct AnswerBody {
+    message: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl HttpBody for AnswerBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let frame = match self.message.take() {
+            Some(message) => Some(Frame::data(message)),
+            None => self.trailers.take().map(Frame::trailers),
+        };
+        Poll::Ready(frame.map(Ok))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.message.is_none() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.message.as_ref().map_or(0, |m| m.len() as u64))
+    }
+}
+
 /// The fields of `map` that are kept.
-fn kept(map: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-    map.iter()
-        .filter(|(name, _)| !NOT_KEPT.contains(name) && **name != IDEMPOTENT_REPLAYED)
+fn kept(map: &HeaderMap) -> HeaderMap {
+    headers_to_store(map, &NOT_KEPT)
 }
 
 #[cfg(test)]
@@ -306,6 +338,31 @@ mod tests {
                 .get(FINAL_STATUS)
                 .is_none()
         );
+    }
+
+    #[test]
+    fn an_answer_body_reports_its_end_so_a_status_alone_is_trailers_only() {
+        let body = |message: &'static [u8], trailers: bool| AnswerBody {
+            message: (!message.is_empty()).then(|| Bytes::from_static(message)),
+            trailers: trailers.then(HeaderMap::new),
+        };
+        // A status in the headers, nothing else: ended before any frame.
+        assert!(body(b"", false).is_end_stream());
+        assert_eq!(body(b"", false).size_hint().exact(), Some(0));
+        // A message and trailers: the data, then the trailers, then the end.
+        let mut answer = body(b"\0\0\0\0\x01a", true);
+        assert!(!answer.is_end_stream());
+        assert_eq!(answer.size_hint().exact(), Some(6));
+        // Every frame is ready at once: polled without a runtime.
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut frames = Vec::new();
+        while let Poll::Ready(Some(frame)) = Pin::new(&mut answer).poll_frame(&mut cx) {
+            frames.push(frame.unwrap());
+        }
+        assert_eq!(frames.len(), 2);
+        assert!(frames[0].is_data());
+        assert!(frames[1].is_trailers());
+        assert!(answer.is_end_stream());
     }
 
     #[test]

@@ -16,6 +16,8 @@
 //!   Streaming methods pass through untouched.
 //! - [`run`]: for a key carried in the request message (Google's AIP-155
 //!   `request_id`), called by the typed handler, on the same engine.
+//! - [`tx`] (PostgreSQL, transactional mode): the method's writes commit
+//!   together with its stored answer, or roll back with a released key.
 //!
 //! # What a call gets
 //!
@@ -24,8 +26,8 @@
 //! | new key | the method's answer, stored before it is sent (if [`outcome::keep`] says so) | yes, once |
 //! | same key, same method and message, answer stored | the stored metadata, message and trailers (`grpc-status`, `grpc-message`, `grpc-status-details-bin`), byte for byte, plus `idempotent-replayed: true` | no |
 //! | same key, another method or message | `FAILED_PRECONDITION` `key-reused` | no |
-//! | same key, first call still running | `ABORTED` `request-in-flight` + `RetryInfo` (or, with the engine set to wait, the replay once the first ends) | no |
-//! | same key, earlier run abandoned or cut off | `ABORTED` `outcome-unknown`, no `RetryInfo` | no |
+//! | same key, first call still running | `UNAVAILABLE` `request-in-flight` + `RetryInfo` (or, with the engine set to wait, the replay once the first ends) | no |
+//! | same key, earlier run abandoned or cut off | `FAILED_PRECONDITION` `outcome-unknown`, no `RetryInfo` | no |
 //! | store unreachable | `UNAVAILABLE` `store-unavailable` + `RetryInfo` | no (fails closed) |
 //!
 //! The guard's own answers carry `google.rpc.ErrorInfo` (`domain`
@@ -35,6 +37,12 @@
 //! `RESOURCE_EXHAUSTED`, `ABORTED`, `INTERNAL`, `UNKNOWN`, `CANCELLED` and
 //! a failed decode release the key; a handler marks a status final with
 //! [`mark_final`].
+//!
+//! Every `UNAVAILABLE` the guard answers is safe to resend with the same
+//! key, and an unknown outcome is `FAILED_PRECONDITION`: a client's
+//! `retryPolicy` with `retryableStatusCodes: ["UNAVAILABLE"]` absorbs the
+//! in-flight refusal and never resends an unknown outcome (see [`refusal`]
+//! for why, and the README for the service config).
 //!
 //! # Fingerprint
 //!
@@ -56,6 +64,8 @@ mod layer;
 pub mod outcome;
 pub mod refusal;
 mod request_id;
+#[cfg(feature = "postgres")]
+pub mod tx;
 
 pub use layer::{
     CallScope, GrpcIdempotencyLayer, GrpcIdempotencyService, IDEMPOTENCY_KEY_METADATA,
@@ -64,3 +74,5 @@ pub use layer::{
 pub use outcome::{FINAL_STATUS, mark_final};
 pub use refusal::{DOMAIN, GrpcRefusal};
 pub use request_id::run;
+#[cfg(feature = "postgres")]
+pub use tx::tx;

@@ -11,7 +11,8 @@
 //!
 //! A handler cut off by the guard's own bound (the engine's maximum handler
 //! time) is not in this table: its record is abandoned and later calls get
-//! `ABORTED` with reason `outcome-unknown` (see [`crate::refusal`]).
+//! `FAILED_PRECONDITION` with reason `outcome-unknown` (see
+//! [`crate::refusal`]).
 
 use tonic::{Code, Status};
 

@@ -13,28 +13,56 @@
 //! | request message over the limit | `RESOURCE_EXHAUSTED` | `body-too-large` | no |
 //! | request stream broke off | `CANCELLED` | `body-unreadable` | no |
 //! | key used with another request | `FAILED_PRECONDITION` | `key-reused` | no |
-//! | first call with the key still running | `ABORTED` | `request-in-flight` | yes |
-//! | earlier run abandoned, or this one cut off at the maximum handler time | `ABORTED` | `outcome-unknown` | no |
+//! | first call with the key still running | `UNAVAILABLE` | `request-in-flight` | yes |
+//! | earlier run abandoned, or this one cut off at the maximum handler time | `FAILED_PRECONDITION` | `outcome-unknown` | no |
 //! | earlier answer too large to store | `FAILED_PRECONDITION` | `response-not-stored` | no |
 //! | store unreachable or failing (the method did not run) | `UNAVAILABLE` | `store-unavailable` | yes |
 //! | cut off, its writes rolled back (transactional mode) | `UNAVAILABLE` | `handler-timeout` | yes |
 //! | the handler panicked or its answer broke off (key released) | `INTERNAL` | `handler-failed` | no |
 //! | a typed handler's AIP-155 helper without the layer in front | `INTERNAL` | `layer-missing` | no |
+//! | [`crate::tx`] outside transactional mode, or taken twice | `INTERNAL` | `transaction-unavailable` | no |
 //!
-//! `ABORTED` without `RetryInfo` is the one answer a client must not retry
-//! blindly: whether the first run took effect is unknown (reconcile first,
-//! for instance through the key-status service).
+//! Every answer with `RetryInfo` also carries `grpc-retry-pushback-ms`
+//! (gRPC's own retry design, A6: the server's pushback), so a client's
+//! `retryPolicy` waits the same delay before its next attempt.
+//!
+//! # Which codes a retry policy may name
+//!
+//! A status a `retryPolicy` names is retried blindly, so it must always be
+//! safe to retry (gRPC's status code guide: `UNAVAILABLE` when the client
+//! can retry just the failing call; `ABORTED` when it should retry at a
+//! higher level, a read-modify-write sequence; `FAILED_PRECONDITION` when
+//! it should not retry until the system's state has been fixed; AIP-194
+//! retries `UNAVAILABLE` only). Hence:
+//!
+//! - Every `UNAVAILABLE` of the guard is safe to resend with the same
+//!   key: the method did not run for this call (`request-in-flight`,
+//!   `store-unavailable`), or its writes were rolled back
+//!   (`handler-timeout`). A policy with `retryableStatusCodes:
+//!   ["UNAVAILABLE"]` absorbs them all, the in-flight refusal included.
+//! - `outcome-unknown` is `FAILED_PRECONDITION`, a code no sane policy
+//!   retries: whether the first run took effect is unknown, so the client
+//!   must reconcile first (for instance through the key-status service);
+//!   resending the key gets the same answer until the record expires.
+//! - `ABORTED` is never the guard's own: it comes only from the method
+//!   (and releases the key).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use idempotency_guard::KeyError;
 use idempotency_guard::problem::types;
+use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 /// The `domain` of the guard's `ErrorInfo` details.
 pub const DOMAIN: &str = "idempotency";
+
+/// The metadata entry of gRPC's retry design (A6) through which a server
+/// tells a client's `retryPolicy` how long to wait before its next
+/// attempt, in milliseconds.
+pub const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
 
 /// Why the guard answered instead of the method.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,14 +86,14 @@ pub enum GrpcRefusal {
         /// The key.
         key: String,
     },
-    /// `ABORTED` `request-in-flight` with `RetryInfo`.
+    /// `UNAVAILABLE` `request-in-flight` with `RetryInfo`.
     InFlight {
         /// The key.
         key: String,
         /// When to try again.
         retry_after: Duration,
     },
-    /// `ABORTED` `outcome-unknown`, without `RetryInfo`.
+    /// `FAILED_PRECONDITION` `outcome-unknown`, without `RetryInfo`.
     OutcomeUnknown {
         /// The key.
         key: String,
@@ -97,6 +125,9 @@ pub enum GrpcRefusal {
     },
     /// `INTERNAL` `layer-missing`: [`crate::run`] found no scope from the layer.
     LayerMissing,
+    /// `INTERNAL` `transaction-unavailable`: [`crate::tx`] outside
+    /// transactional mode, or while the transaction is taken.
+    TransactionUnavailable,
 }
 
 /// How soon a refusal whose retry may succeed invites it when the
@@ -120,6 +151,7 @@ impl GrpcRefusal {
             Self::TimedOutRolledBack { .. } => types::HANDLER_TIMEOUT,
             Self::HandlerFailed { .. } => types::HANDLER_FAILED,
             Self::LayerMissing => types::LAYER_MISSING,
+            Self::TransactionUnavailable => types::TRANSACTION_UNAVAILABLE,
         };
         kind.name
     }
@@ -130,10 +162,15 @@ impl GrpcRefusal {
             Self::KeyMissing | Self::KeyInvalid(_) | Self::ScopeInvalid => Code::InvalidArgument,
             Self::BodyTooLarge { .. } => Code::ResourceExhausted,
             Self::BodyUnreadable => Code::Cancelled,
-            Self::KeyReused { .. } | Self::ResponseNotStored { .. } => Code::FailedPrecondition,
-            Self::InFlight { .. } | Self::OutcomeUnknown { .. } => Code::Aborted,
-            Self::StoreUnavailable { .. } | Self::TimedOutRolledBack { .. } => Code::Unavailable,
-            Self::HandlerFailed { .. } | Self::LayerMissing => Code::Internal,
+            Self::KeyReused { .. }
+            | Self::ResponseNotStored { .. }
+            | Self::OutcomeUnknown { .. } => Code::FailedPrecondition,
+            Self::InFlight { .. }
+            | Self::StoreUnavailable { .. }
+            | Self::TimedOutRolledBack { .. } => Code::Unavailable,
+            Self::HandlerFailed { .. } | Self::LayerMissing | Self::TransactionUnavailable => {
+                Code::Internal
+            }
         }
     }
 
@@ -162,7 +199,8 @@ impl GrpcRefusal {
             | Self::ScopeInvalid
             | Self::BodyTooLarge { .. }
             | Self::BodyUnreadable
-            | Self::LayerMissing => None,
+            | Self::LayerMissing
+            | Self::TransactionUnavailable => None,
         }
     }
 
@@ -182,11 +220,12 @@ impl GrpcRefusal {
             Self::TimedOutRolledBack { .. } => "the call exceeded the maximum handler time and its effects were rolled back; retrying with the same key is safe".into(),
             Self::HandlerFailed { .. } => "the call failed unexpectedly and its key was released; retrying with the same key is safe".into(),
             Self::LayerMissing => "the server has no idempotency layer in front of this method, so the call's scope is unknown".into(),
+            Self::TransactionUnavailable => "this method asked for the call's transaction, but it is not guarded in transactional mode or the transaction is already in use".into(),
         }
     }
 
     /// The status, with its `ErrorInfo` and, where a retry may succeed,
-    /// its `RetryInfo`.
+    /// its `RetryInfo` and the same delay as `grpc-retry-pushback-ms`.
     pub fn to_status(&self) -> Status {
         let mut metadata = HashMap::new();
         if let Some(key) = self.key() {
@@ -196,7 +235,14 @@ impl GrpcRefusal {
         if let Some(delay) = self.retry_after() {
             details.set_retry_info(Some(delay));
         }
-        Status::with_error_details(self.code(), self.message(), details)
+        let mut status = Status::with_error_details(self.code(), self.message(), details);
+        if let Some(delay) = self.retry_after() {
+            let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+            status
+                .metadata_mut()
+                .insert(RETRY_PUSHBACK, MetadataValue::from(millis));
+        }
+        status
     }
 }
 
@@ -252,7 +298,7 @@ mod tests {
                     key: key(),
                     retry_after: D,
                 },
-                Code::Aborted,
+                Code::Unavailable,
                 "request-in-flight",
                 Some(D),
             ),
@@ -261,7 +307,7 @@ mod tests {
                     key: key(),
                     cut_off: false,
                 },
-                Code::Aborted,
+                Code::FailedPrecondition,
                 "outcome-unknown",
                 None,
             ),
@@ -270,7 +316,7 @@ mod tests {
                     key: key(),
                     cut_off: true,
                 },
-                Code::Aborted,
+                Code::FailedPrecondition,
                 "outcome-unknown",
                 None,
             ),
@@ -307,6 +353,12 @@ mod tests {
                 "layer-missing",
                 None,
             ),
+            (
+                GrpcRefusal::TransactionUnavailable,
+                Code::Internal,
+                "transaction-unavailable",
+                None,
+            ),
         ];
         for (refusal, code, reason, retry) in rows {
             let status = refusal.to_status();
@@ -317,6 +369,15 @@ mod tests {
             assert_eq!(info.metadata.get("key").map(String::as_str), refusal.key());
             let delay = status.get_details_retry_info().and_then(|r| r.retry_delay);
             assert_eq!(delay, retry, "{refusal:?}");
+            let pushback = status
+                .metadata()
+                .get(RETRY_PUSHBACK)
+                .map(|v| v.to_str().unwrap().parse::<u128>().unwrap());
+            assert_eq!(pushback, retry.map(|d| d.as_millis()), "{refusal:?}");
+            // A code a retry policy may name is always safe to retry.
+            if code == Code::Unavailable {
+                assert!(retry.is_some(), "{refusal:?}");
+            }
         }
     }
 }

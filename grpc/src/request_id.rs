@@ -78,7 +78,12 @@ where
         message: &message,
     };
     let (ended, _outcome) =
-        engine::run(engine, call, move || async move { settle(work().await) }).await;
+        engine::run(
+            engine,
+            call,
+            move |_context| async move { settle(work().await) },
+        )
+        .await;
     match ended {
         Ended::Ran(reply) => reply,
         Ended::Replay(stored) => replay(Exchange::from_stored(stored)),

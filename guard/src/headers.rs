@@ -1,7 +1,7 @@
-//! The header rules the guard and the gateway share, written once: which
+//! The header rules the guard and its adapters share, written once: which
 //! headers belong to one connection (never stored for a replay, never
-//! forwarded by a proxy), whether a response says `no-store`, and
-//! `Retry-After` in whole seconds.
+//! forwarded by a proxy), which are never stored, whether a response says
+//! `no-store`, and `Retry-After` in whole seconds.
 
 use std::time::Duration;
 
@@ -103,6 +103,29 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
+}
+
+/// The headers a stored response leaves out beside the hop-by-hop ones,
+/// unless configured otherwise (the default of
+/// [`IdempotencyLayer::with_excluded_headers`](crate::IdempotencyLayer::with_excluded_headers)):
+/// `Date` (stale on replay) and `Set-Cookie` (a session is not a result).
+/// Adapters that store answers of their own (gRPC) leave them out too.
+pub static EXCLUDED_BY_DEFAULT: [HeaderName; 2] = [header::DATE, header::SET_COOKIE];
+
+/// The headers of a response that are kept for replay: all but hop-by-hop
+/// headers ([`HOP_BY_HOP`], and those the `Connection` header names) and
+/// `excluded` (usually [`EXCLUDED_BY_DEFAULT`] and an adapter's own).
+pub fn headers_to_store(headers: &HeaderMap, excluded: &[HeaderName]) -> HeaderMap {
+    let named_by_connection = named_by_connection(headers);
+    let mut kept = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let dropped =
+            is_hop_by_hop(name) || named_by_connection.contains(name) || excluded.contains(name);
+        if !dropped {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
 }
 
 /// Whether the response says `Cache-Control: no-store` (among other

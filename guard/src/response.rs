@@ -3,11 +3,9 @@
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt, stream};
-use http::{HeaderMap, HeaderName, StatusCode};
+use http::{HeaderName, StatusCode};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, BodyStream};
-
-use crate::headers::{is_hop_by_hop, named_by_connection};
 
 /// The response header that marks a replay: `Idempotent-Replayed: true`.
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -24,21 +22,7 @@ pub fn default_stored_status(status: StatusCode) -> bool {
 
 pub(crate) use crate::headers::is_no_store;
 
-/// The headers of a response that are kept for replay: all but hop-by-hop
-/// headers ([`HOP_BY_HOP`](crate::headers::HOP_BY_HOP), and those the
-/// `Connection` header names) and `excluded`.
-pub(crate) fn headers_to_store(headers: &HeaderMap, excluded: &[HeaderName]) -> HeaderMap {
-    let named_by_connection = named_by_connection(headers);
-    let mut kept = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        let dropped =
-            is_hop_by_hop(name) || named_by_connection.contains(name) || excluded.contains(name);
-        if !dropped {
-            kept.append(name.clone(), value.clone());
-        }
-    }
-    kept
-}
+pub(crate) use crate::headers::headers_to_store;
 
 /// A response body read up to the stored-response limit.
 pub(crate) enum Captured<B> {
@@ -97,7 +81,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::{HeaderValue, header};
+    use http::{HeaderMap, HeaderValue, header};
 
     #[test]
     fn stores_what_the_spec_says() {

@@ -88,12 +88,18 @@ impl Outcome {
     }
 }
 
-/// The `attempt` label of a request: its `X-Retry-Attempt` header, `0` to
-/// `9`, then `10+`; `unknown` when the header is absent or invalid.
+/// The request header a gRPC client's retry policy sets on every retry to
+/// the number of attempts before it (gRPC's retry design, A6).
+pub const GRPC_PREVIOUS_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+
+/// The `attempt` label of a request: its `X-Retry-Attempt` header, else
+/// gRPC's [`GRPC_PREVIOUS_ATTEMPTS`], `0` to `9`, then `10+`; `unknown`
+/// when neither is there or valid.
 pub fn attempt_label(headers: &HeaderMap) -> &'static str {
     const LABELS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
     let attempt = headers
         .get(RETRY_ATTEMPT)
+        .or_else(|| headers.get(GRPC_PREVIOUS_ATTEMPTS))
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     match attempt {
@@ -327,5 +333,16 @@ mod tests {
             headers.insert(RETRY_ATTEMPT, HeaderValue::from_static(value));
             assert_eq!(attempt_label(&headers), label, "{value}");
         }
+    }
+
+    #[test]
+    fn the_attempt_of_a_grpc_retry_is_its_own_header_unless_the_client_set_ours() {
+        let mut headers = HeaderMap::new();
+        headers.insert(GRPC_PREVIOUS_ATTEMPTS, HeaderValue::from_static("12"));
+        assert_eq!(attempt_label(&headers), "10+");
+        headers.insert(GRPC_PREVIOUS_ATTEMPTS, HeaderValue::from_static("2"));
+        assert_eq!(attempt_label(&headers), "2");
+        headers.insert(RETRY_ATTEMPT, HeaderValue::from_static("3"));
+        assert_eq!(attempt_label(&headers), "3");
     }
 }

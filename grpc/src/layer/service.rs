@@ -13,6 +13,7 @@ use futures_util::FutureExt;
 use http::{HeaderMap, Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use idempotency_guard::telemetry::{Outcome, attempt_label};
 use idempotency_guard::{Engine, IdempotencyKey, KeyError, Scope, Store};
 use tonic::metadata::MetadataMap;
 use tower::{Service, ServiceExt};
@@ -77,55 +78,30 @@ impl<E> std::fmt::Debug for ResponseFuture<E> {
     }
 }
 
-/// Counts one guarded call in `idempotency_requests_total` exactly once:
-/// when its answer is ready, or as `caller-gone` when its future is
-/// dropped first (a run that had started goes on to its end).
-struct Tally {
+/// Counts one guarded call in `idempotency_requests_total` exactly once,
+/// through the engine: when its answer is ready, or as `caller-gone` when
+/// its future is dropped first (a run that had started goes on to its end).
+struct Tally<S: Store> {
+    engine: Engine<S>,
     method: String,
     attempt: &'static str,
     counted: bool,
 }
 
-impl Tally {
-    fn count(mut self, outcome: &'static str) {
+impl<S: Store> Tally<S> {
+    fn count(mut self, outcome: Outcome) {
         self.counted = true;
-        record(&self.method, outcome, self.attempt);
+        self.engine
+            .count_request(&self.method, outcome, self.attempt);
     }
 }
 
-impl Drop for Tally {
+impl<S: Store> Drop for Tally<S> {
     fn drop(&mut self) {
         if !self.counted {
-            record(&self.method, "caller-gone", self.attempt);
+            self.engine
+                .count_request(&self.method, Outcome::CallerGone, self.attempt);
         }
-    }
-}
-
-fn record(method: &str, outcome: &'static str, attempt: &'static str) {
-    metrics::counter!(
-        idempotency_guard::telemetry::REQUESTS_TOTAL,
-        "route" => method.to_owned(),
-        "outcome" => outcome,
-        "attempt" => attempt,
-    )
-    .increment(1);
-}
-
-/// The attempt label: gRPC's own `grpc-previous-rpc-attempts` (set by a
-/// client's retry policy on every retry), else `x-retry-attempt`; `0` to
-/// `9`, then `10+`; `unknown` when neither is there or valid.
-fn attempt_label(headers: &HeaderMap) -> &'static str {
-    const LABELS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
-    let value = headers
-        .get("grpc-previous-rpc-attempts")
-        .or_else(|| headers.get(idempotency_guard::telemetry::RETRY_ATTEMPT));
-    match value
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        Some(n) if n < 10 => LABELS[n as usize],
-        Some(_) => "10+",
-        None => "unknown",
     }
 }
 
@@ -170,6 +146,7 @@ where
             };
         }
         let tally = Tally {
+            engine: service.engine.clone(),
             method: method.clone(),
             attempt: attempt_label(request.headers()),
             counted: false,
@@ -186,9 +163,9 @@ where
     }
 }
 
-/// A refusal's answer, with the `outcome` label it is counted under.
-fn refuse<E>(refusal: &GrpcRefusal) -> (&'static str, Result<Response<tonic::body::Body>, E>) {
-    ("rejected", Ok(refusal.to_status().into_http()))
+/// A refusal's answer, with the outcome it is counted under.
+fn refuse<E>(refusal: &GrpcRefusal) -> (Outcome, Result<Response<tonic::body::Body>, E>) {
+    (Outcome::Rejected, Ok(refusal.to_status().into_http()))
 }
 
 impl<S, I, B> GrpcIdempotencyService<S, I>
@@ -205,7 +182,7 @@ where
         request: Request<tonic::body::Body>,
         scope: String,
         method: String,
-    ) -> (&'static str, Result<Response<tonic::body::Body>, I::Error>) {
+    ) -> (Outcome, Result<Response<tonic::body::Body>, I::Error>) {
         let key = match read_key(request.headers(), &self.config.key) {
             Ok(key) => key,
             Err(KeyError::Missing) => return refuse(&GrpcRefusal::KeyMissing),
@@ -234,7 +211,9 @@ where
         let (inner, stored_limit) = (self.inner, self.config.stored_response_limit);
         let key = key.into_string();
         let work_key = key.clone();
-        let (ended, outcome) = engine::run(&self.engine, call, move || {
+        let retry_after = self.engine.retry_after();
+        let (ended, outcome) = engine::run(&self.engine, call, move |context| {
+            let request = with_run(request, context, &work_key, retry_after);
             run_method(inner, request, stored_limit, work_key)
         })
         .await;
@@ -254,6 +233,34 @@ where
         };
         (outcome, result)
     }
+}
+
+/// The request with the run in its extensions: the method's way to the
+/// run's transaction ([`crate::tx`]).
+#[cfg(feature = "postgres")]
+fn with_run(
+    mut request: Request<tonic::body::Body>,
+    context: idempotency_guard::engine::RunContext,
+    key: &str,
+    retry_after: std::time::Duration,
+) -> Request<tonic::body::Body> {
+    request.extensions_mut().insert(crate::tx::CallRun::new(
+        context,
+        key.to_owned(),
+        retry_after,
+    ));
+    request
+}
+
+/// Without PostgreSQL there is no transaction to hand on.
+#[cfg(not(feature = "postgres"))]
+fn with_run(
+    request: Request<tonic::body::Body>,
+    _context: idempotency_guard::engine::RunContext,
+    _key: &str,
+    _retry_after: std::time::Duration,
+) -> Request<tonic::body::Body> {
+    request
 }
 
 /// Reads the key from the metadata entry `name`: one entry, parsed as the
@@ -318,16 +325,6 @@ mod tests {
     use http::HeaderValue;
 
     use super::*;
-
-    #[test]
-    fn the_attempt_label_prefers_grpc_s_own_header() {
-        let mut headers = HeaderMap::new();
-        assert_eq!(attempt_label(&headers), "unknown");
-        headers.insert("x-retry-attempt", HeaderValue::from_static("3"));
-        assert_eq!(attempt_label(&headers), "3");
-        headers.insert("grpc-previous-rpc-attempts", HeaderValue::from_static("12"));
-        assert_eq!(attempt_label(&headers), "10+");
-    }
 
     #[test]
     fn the_key_is_one_metadata_entry() {

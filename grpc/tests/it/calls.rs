@@ -55,7 +55,7 @@ pub(crate) async fn concurrent_identical_calls_run_once<S: Store>(store: S) {
                 ids.insert(response.into_inner().id);
             }
             Err(status) => {
-                assert_eq!(status.code(), Code::Aborted, "{status:?}");
+                assert_eq!(status.code(), Code::Unavailable, "{status:?}");
                 assert_eq!(reason(&status), "request-in-flight");
                 assert!(status.get_details_retry_info().is_some());
             }
@@ -192,8 +192,8 @@ pub(crate) async fn each_outcome_row_is_stored_or_released<S: Store>(store: S) {
 }
 
 /// The guard's own bound: a run cut off at the maximum handler time is an
-/// unknown outcome (`ABORTED` `outcome-unknown`, no `RetryInfo`), and the
-/// key is never run again blindly.
+/// unknown outcome (`FAILED_PRECONDITION` `outcome-unknown`, no
+/// `RetryInfo`), and the key is never run again blindly.
 pub(crate) async fn a_run_cut_off_at_the_maximum_handler_time_is_outcome_unknown<S: Store>(
     store: S,
 ) {
@@ -206,7 +206,7 @@ pub(crate) async fn a_run_cut_off_at_the_maximum_handler_time_is_outcome_unknown
             .create_payment(create(account, &key))
             .await
             .unwrap_err();
-        assert_eq!(status.code(), Code::Aborted, "{status:?}");
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
         assert_eq!(reason(&status), "outcome-unknown");
         assert!(status.get_details_retry_info().is_none());
     }

@@ -1,14 +1,20 @@
 //! The gRPC adapter's integration tests, in one binary: a real tonic
-//! server with the layer in front, a real tonic client, and real stores
+//! server with the layer in front, real clients (tonic's, Python's
+//! `grpcio`, a raw `h2` client for the frames), and real stores
 //! (PostgreSQL, SQLite and Redis, as the guard's tests find or start them).
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
 mod calls;
+mod clients;
+mod counting;
+mod framing;
+mod matrix;
 mod python;
 mod server;
 mod status;
+mod transactional;
 
 /// Instantiates a generic test body once per store.
 macro_rules! per_store {
@@ -73,3 +79,39 @@ per_store!(
     crate::status::the_status_service_answers_for_grpc_keys
 );
 per_store!(grpcio, crate::python::grpcio_retries_run_each_payment_once);
+per_store!(
+    frames,
+    crate::framing::each_answer_is_framed_as_tonic_frames_it
+);
+per_store!(
+    grpcio_retry_policy,
+    crate::python::a_retry_policy_absorbs_in_flight_and_never_resends_an_unknown_outcome
+);
+
+/// The client matrix needs a store it can break (for `store-unavailable`):
+/// SQLite and PostgreSQL.
+mod grpcio_matrix {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sqlite() {
+        let db = idempotency_tests::sqlite().await;
+        crate::matrix::every_path_reads_the_same_through_grpcio_and_tonic(db).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        let db = idempotency_tests::postgres().await;
+        crate::matrix::every_path_reads_the_same_through_grpcio_and_tonic(db).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactional_mode_on_postgres() {
+    let db = idempotency_tests::postgres().await;
+    crate::transactional::the_methods_writes_commit_with_its_stored_answer(db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn counted_once() {
+    let db = idempotency_tests::sqlite().await;
+    crate::counting::each_guarded_call_is_counted_once(db.store.clone()).await;
+}

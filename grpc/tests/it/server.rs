@@ -1,7 +1,12 @@
 //! The test server: the `payments.v1.Payments` service behind the layer,
-//! whose `CreatePayment` does what its `account` says:
-//! `code:N` answers status N, `final:N` answers status N marked final,
-//! `sleep:MS` sleeps that long first; every run is counted per account.
+//! whose `CreatePayment` does what its `account` says (anything after a
+//! second `:` only makes the account unique):
+//! `code:N` answers status N (message `answered <Code>`, an `ErrorInfo`
+//! with reason `handler-N` and the run's count in `x-run`), `final:N` the
+//! same marked final, `once:N` answers status N on its first run and the
+//! payment on later ones, `sleep:MS` sleeps that long first, `hold:NAME`
+//! waits until the test opens its gate ([`TestServer::open`]); every run
+//! is counted per account (a held run when it starts).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -14,6 +19,7 @@ use idempotency_grpc::GrpcIdempotencyLayer;
 use idempotency_guard::{Engine, Store};
 use tonic::metadata::MetadataValue;
 use tonic::{Code, Request, Response, Status};
+use tonic_types::{ErrorDetails, StatusExt};
 
 pub(crate) mod proto {
     #![allow(missing_docs, unreachable_pub, clippy::all)]
@@ -42,9 +48,74 @@ impl Runs {
     }
 }
 
+/// The gates held runs wait on, per account.
+#[derive(Clone, Default)]
+pub(crate) struct Gates(Arc<Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>>);
+
+impl Gates {
+    fn of(&self, account: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut gates = self.0.lock().unwrap();
+        Arc::clone(
+            gates
+                .entry(account.to_owned())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(0))),
+        )
+    }
+}
+
+/// The status the handler answers for `code:N` (and `final:N`, `once:N`)
+/// on its `run`-th run.
+pub(crate) fn handler_status(code: Code, run: u64) -> Status {
+    let details = ErrorDetails::with_error_info(
+        format!("handler-{}", code as i32),
+        "payments.test",
+        HashMap::new(),
+    );
+    let mut status = Status::with_error_details(code, format!("answered {code:?}"), details);
+    status
+        .metadata_mut()
+        .insert("x-run", MetadataValue::from(run));
+    status
+}
+
 struct Service<S> {
     runs: Runs,
+    gates: Gates,
     engine: Engine<S>,
+}
+
+impl<S> Service<S> {
+    /// `tx:MODE`: writes a row for the account through `tx` (in table
+    /// `grpc_tx_writes`, which the transactional test creates), then, by
+    /// MODE: `ok` answers the payment, `14` answers `UNAVAILABLE`,
+    /// `slowonce` sleeps 3 s on its first run (to be cut off) and answers
+    /// the payment on later ones.
+    async fn write_in(
+        &self,
+        mut tx: idempotency_guard::Tx,
+        message: CreatePaymentRequest,
+    ) -> Result<Response<Payment>, Status> {
+        let account = message.account.clone();
+        let run = self.runs.bump(&account);
+        sqlx::query("insert into grpc_tx_writes (account) values ($1)")
+            .bind(&account)
+            .execute(&mut *tx)
+            .await
+            .map_err(|error| Status::internal(error.to_string()))?;
+        match account.split(':').nth(1) {
+            Some("14") => return Err(handler_status(Code::Unavailable, run)),
+            Some("slowonce") if run == 1 => tokio::time::sleep(Duration::from_secs(3)).await,
+            _ => {}
+        }
+        drop(tx);
+        Ok(Response::new(Payment {
+            id: format!("pay-{}", uuid::Uuid::new_v4()),
+            account,
+            amount_cents: message.amount_cents,
+            currency: message.currency,
+            executions: run,
+        }))
+    }
 }
 
 #[tonic::async_trait]
@@ -53,19 +124,35 @@ impl<S: Store> Payments for Service<S> {
         &self,
         request: Request<CreatePaymentRequest>,
     ) -> Result<Response<Payment>, Status> {
+        // Transactional mode: `tx:MODE` writes a row through the call's
+        // transaction, then answers as MODE says.
+        let tx = if request.get_ref().account.starts_with("tx:") {
+            Some(idempotency_grpc::tx(&request).await?)
+        } else {
+            None
+        };
         let message = request.into_inner();
         let account = message.account.clone();
+        if let Some(tx) = tx {
+            return self.write_in(tx, message).await;
+        }
         let (verb, arg) = account.split_once(':').unwrap_or((account.as_str(), ""));
+        let arg = arg.split(':').next().unwrap_or_default();
         if verb == "sleep" {
             tokio::time::sleep(Duration::from_millis(arg.parse().unwrap_or(0))).await;
         }
-        let executions = self.runs.bump(&account);
-        if verb == "code" || verb == "final" {
-            let code = Code::from_i32(arg.parse().unwrap_or(2));
-            let mut status = Status::new(code, format!("answered {code:?}"));
-            status
-                .metadata_mut()
-                .insert("x-run", MetadataValue::from(executions));
+        if verb == "hold" {
+            self.runs.bump(&account);
+            let gate = self.gates.of(&account);
+            let _ = gate.acquire().await.unwrap();
+        }
+        let executions = if verb == "hold" {
+            self.runs.of(&account)
+        } else {
+            self.runs.bump(&account)
+        };
+        if verb == "code" || verb == "final" || (verb == "once" && executions == 1) {
+            let status = handler_status(Code::from_i32(arg.parse().unwrap_or(2)), executions);
             return Err(if verb == "final" {
                 idempotency_grpc::mark_final(status)
             } else {
@@ -135,6 +222,7 @@ impl<S: Store> Payments for Service<S> {
 pub(crate) struct TestServer {
     pub(crate) address: SocketAddr,
     pub(crate) runs: Runs,
+    gates: Gates,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -153,11 +241,70 @@ impl TestServer {
             .await
             .unwrap()
     }
+
+    /// Lets the runs held at `account`'s gate (`hold:NAME`) go on.
+    pub(crate) fn open(&self, account: &str) {
+        self.gates
+            .of(account)
+            .add_permits(tokio::sync::Semaphore::MAX_PERMITS / 2);
+    }
+
+    /// Waits until `account` has started `runs` runs.
+    pub(crate) async fn started(&self, account: &str, runs: u64) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while self.runs.of(account) < runs {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{account} never started its run {runs}"));
+    }
+}
+
+/// Starts the same service with no guard in front: tonic's own framing.
+pub(crate) async fn start_plain<S: Store>(engine: Engine<S>) -> TestServer {
+    let (runs, gates) = (Runs::default(), Gates::default());
+    let service = PaymentsServer::new(Service {
+        runs: runs.clone(),
+        gates: gates.clone(),
+        engine,
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let task = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    TestServer {
+        address,
+        runs,
+        gates,
+        task,
+    }
 }
 
 /// Starts the server over `engine`, guarding `CreatePayment`.
 pub(crate) async fn start<S: Store>(engine: Engine<S>) -> TestServer {
     start_behind(engine, tower::layer::util::Identity::new()).await
+}
+
+/// [`start`] with the layer's limits set: the largest request message and
+/// the largest answer kept for replay.
+pub(crate) async fn start_limited<S: Store>(
+    engine: Engine<S>,
+    request_limit: usize,
+    stored_limit: usize,
+) -> TestServer {
+    start_configured(engine, tower::layer::util::Identity::new(), move |layer| {
+        layer
+            .with_request_limit(request_limit)
+            .with_stored_response_limit(stored_limit)
+    })
+    .await
 }
 
 /// [`start`] with `outer` in front of the guard.
@@ -177,7 +324,31 @@ where
         + 'static,
     <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Future: Send,
 {
-    let runs = Runs::default();
+    start_configured(engine, outer, |layer| layer).await
+}
+
+/// [`start_behind`], the layer as `configure` sets it.
+async fn start_configured<S, L>(
+    engine: Engine<S>,
+    outer: L,
+    configure: impl FnOnce(GrpcIdempotencyLayer<S>) -> GrpcIdempotencyLayer<S>,
+) -> TestServer
+where
+    S: Store,
+    L: tower::Layer<idempotency_grpc::GrpcIdempotencyService<S, tonic::service::Routes>>
+        + Clone
+        + Send
+        + 'static,
+    L::Service: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Future: Send,
+{
+    let (runs, gates) = (Runs::default(), Gates::default());
     let layer = GrpcIdempotencyLayer::new(engine.clone())
         .with_methods([CREATE, "/payments.v1.Payments/ListPayments-not-unary"])
         .with_scope(|metadata, _| {
@@ -187,8 +358,10 @@ where
                 .unwrap_or("default")
                 .to_owned()
         });
+    let layer = configure(layer);
     let service = PaymentsServer::new(Service {
         runs: runs.clone(),
+        gates: gates.clone(),
         engine,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -206,6 +379,7 @@ where
     TestServer {
         address,
         runs,
+        gates,
         task,
     }
 }

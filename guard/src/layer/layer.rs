@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use http::{HeaderName, Method, StatusCode, header, request::Parts};
+use http::{HeaderName, Method, StatusCode, request::Parts};
 use tower::Layer;
 
 use super::body::BodyBudget;
@@ -80,7 +80,7 @@ impl Default for Config {
             body_budget: None,
             stored_statuses: default_stored_status,
             mismatch_status: StatusCode::CONFLICT,
-            excluded_headers: vec![header::DATE, header::SET_COOKIE],
+            excluded_headers: crate::headers::EXCLUDED_BY_DEFAULT.to_vec(),
             replay: ReplayPolicy::new(),
         }
     }
