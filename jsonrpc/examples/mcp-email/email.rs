@@ -28,6 +28,8 @@ pub(crate) struct Outbox {
     extra_ms: AtomicU64,
     /// Emails begun (sent or still being sent).
     started: AtomicU64,
+    /// When set, emails wait until it is closed ([`Outbox::release`]).
+    gate: Option<tokio::sync::Semaphore>,
 }
 
 impl Outbox {
@@ -43,6 +45,21 @@ impl Outbox {
     /// How many emails were sent.
     pub(crate) fn count(&self) -> u64 {
         self.sent.load(Ordering::SeqCst)
+    }
+
+    /// An outbox whose emails wait, once begun, until [`Outbox::release`].
+    pub(crate) fn held() -> Self {
+        Self {
+            gate: Some(tokio::sync::Semaphore::new(0)),
+            ..Self::default()
+        }
+    }
+
+    /// Lets the emails of a [`Outbox::held`] outbox go.
+    pub(crate) fn release(&self) {
+        if let Some(gate) = &self.gate {
+            gate.close();
+        }
     }
 
     /// How many emails were begun (sent, or being sent now).
@@ -96,6 +113,10 @@ impl EmailServer {
     async fn send_email(&self, Parameters(email): Parameters<SendEmail>) -> String {
         // A little work, so that concurrent retries overlap the first call.
         self.outbox.started.fetch_add(1, Ordering::SeqCst);
+        if let Some(gate) = &self.outbox.gate {
+            // Closed on release: the wait ends then.
+            let _closed = gate.acquire().await;
+        }
         let extra = self.outbox.extra_ms.load(Ordering::SeqCst);
         tokio::time::sleep(std::time::Duration::from_millis(20 + extra)).await;
         let n = self.outbox.sent.fetch_add(1, Ordering::SeqCst) + 1;

@@ -199,7 +199,7 @@ fn refused(lines: &[Value], sdk: Sdk, name: &str, code: i64) -> Value {
 
 async fn in_flight(sdk: Sdk) {
     let db = idempotency_tests::sqlite().await;
-    let outbox = Arc::new(Outbox::slow(Duration::from_secs(3)));
+    let outbox = Arc::new(Outbox::held());
     let (address, _) = watched_server(
         layer(Engine::new(db.store.clone())),
         Arc::clone(&outbox),
@@ -215,6 +215,7 @@ async fn in_flight(sdk: Sdk) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let lines = call(sdk, address, &arguments, 10.0, 0).await;
+    outbox.release();
     let data = refused(&lines, sdk, "request-in-flight", -32090);
     assert!(data["retry_after"].as_u64().unwrap() >= 1, "{data}");
     let first = first.await.unwrap();
