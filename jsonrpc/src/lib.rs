@@ -143,7 +143,11 @@
 //! which mounts this layer in front of its forwarder) marks an answer
 //! whose outcome it lost (a reset or a timeout after sending) with
 //! [`idempotency_guard::OutcomeUnknown`]: the key is then abandoned, not
-//! released, since the tool may have run.
+//! released, since the tool may have run, and the caller gets the JSON-RPC
+//! error `outcome-unknown` with HTTP 200 (not the inner 502 or 504, which
+//! an SDK client would turn into a transport error), its `error.data.upstream`
+//! naming the inner answer's problem type (`urn:idempotency:upstream-failed`,
+//! `urn:idempotency:upstream-timeout`).
 //!
 //! # Limitations
 //!
