@@ -27,7 +27,7 @@
 //! | a JSON-RPC `result` (JSON or event stream) | the answer | stored, replayed under the retry's `id` |
 //! | a JSON-RPC `error`, a tool result with `isError: true` (not marked final), a non-2xx answer | the answer | released: a retry runs |
 //! | connection refused, nothing sent | 503 `upstream-unavailable` | released |
-//! | reset or timeout after the request was sent | 502 `upstream-failed` / 504 `upstream-timeout` | abandoned: `outcome-unknown` (-32092) |
+//! | reset or timeout after the request was sent | the JSON-RPC error `outcome-unknown` (-32092, HTTP 200; `data.upstream` = `urn:idempotency:upstream-failed` or `upstream-timeout`) | abandoned: `outcome-unknown` (-32092) |
 //! | an event stream that ends before the call's response, or an answer over `limits.stored_response_bytes` | what arrived | abandoned |
 //!
 //! Every POST to the route is read whole (up to `limits.body_bytes`, 413

@@ -7,7 +7,7 @@ use idempotency_guard::layer::BodyBudget;
 use idempotency_guard::{Engine, Store};
 
 use crate::envelope::{Guarded, KeySource, MESSAGE_SEND};
-use crate::service::JsonRpcService;
+use crate::service::{JsonRpcService, Running};
 
 /// What the layer does with a guarded call that carries no key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,6 +50,9 @@ pub(crate) struct Config {
     /// 1 MiB, as the axum layer: a larger answer (or event stream up to the
     /// final response) reaches the first caller only.
     pub(crate) stored_response_limit: usize,
+    /// The guarded calls running now (not a setting: shared by every
+    /// service the layer makes).
+    pub(crate) running: Running,
 }
 
 impl Default for Config {
@@ -62,6 +65,7 @@ impl Default for Config {
             body_limit: 1024 * 1024,
             body_budget: None,
             stored_response_limit: 1024 * 1024,
+            running: Running::default(),
         }
     }
 }

@@ -94,8 +94,35 @@
 //! JSON-RPC error objects sent with **HTTP 200** (SDK clients turn other
 //! statuses into transport errors and drop `error.data`), with
 //! `error.data.type` = `urn:idempotency:<name>`; codes in [`RpcRefusal`].
-//! A body over the limit is the one exception: 413 `body-too-large`
-//! (problem+json), before any envelope is read.
+//! A body over the limit gets `body-too-large` the same way, under the
+//! call's own `id`, found by reading the rest of the body without keeping
+//! it (up to 64 MiB; past that, or when the body has no top-level `id`, the
+//! `id` is `null`). The one exception is a full body budget
+//! ([`JsonRpcLayer::with_body_budget`]): 503 `body-buffer-full`
+//! (problem+json, `Retry-After`), before any byte is read.
+//!
+//! # Event streams and cancellations
+//!
+//! A guarded call's answer is complete when stored: it never needs
+//! resuming. Servers start each event stream with a priming event (rmcp: an
+//! event `id:` and `retry: 3000`) so that a client may resume a lost stream
+//! with `GET` and `Last-Event-ID`, which a server cannot serve for a stream
+//! that ended (rmcp answers an empty one). So a guarded call's stream is
+//! delivered without `id:` and `retry:` fields and without the empty
+//! priming event: an SDK client that loses it reports the call failed at
+//! once, and its retry with the same key gets the replay. Other streams
+//! (other methods, the `GET` stream) pass untouched.
+//!
+//! A client that stops waiting for a call sends `notifications/cancelled`
+//! (both official SDKs do, after their own timeout). For a guarded call
+//! still running in the same MCP session (`Mcp-Session-Id`), the layer
+//! answers it `202 Accepted` and does not pass it on, as MCP allows a
+//! receiver to ignore a cancellation: the tool runs to its end, its result
+//! is stored, and the agent's retry with the same key gets
+//! `request-in-flight` while it runs, then the replay. Passed on, the
+//! server would drop the answer (rmcp lets the tool finish), and the key
+//! would answer `outcome-unknown` for the whole retention. A guarded tool
+//! that honours cancellation therefore runs to its end.
 //!
 //! # Metrics
 //!
@@ -116,7 +143,11 @@
 //! which mounts this layer in front of its forwarder) marks an answer
 //! whose outcome it lost (a reset or a timeout after sending) with
 //! [`idempotency_guard::OutcomeUnknown`]: the key is then abandoned, not
-//! released, since the tool may have run.
+//! released, since the tool may have run, and the caller gets the JSON-RPC
+//! error `outcome-unknown` with HTTP 200 (not the inner 502 or 504, which
+//! an SDK client would turn into a transport error), its `error.data.upstream`
+//! naming the inner answer's problem type (`urn:idempotency:upstream-failed`,
+//! `urn:idempotency:upstream-timeout`).
 //!
 //! # Limitations
 //!

@@ -35,6 +35,7 @@ pub const FINAL_META: &str = "io.idempotency/final";
 /// | `urn:idempotency:handler-failed` | -32098 | `key` |
 /// | `urn:idempotency:scope-invalid` | -32099 | |
 /// | `urn:idempotency:batch-not-guarded` | -32600 (Invalid Request) | |
+/// | `urn:idempotency:body-too-large` | -32600 (Invalid Request) | `limit` (bytes) |
 ///
 /// The codes are in JSON-RPC's block for implementation-defined server
 /// errors (-32000 to -32099), clear of those MCP and its SDKs use (-32000
@@ -73,6 +74,12 @@ pub enum RpcRefusal {
     ScopeInvalid,
     /// A batch holds a guarded call.
     BatchNotGuarded,
+    /// The request body is over the layer's limit; nothing was read but the
+    /// call's `id`.
+    BodyTooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
 }
 
 impl RpcRefusal {
@@ -90,6 +97,7 @@ impl RpcRefusal {
             Self::HandlerFailed => types::HANDLER_FAILED,
             Self::ScopeInvalid => types::SCOPE_INVALID,
             Self::BatchNotGuarded => types::BATCH_NOT_GUARDED,
+            Self::BodyTooLarge { .. } => types::BODY_TOO_LARGE,
         };
         kind.name
     }
@@ -107,7 +115,7 @@ impl RpcRefusal {
             Self::HandlerTimeout => -32097,
             Self::HandlerFailed => -32098,
             Self::ScopeInvalid => -32099,
-            Self::BatchNotGuarded => -32600,
+            Self::BatchNotGuarded | Self::BodyTooLarge { .. } => -32600,
         }
     }
 
@@ -146,6 +154,9 @@ impl RpcRefusal {
             Self::BatchNotGuarded => {
                 "A JSON-RPC batch may not hold a guarded call: send each guarded call on its own."
             }
+            Self::BodyTooLarge { .. } => {
+                "The request body is larger than the server accepts (limit bytes); the call did not run."
+            }
         }
     }
 
@@ -161,7 +172,16 @@ impl RpcRefusal {
     /// The JSON-RPC error response to the call with `id` (`null` when
     /// unknown), `key` echoed in `error.data` when there is one.
     pub fn to_json(&self, id: Option<&RawValue>, key: Option<&str>) -> Bytes {
-        let mut data = serde_json::Map::new();
+        self.to_json_with(id, key, serde_json::Map::new())
+    }
+
+    /// [`RpcRefusal::to_json`] with more members in `error.data`.
+    pub(crate) fn to_json_with(
+        &self,
+        id: Option<&RawValue>,
+        key: Option<&str>,
+        mut data: serde_json::Map<String, serde_json::Value>,
+    ) -> Bytes {
         data.insert(
             "type".into(),
             format!("urn:idempotency:{}", self.name()).into(),
@@ -173,6 +193,9 @@ impl RpcRefusal {
         }
         if let Some(key) = key {
             data.insert("key".into(), key.into());
+        }
+        if let Self::BodyTooLarge { limit } = self {
+            data.insert("limit".into(), (*limit as u64).into());
         }
         let error = serde_json::json!({
             "code": self.code(),
@@ -350,6 +373,191 @@ fn event_data(event: &[u8]) -> Vec<u8> {
     data
 }
 
+/// Rewrites a guarded call's event stream without its resumption fields:
+/// each event loses its `id:` and `retry:` lines, and an event left with no
+/// data (the server's priming event: an `id:`, a `retry:` and an empty
+/// `data:`) is dropped. Data, event names and comments pass unchanged.
+///
+/// Why: a guarded call's answer is complete once stored and is never
+/// resumed. An SDK client that saw an event id resumes a lost stream with a
+/// `GET` and `Last-Event-ID`, which the server cannot serve for a stream
+/// that ended (rmcp answers an empty stream); without an id, the client
+/// reports the call as failed at once and its retry gets the replay.
+#[derive(Debug, Default)]
+pub(crate) struct SseStripper {
+    pending: Vec<u8>,
+}
+
+impl SseStripper {
+    /// Adds a chunk of the stream; returns the events it completed,
+    /// stripped.
+    pub(crate) fn push(&mut self, chunk: &[u8]) -> Bytes {
+        self.pending.extend_from_slice(chunk);
+        let mut out = Vec::new();
+        while let Some((end, gap)) = event_end(&self.pending) {
+            let event: Vec<u8> = self.pending.drain(..end + gap).take(end).collect();
+            strip_event(&event, &mut out);
+        }
+        Bytes::from(out)
+    }
+
+    /// The end of the stream: an event it left unfinished, stripped (and
+    /// still unfinished: no blank line is added).
+    pub(crate) fn finish(self) -> Bytes {
+        if self.pending.is_empty() {
+            return Bytes::new();
+        }
+        let mut out = Vec::new();
+        let kept = kept_lines(&self.pending);
+        if !kept.is_empty() {
+            out.extend_from_slice(kept.join(&b'\n').as_slice());
+        }
+        Bytes::from(out)
+    }
+}
+
+/// Appends `event` (without its ending blank line) to `out` without its
+/// `id` and `retry` fields, unless nothing but empty data is left.
+fn strip_event(event: &[u8], out: &mut Vec<u8>) {
+    let kept = kept_lines(event);
+    let carries = kept.iter().any(|line| {
+        line.starts_with(b":")
+            || line
+                .strip_prefix(b"data:")
+                .is_some_and(|value| !value.trim_ascii().is_empty())
+    });
+    if carries {
+        out.extend_from_slice(kept.join(&b'\n').as_slice());
+        out.extend_from_slice(b"\n\n");
+    }
+}
+
+/// The lines of one event that are not an `id` or `retry` field.
+fn kept_lines(event: &[u8]) -> Vec<&[u8]> {
+    event
+        .split(|byte| *byte == b'\n' || *byte == b'\r')
+        .filter(|line| !line.is_empty())
+        .filter(|line| {
+            let field = line.split(|byte| *byte == b':').next().unwrap_or_default();
+            // A line starting with a colon is a comment: its field is empty.
+            line.starts_with(b":") || (field != b"id" && field != b"retry")
+        })
+        .collect()
+}
+
+/// Finds the `id` of a JSON-RPC request in a body read chunk by chunk,
+/// without keeping the body: only the top-level object's `id` member is
+/// kept (up to [`IdScanner::MAX_ID`] bytes). Used to answer a body that is
+/// over the limit under its call's own id, which the MCP SDK clients need
+/// to match the refusal (the TypeScript SDK writes `id` last).
+#[derive(Debug, Default)]
+pub(crate) struct IdScanner {
+    /// Nesting depth: 1 inside the top-level object.
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+    /// The next string at depth 1 is a member name.
+    name_next: bool,
+    /// The member name being read (`None`: not reading one, or too long).
+    name: Option<Vec<u8>>,
+    /// The member name just read is `id`.
+    named_id: bool,
+    /// The `id` value being read.
+    value: Option<Vec<u8>>,
+    /// The id found, or `Some(None)` once it cannot be found.
+    done: Option<Option<Box<RawValue>>>,
+}
+
+impl IdScanner {
+    /// The longest id kept.
+    const MAX_ID: usize = 256;
+
+    /// Reads a chunk; `true` once the scan is over (found or given up).
+    pub(crate) fn push(&mut self, chunk: &[u8]) -> bool {
+        for &byte in chunk {
+            if self.done.is_some() {
+                return true;
+            }
+            self.step(byte);
+        }
+        self.done.is_some()
+    }
+
+    /// The id, when the body held one at its top level.
+    pub(crate) fn id(self) -> Option<Box<RawValue>> {
+        self.done.flatten()
+    }
+
+    fn step(&mut self, byte: u8) {
+        if let Some(value) = self.value.as_mut() {
+            let ends = !self.in_string && self.depth == 1 && (byte == b',' || byte == b'}');
+            if ends {
+                let text = String::from_utf8_lossy(value).trim().to_owned();
+                let id = RawValue::from_string(text).ok().filter(|raw| {
+                    let first = raw.get().as_bytes().first().copied().unwrap_or(b' ');
+                    first == b'"' || first == b'-' || first.is_ascii_digit() || raw.get() == "null"
+                });
+                self.done = Some(id);
+                return;
+            }
+            value.push(byte);
+            if value.len() > Self::MAX_ID {
+                self.done = Some(None);
+                return;
+            }
+        }
+        if self.in_string {
+            if self.escaped {
+                self.escaped = false;
+            } else if byte == b'\\' {
+                self.escaped = true;
+            } else if byte == b'"' {
+                self.in_string = false;
+                if let Some(name) = self.name.take() {
+                    self.named_id = name == b"id";
+                }
+            } else if let Some(name) = self.name.as_mut() {
+                name.push(byte);
+                if name.len() > 2 {
+                    self.name = None;
+                }
+            }
+            return;
+        }
+        match byte {
+            b'"' => {
+                self.in_string = true;
+                if self.depth == 1 && self.name_next {
+                    self.name = Some(Vec::new());
+                    self.name_next = false;
+                }
+            }
+            b'{' if self.depth == 0 => {
+                self.depth = 1;
+                self.name_next = true;
+            }
+            // Not an object (a batch, a scalar): no call id to find.
+            byte if self.depth == 0 && !byte.is_ascii_whitespace() => self.done = Some(None),
+            b'{' | b'[' => self.depth += 1,
+            b'}' | b']' => {
+                self.depth -= 1;
+                if self.depth == 0 {
+                    self.done = Some(None);
+                }
+            }
+            b',' if self.depth == 1 => {
+                self.name_next = true;
+                self.named_id = false;
+            }
+            b':' if self.depth == 1 && self.named_id => {
+                self.named_id = false;
+                self.value = Some(Vec::new());
+            }
+            _ => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -445,5 +653,45 @@ mod tests {
         );
         let event = sse_event(br#"{"a":1}"#);
         assert_eq!(&event[..], b"event: message\ndata: {\"a\":1}\n\n");
+    }
+
+    #[test]
+    fn the_stripper_drops_resumption_fields_and_the_priming_event() {
+        let mut stripper = SseStripper::default();
+        let priming = stripper.push(b"data:\nid: 0\nretry: 3000\n\n");
+        assert_eq!(&priming[..], b"", "the priming event carries nothing else");
+        let first = stripper
+            .push(b"event: message\ndata: {\"a\":1}\nid: 0/1\n\n: ping\n\nid: 0/2\ndata: {\"b\"");
+        assert_eq!(&first[..], b"event: message\ndata: {\"a\":1}\n\n: ping\n\n");
+        let second = stripper.push(b":2}\r\n\r\n");
+        assert_eq!(&second[..], b"data: {\"b\":2}\n\n");
+        assert_eq!(&stripper.push(b"id: 9\ndata: {\"c\"")[..], b"");
+        assert_eq!(&stripper.finish()[..], b"data: {\"c\"");
+    }
+
+    #[test]
+    fn the_id_scanner_finds_the_top_level_id_wherever_it_is() {
+        let scan = |chunks: &[&str]| {
+            let mut scanner = IdScanner::default();
+            for chunk in chunks {
+                if scanner.push(chunk.as_bytes()) {
+                    break;
+                }
+            }
+            scanner.id().map(|id| id.get().to_owned())
+        };
+        let last = r#"{"method":"tools/call","params":{"id":"inner","arguments":{"s":"a\"id\":9,"}},"jsonrpc":"2.0","id":7}"#;
+        assert_eq!(scan(&[last]).as_deref(), Some("7"));
+        let split: Vec<String> = last.chars().map(String::from).collect();
+        let split: Vec<&str> = split.iter().map(String::as_str).collect();
+        assert_eq!(scan(&split).as_deref(), Some("7"), "one byte at a time");
+        assert_eq!(
+            scan(&[r#" { "jsonrpc" : "2.0" , "id" : "abc-1" , "params":{}}"#]).as_deref(),
+            Some(r#""abc-1""#)
+        );
+        assert_eq!(scan(&[r#"{"jsonrpc":"2.0","method":"x"}"#]), None);
+        assert_eq!(scan(&[r#"[{"id":1}]"#]), None, "a batch has no one id");
+        assert_eq!(scan(&[r#"{"id":{"x":1}}"#]), None, "not an id");
+        assert_eq!(scan(&[r#"{"jsonrpc":"2.0","id":"#]), None, "cut off");
     }
 }

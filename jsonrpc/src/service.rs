@@ -3,9 +3,10 @@
 //! server, capture its final JSON-RPC response"; and the answer rendered as
 //! JSON or as an event stream, as the client's `Accept` asks.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -14,7 +15,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body as HttpBody;
 use http_body_util::BodyExt;
-use idempotency_guard::layer::read_body;
+use idempotency_guard::layer::{BodyReadError, read_body};
 use idempotency_guard::telemetry::{Outcome as Counted, attempt_label};
 use idempotency_guard::{IDEMPOTENT_REPLAYED, KeyError, OutcomeUnknown, Scope, Store};
 use serde_json::value::RawValue;
@@ -23,7 +24,7 @@ use tower::{Service, ServiceExt};
 use crate::engine::{self, Ending, GuardedCall, Outcome, Stored};
 use crate::envelope::{self, Envelope};
 use crate::layer::{Config, MissingKey};
-use crate::reply::{self, Kept, RpcRefusal, SseScanner};
+use crate::reply::{self, IdScanner, Kept, RpcRefusal, SseScanner, SseStripper};
 
 /// The boxed error of a body.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -157,22 +158,41 @@ where
             config,
         } = self;
         let (parts, body) = request.into_parts();
+        let accept = Accept::of(&parts.headers);
         // The reservation, if any, is held until the call is answered.
         let budget = config.body_budget.as_ref();
+        let (body, sniffed) = Sniffed::wrap(body);
         let (body, _reservation) =
             match read_body(body, &parts.headers, config.body_limit, budget).await {
                 Ok(read) => read,
                 // Not counted: no call is named before the envelope is read.
+                Err(BodyReadError::TooLarge { limit }) => {
+                    // A JSON-RPC error under the call's own id (SDK clients
+                    // drop an answer they cannot match, and `error.data`
+                    // with a non-2xx status).
+                    let id = id_of_large_body(&sniffed).await;
+                    let refused = RpcRefusal::BodyTooLarge { limit };
+                    return Ok(refusal(&refused, id.as_deref(), None, accept));
+                }
                 Err(error) => {
                     let rejection = error.into_rejection(None, engine.retry_after());
                     return Ok(rejection.into_response());
                 }
             };
-        let accept = Accept::of(&parts.headers);
+        drop(sniffed);
         let attempt = attempt_label(&parts.headers);
         let call = match envelope::read(&body, &parts.headers, &config.guarded, &config.key_sources)
         {
             Envelope::NotGuarded => {
+                if config.running.holds_cancelled(&parts.headers, &body) {
+                    // The agent gave up on a guarded call that still runs:
+                    // the server is not told, so the tool's result is
+                    // captured and stored, and the agent's retry gets it.
+                    tracing::debug!("a cancellation of a running guarded call is not passed on");
+                    let mut accepted = Response::new(Body::empty());
+                    *accepted.status_mut() = StatusCode::ACCEPTED;
+                    return Ok(accepted);
+                }
                 return pass_through(inner, Request::from_parts(parts, Body::from(body))).await;
             }
             Envelope::GuardedBatch => {
@@ -233,6 +253,9 @@ where
     let Ok(scope) = Scope::new((config.scope)(&parts)) else {
         return rejected(&RpcRefusal::ScopeInvalid);
     };
+    // Known while it runs, so that the agent's `notifications/cancelled`
+    // for it does not reach the server (see `Running`).
+    let running = config.running.enter(&parts.headers, &call.id);
     let request = Request::from_parts(parts, body);
     let guarded = GuardedCall {
         scope,
@@ -241,9 +264,17 @@ where
         target: call.tool.clone().unwrap_or_else(|| call.method.clone()),
         method: call.method,
     };
+    let call_key = key.as_str().to_owned();
     let (id, limit) = (call.id.clone(), config.stored_response_limit);
-    let (outcome, counted) = engine::run(engine, guarded, move || {
-        call_server(inner, request, id, limit)
+    let (outcome, counted) = engine::run(engine, guarded, move || async move {
+        let _running = running;
+        let call = ServerCall {
+            id,
+            key: call_key,
+            limit,
+            accept,
+        };
+        call_server(inner, request, call).await
     })
     .await;
     let response = match outcome {
@@ -260,14 +291,22 @@ where
     (counted, Ok(response))
 }
 
+/// What [`call_server`] needs to know of the call.
+struct ServerCall {
+    id: Box<RawValue>,
+    key: String,
+    /// The stored-response limit.
+    limit: usize,
+    accept: Accept,
+}
+
 /// The work the engine runs for a claimed call: call the server, then
 /// capture its final JSON-RPC response (from a JSON body or an event
 /// stream) and say whether it is kept.
 async fn call_server<I, B>(
     inner: I,
     request: Request<Body>,
-    id: Box<RawValue>,
-    limit: usize,
+    call: ServerCall,
 ) -> Ending<Result<Response<Body>, I::Error>>
 where
     I: Service<Request<Body>, Response = Response<B>> + Send + 'static,
@@ -281,12 +320,25 @@ where
     };
     let (parts, body) = response.into_parts();
     let body = Body::new(body);
+    let ServerCall {
+        id,
+        key,
+        limit,
+        accept,
+    } = call;
     // The inner service says the call may have run but its answer is lost
     // (the gateway's upstream reset or timed out after the request was
-    // sent): never run it again blindly.
+    // sent): never run it again blindly. The caller gets the JSON-RPC error
+    // `outcome-unknown` (HTTP 200, as every refusal), with the inner
+    // answer's problem type as `data.upstream`.
     if parts.extensions.get::<OutcomeUnknown>().is_some() {
+        let mut data = serde_json::Map::new();
+        if let Some(kind) = problem_type(body).await {
+            data.insert("upstream".into(), kind.into());
+        }
+        let message = RpcRefusal::OutcomeUnknown.to_json_with(Some(&id), Some(&key), data);
         return Ending::Abandon {
-            reply: Ok(Response::from_parts(parts, body)),
+            reply: Ok(render(&message, accept.wants_sse(false))),
         };
     }
     // Not a JSON-RPC answer (a 4xx for a missing session, a 5xx): the call
@@ -301,6 +353,24 @@ where
     } else {
         capture_json(parts, body, &id, limit).await
     }
+}
+
+/// The `type` of a problem+json body (the first 16 KiB read; anything else
+/// is `None`).
+async fn problem_type(body: Body) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Problem {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    let bytes = http_body_util::Limited::new(body, 16 * 1024)
+        .collect()
+        .await
+        .ok()?
+        .to_bytes();
+    serde_json::from_slice::<Problem>(&bytes)
+        .ok()
+        .map(|p| p.kind)
 }
 
 /// A JSON answer: read up to `limit`, kept by [`reply::kept`].
@@ -341,7 +411,9 @@ async fn capture_json<E>(
 
 /// An event stream: read until the event holding the final response (or
 /// `limit`), notifications passed on to this caller but never stored. The
-/// stream's events reach the first caller once the final response is in.
+/// stream's events reach the first caller once the final response is in,
+/// without resumption ids ([`SseStripper`]): the answer is complete when
+/// stored and is never resumed.
 async fn capture_stream<E>(
     mut parts: http::response::Parts,
     mut body: Body,
@@ -351,12 +423,13 @@ async fn capture_stream<E>(
     parts.headers.remove(header::CONTENT_LENGTH);
     let mut sent = BytesMut::new();
     let mut scanner = SseScanner::default();
+    let mut stripper = SseStripper::default();
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else { break };
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        sent.extend_from_slice(&data);
+        sent.extend_from_slice(&stripper.push(&data));
         if let Some(response) = scanner.push(&data, id) {
             let reply = Ok(Response::from_parts(parts, Body::from(sent.freeze())));
             return match reply::kept(&response) {
@@ -369,16 +442,34 @@ async fn capture_stream<E>(
             };
         }
         if sent.len() > limit {
+            let rest = stripped(stripper, body);
             return Ending::Abandon {
-                reply: Ok(Response::from_parts(parts, resume(sent.freeze(), body))),
+                reply: Ok(Response::from_parts(parts, resume(sent.freeze(), rest))),
             };
         }
     }
     // The stream ended (or broke) before the final response: the tool may
     // have run, nobody knows its result.
+    sent.extend_from_slice(&stripper.finish());
     Ending::Abandon {
         reply: Ok(Response::from_parts(parts, Body::from(sent.freeze()))),
     }
+}
+
+/// The rest of an event stream through `stripper`.
+fn stripped(stripper: SseStripper, rest: Body) -> Body {
+    let events = futures_util::stream::unfold(
+        Some((stripper, rest.into_data_stream())),
+        |state| async move {
+            let (mut stripper, mut rest) = state?;
+            match futures_util::StreamExt::next(&mut rest).await {
+                Some(Ok(data)) => Some((Ok(stripper.push(&data)), Some((stripper, rest)))),
+                Some(Err(error)) => Some((Err(error), None)),
+                None => Some((Ok(stripper.finish()), None)),
+            }
+        },
+    );
+    Body::from_stream(events)
 }
 
 /// A body that sends `prefix`, then the rest of `rest`.
@@ -432,6 +523,215 @@ fn render(message: &Bytes, sse: bool) -> Response<Body> {
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     }
     response
+}
+
+/// The guarded calls running now, by MCP session (`Mcp-Session-Id`) and
+/// JSON-RPC id.
+///
+/// MCP SDK clients send `notifications/cancelled` when they stop waiting
+/// for a call (after their own timeout). A server that honours it stops
+/// answering (rmcp drops the answer and lets the tool finish), and the key
+/// would be abandoned: the agent's retry would get `outcome-unknown` for
+/// the whole retention although the tool finished. So a cancellation of a
+/// guarded call that still runs is answered `202 Accepted` here and not
+/// passed on (MCP lets a receiver ignore a cancellation): the tool's result
+/// is captured and stored, and the retry gets it (`request-in-flight`
+/// while it runs, the replay after). Calls without a session (a stateless
+/// server) are not tracked: their cancellation cannot reach the call.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Running(Arc<Mutex<HashMap<(String, String), usize>>>);
+
+/// The MCP session header.
+const MCP_SESSION_ID: &str = "mcp-session-id";
+
+/// The method of an MCP cancellation.
+const CANCELLED: &str = "notifications/cancelled";
+
+impl Running {
+    /// Notes a guarded call with `id` in the request's session, until the
+    /// answer is dropped.
+    fn enter(&self, headers: &HeaderMap, id: &RawValue) -> Option<RunningCall> {
+        let session = headers.get(MCP_SESSION_ID)?.to_str().ok()?.to_owned();
+        let entry = (session, normal_id(id.get())?);
+        let mut calls = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        *calls.entry(entry.clone()).or_default() += 1;
+        Some(RunningCall {
+            running: self.clone(),
+            entry,
+        })
+    }
+
+    /// Whether `body` is a `notifications/cancelled` for a guarded call
+    /// running in the request's session.
+    fn holds_cancelled(&self, headers: &HeaderMap, body: &[u8]) -> bool {
+        #[derive(serde::Deserialize)]
+        struct Notification<'a> {
+            #[serde(borrow)]
+            method: std::borrow::Cow<'a, str>,
+            params: Option<Params<'a>>,
+            id: Option<serde::de::IgnoredAny>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Params<'a> {
+            #[serde(rename = "requestId", borrow)]
+            request_id: &'a RawValue,
+        }
+        if self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+        {
+            return false;
+        }
+        let Some(session) = headers.get(MCP_SESSION_ID).and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        let Ok(Notification {
+            method,
+            params: Some(params),
+            id: None,
+        }) = serde_json::from_slice::<Notification<'_>>(body)
+        else {
+            return false;
+        };
+        let Some(id) = normal_id(params.request_id.get()) else {
+            return false;
+        };
+        method == CANCELLED
+            && self
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(&(session.to_owned(), id))
+    }
+}
+
+/// An id in one written form (`1` and `1.0` stay apart, as JSON-RPC ids).
+fn normal_id(id: &str) -> Option<String> {
+    serde_json::from_str::<serde_json::Value>(id)
+        .ok()
+        .map(|value| value.to_string())
+}
+
+/// One guarded call in [`Running`]; leaves it when dropped.
+#[derive(Debug)]
+struct RunningCall {
+    running: Running,
+    entry: (String, String),
+}
+
+impl Drop for RunningCall {
+    fn drop(&mut self) {
+        let mut calls = self
+            .running
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = calls.get_mut(&self.entry) {
+            *count -= 1;
+            if *count == 0 {
+                calls.remove(&self.entry);
+            }
+        }
+    }
+}
+
+/// The most of a body over the limit read to find its call's `id`; past
+/// it, the refusal goes with a `null` id.
+const LARGE_BODY_SCAN: usize = 64 * 1024 * 1024;
+
+/// A request body that shows each chunk to an [`IdScanner`] on its way to
+/// the bounded read, and leaves what the read did not take for
+/// [`id_of_large_body`].
+struct Sniffed {
+    body: Option<Body>,
+    shared: Arc<Mutex<Sniff>>,
+}
+
+/// What [`Sniffed`] saw, and the body it left.
+#[derive(Default)]
+struct Sniff {
+    scanner: IdScanner,
+    rest: Option<Body>,
+}
+
+impl Sniffed {
+    fn wrap(body: Body) -> (Body, Arc<Mutex<Sniff>>) {
+        let shared = Arc::new(Mutex::new(Sniff::default()));
+        let sniffed = Self {
+            body: Some(body),
+            shared: Arc::clone(&shared),
+        };
+        (Body::new(sniffed), shared)
+    }
+}
+
+impl HttpBody for Sniffed {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        let Some(body) = this.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            let mut sniff = this.shared.lock().unwrap_or_else(PoisonError::into_inner);
+            sniff.scanner.push(data);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(HttpBody::is_end_stream)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body
+            .as_ref()
+            .map_or_else(http_body::SizeHint::default, HttpBody::size_hint)
+    }
+}
+
+impl Drop for Sniffed {
+    fn drop(&mut self) {
+        if let Some(body) = self.body.take() {
+            let mut sniff = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+            sniff.rest = Some(body);
+        }
+    }
+}
+
+/// The `id` of a call whose body is over the limit: from what the bounded
+/// read saw, then from the rest of the body, read and not kept (up to
+/// [`LARGE_BODY_SCAN`] bytes).
+async fn id_of_large_body(sniffed: &Mutex<Sniff>) -> Option<Box<RawValue>> {
+    let (mut scanner, rest) = {
+        let mut sniff = sniffed.lock().unwrap_or_else(PoisonError::into_inner);
+        (std::mem::take(&mut sniff.scanner), sniff.rest.take())
+    };
+    if !scanner.push(&[])
+        && let Some(mut rest) = rest
+    {
+        let mut read = 0;
+        while let Some(Ok(frame)) = rest.frame().await {
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            read += data.len();
+            if scanner.push(&data) || read > LARGE_BODY_SCAN {
+                break;
+            }
+        }
+    }
+    scanner.id()
 }
 
 /// Which forms of answer the client's `Accept` allows.

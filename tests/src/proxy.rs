@@ -2,7 +2,9 @@
 //! forwards each connection to a target, and on chosen connections either
 //! resets the connection before the request is forwarded, or forwards the
 //! request, reads the whole answer, and drops it (the write ran; the
-//! client never hears of it).
+//! client never hears of it), or passes on only the answer's head and first
+//! event before the reset (an event stream cut after its first event: what
+//! a client that may resume a stream sees when the network fails).
 //!
 //! Fates are drawn per connection from a seed: the `n`-th connection
 //! accepted always gets the same fate for the same seed (what differs
@@ -48,6 +50,7 @@ pub struct Faults {
     seed: u64,
     dropped_responses: f64,
     resets: f64,
+    cut_responses: f64,
 }
 
 impl Faults {
@@ -58,6 +61,7 @@ impl Faults {
             seed,
             dropped_responses: 0.0,
             resets: 0.0,
+            cut_responses: 0.0,
         }
     }
 
@@ -69,6 +73,20 @@ impl Faults {
     #[must_use]
     pub fn with_dropped_responses(mut self, probability: f64) -> Self {
         self.dropped_responses = probability;
+        self
+    }
+
+    /// Sets the probability that a forwarded request's answer is read from
+    /// the upstream and only its head and the body's first event (up to
+    /// and with its first blank line; the body's first line end too when
+    /// the body is chunked) are passed on before the connection is reset.
+    /// A body without a blank line (JSON) is not passed on at all. Drawn
+    /// among the connections neither reset nor dropped.
+    ///
+    /// The default value is 0.
+    #[must_use]
+    pub fn with_cut_responses(mut self, probability: f64) -> Self {
+        self.cut_responses = probability;
         self
     }
 
@@ -88,6 +106,7 @@ impl Faults {
 enum Fate {
     Forward,
     DropResponse,
+    CutResponse,
     Reset,
 }
 
@@ -97,10 +116,13 @@ impl Faults {
         let mut state = self.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let reset = unit(splitmix64(&mut state));
         let drop = unit(splitmix64(&mut state));
+        let cut = unit(splitmix64(&mut state));
         if reset < self.resets {
             Fate::Reset
         } else if drop < self.dropped_responses {
             Fate::DropResponse
+        } else if cut < self.cut_responses {
+            Fate::CutResponse
         } else {
             Fate::Forward
         }
@@ -130,6 +152,8 @@ pub struct ProxyCounts {
     pub forwarded: u64,
     /// Answers read from the upstream and not passed on.
     pub responses_dropped: u64,
+    /// Answers passed on up to their first event only.
+    pub responses_cut: u64,
     /// Connections reset before their request was forwarded.
     pub resets: u64,
 }
@@ -139,6 +163,7 @@ struct Counters {
     connections: AtomicU64,
     forwarded: AtomicU64,
     responses_dropped: AtomicU64,
+    responses_cut: AtomicU64,
     resets: AtomicU64,
 }
 
@@ -195,6 +220,7 @@ impl FaultyProxy {
             connections: c.connections.load(Ordering::SeqCst),
             forwarded: c.forwarded.load(Ordering::SeqCst),
             responses_dropped: c.responses_dropped.load(Ordering::SeqCst),
+            responses_cut: c.responses_cut.load(Ordering::SeqCst),
             resets: c.resets.load(Ordering::SeqCst),
         }
     }
@@ -248,8 +274,33 @@ async fn relay(
         counters.responses_dropped.fetch_add(1, Ordering::SeqCst);
         return reset(client);
     }
+    if fate == Fate::CutResponse {
+        counters.responses_cut.fetch_add(1, Ordering::SeqCst);
+        client.write_all(first_event(&answer)).await?;
+        client.flush().await?;
+        return reset(client);
+    }
     client.write_all(&answer).await?;
     client.shutdown().await
+}
+
+/// The answer's head and its body up to and with the first blank line
+/// (and the line end after it, which ends the chunk of a chunked body);
+/// the head alone when the body has no blank line.
+fn first_event(answer: &[u8]) -> &[u8] {
+    let Some(head) = find(answer, b"\r\n\r\n").map(|end| end + 4) else {
+        return answer;
+    };
+    let body = &answer[head..];
+    let Some(end) = find(body, b"\n\n").map(|end| end + 2) else {
+        return &answer[..head];
+    };
+    let end = if body[end..].starts_with(b"\r\n") {
+        end + 2
+    } else {
+        end
+    };
+    &answer[..head + end]
 }
 
 /// Closes a connection with a reset (RST), as a crashed peer would.
@@ -315,6 +366,20 @@ mod tests {
         assert_eq!(
             rewritten,
             "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn a_cut_answer_keeps_its_head_and_first_event() {
+        let chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n14\r\ndata:\nid: 0\nretry: 3\n\n\r\n9\r\ndata: x\n\n\r\n0\r\n\r\n";
+        assert_eq!(
+            first_event(chunked),
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n14\r\ndata:\nid: 0\nretry: 3\n\n\r\n"[..]
+        );
+        let json = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+        assert_eq!(
+            first_event(json),
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"[..]
         );
     }
 

@@ -14,6 +14,12 @@ every execution of a write in the SQLite file $BACKEND_DB (table
   GET  /echo                200 JSON of the request line and headers as received
   GET  /download?bytes=N    N bytes of a fixed pattern, streamed in 64 KiB writes
   POST /upload              sha256 and length of the body, read in a stream
+  POST /mcp                 a minimal MCP server (Streamable HTTP, stateless, JSON
+                            answers): initialize, ping, tools/list, tools/call of
+                            send_email {to, subject, idempotency_key}, which
+                            records an execution (path /mcp) and answers
+                            "sent email #<row> to <to>"; notifications get 202.
+                            GET /mcp is 405 (no server-initiated stream).
 
 Lenient, as Express and Werkzeug are: paths are normalised before routing
 (`;` parameters dropped, percent-escapes decoded, `\\` taken as `/`, dot and
@@ -120,7 +126,44 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(chunk)
                 sent += len(chunk)
             return None
+        if url.path == "/mcp":
+            return self.answer(405, {"error": "no server-initiated stream"})
         return self.answer(404, {"error": "not found"})
+
+    def mcp(self, raw, key, tenant):
+        """One JSON-RPC message to the minimal MCP server."""
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            return self.answer(400, {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "parse error"}})
+        if not isinstance(message, dict) or "method" not in message:
+            return self.answer(400, {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "invalid request"}})
+        if "id" not in message:
+            return self.answer(202, b"")
+        method, params, rid = message["method"], message.get("params") or {}, message["id"]
+        if method == "initialize":
+            result = {
+                "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "backend", "version": "1.0.0"},
+            }
+        elif method == "ping":
+            result = {}
+        elif method == "tools/list":
+            schema = {
+                "type": "object",
+                "properties": {"to": {"type": "string"}, "subject": {"type": "string"}, "idempotency_key": {"type": "string"}},
+                "required": ["to", "subject"],
+            }
+            result = {"tools": [{"name": "send_email", "description": "Send an email.", "inputSchema": schema}]}
+        elif method == "tools/call" and params.get("name") == "send_email":
+            arguments = params.get("arguments") or {}
+            row = record("/mcp", None, arguments.get("idempotency_key", key), tenant)
+            text = f"sent email #{row} to {arguments.get('to')}"
+            result = {"content": [{"type": "text", "text": text}], "isError": False}
+        else:
+            return self.answer(200, {"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "method not found"}})
+        return self.answer(200, {"jsonrpc": "2.0", "id": rid, "result": result})
 
     def do_POST(self):
         url = urlsplit(self.path)
@@ -154,6 +197,8 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.close_connection = True
             return None
+        if url.path == "/mcp":
+            return self.mcp(raw, key, tenant)
         if url.path != "/payments":
             return self.answer(404, {"error": "not found"})
         try:

@@ -330,7 +330,8 @@ async fn the_python_sdk_retrying_through_a_lossy_proxy_and_the_gateway_sends_eve
 /// Kills the server while `send_email` runs: the email may have gone out,
 /// so the retry with the same key is refused `outcome-unknown`, not run.
 /// `json`: the server answers as JSON, so nothing of the answer was sent
-/// when it dies (the gateway answers 502 `upstream-failed`); else as an
+/// when it dies (the gateway answers the JSON-RPC error `outcome-unknown`,
+/// HTTP 200, not its 502 `upstream-failed`); else as an
 /// event stream whose head it had sent (the stream breaks off before the
 /// call's response).
 async fn an_upstream_dying_mid_call(json: bool) {
@@ -362,11 +363,20 @@ async fn an_upstream_dying_mid_call(json: bool) {
     stack.server.take().expect("the server").kill().await;
     let (status, body) = pending.await.expect("the call's task");
     if json {
+        // A JSON-RPC error with HTTP 200, as every refusal (an SDK client
+        // drops `error.data` of a non-2xx answer): the email may have gone.
+        assert_eq!(status, 200, "a JSON-RPC error, not a 502: {body}");
+        let answer: Value = serde_json::from_str(&body).expect("a JSON-RPC response");
+        assert_eq!(answer["id"], 1, "{body}");
+        assert_eq!(answer["error"]["code"], -32092, "{body}");
         assert_eq!(
-            status, 502,
-            "upstream-failed after the request was sent: {body}"
+            answer["error"]["data"]["type"],
+            "urn:idempotency:outcome-unknown"
         );
-        assert!(body.contains("urn:idempotency:upstream-failed"), "{body}");
+        assert_eq!(
+            answer["error"]["data"]["upstream"],
+            "urn:idempotency:upstream-failed"
+        );
     } else {
         assert_eq!(status, 200, "the stream's head had come: {body}");
         assert!(!body.contains("\"result\""), "no response came: {body}");
@@ -445,4 +455,88 @@ fn jsonrpc_routes_name_what_they_guard_and_http_routes_do_not() {
         let error = config(route).expect_err(route);
         assert!(error.contains(why), "{route}: {error}");
     }
+}
+
+/// The example configuration as docker-compose mounts it
+/// (`gateway/gateway.example.toml`) in front of the compose file's sample
+/// backend (`backend.py`, whose `/mcp` is a minimal stateless MCP server):
+/// the `/mcp` route guards `send_email`. A call runs once, its retry is
+/// replayed under its own id, and the official Python SDK's client,
+/// calling twice with one key, gets the replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_configurations_mcp_route_guards_the_sample_backend() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let backend_db = dir.path().join("backend.db");
+    let backend = crate::support::start_backend(&backend_db, None).await;
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway.example.toml");
+    let store = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("gateway.db").display()
+    );
+    let upstream = format!("http://{}", backend.address);
+    let gateway = Process::start(
+        env!("CARGO_BIN_EXE_idempotency-gateway"),
+        &[
+            ("GATEWAY_CONFIG", example.to_str().expect("a UTF-8 path")),
+            ("UPSTREAM_URL", upstream.as_str()),
+            ("DATABASE_URL", store.as_str()),
+            ("RUST_LOG", "warn"),
+        ],
+        "/healthz",
+    )
+    .await;
+    let url = format!("http://{}/mcp", gateway.address);
+    let http = reqwest::Client::new();
+    let first = post(&http, &url, &send_email(1, "e@example.com", "example-1"), 1).await;
+    assert!(!first.replayed);
+    assert!(
+        text_of(&first.message).starts_with("sent email #"),
+        "{}",
+        first.message
+    );
+    let retry = post(&http, &url, &send_email(2, "e@example.com", "example-1"), 2).await;
+    assert!(retry.replayed, "the retry is a replay");
+    assert_eq!(retry.message["id"], 2, "under its own id");
+    assert_eq!(text_of(&retry.message), text_of(&first.message));
+    // The official Python SDK: initialize (passed through), then the call
+    // twice with one key.
+    let arguments = json!({"to": "f@example.com", "subject": "hi", "idempotency_key": "example-2"});
+    let mut replayed = Vec::new();
+    for _ in 0..2 {
+        let output = tokio::process::Command::new(mcp_sdk::python())
+            .arg(mcp_sdk::dir().join("python_call.py"))
+            .arg(&url)
+            .arg(arguments.to_string())
+            .current_dir(mcp_sdk::dir())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("the Python SDK client runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let line: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+            panic!(
+                "one JSON line: {stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
+        assert!(
+            line["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("sent email #")),
+            "{line}"
+        );
+        replayed.push(line["replayed"] == true);
+    }
+    assert_eq!(
+        replayed,
+        [false, true],
+        "the SDK's second call is the replay"
+    );
+    let pool = crate::support::sqlite(&backend_db).await;
+    let sent: i64 = sqlx::query_scalar("select count(*) from payments where path = '/mcp'")
+        .fetch_one(&pool)
+        .await
+        .expect("count emails");
+    pool.close().await;
+    assert_eq!(sent, 2, "each key's email ran once");
 }

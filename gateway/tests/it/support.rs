@@ -145,7 +145,7 @@ impl Stack {
     }
 }
 
-async fn sqlite(path: &Path) -> sqlx::SqlitePool {
+pub(crate) async fn sqlite(path: &Path) -> sqlx::SqlitePool {
     sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
         .await
         .expect("open the backend's database")

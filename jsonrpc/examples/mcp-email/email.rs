@@ -24,12 +24,47 @@ use rmcp::{ServerHandler, schemars, tool, tool_handler, tool_router};
 pub(crate) struct Outbox {
     sent: AtomicU64,
     lines: std::sync::Mutex<Vec<String>>,
+    /// How long sending takes, in milliseconds, past the first 20.
+    extra_ms: AtomicU64,
+    /// Emails begun (sent or still being sent).
+    started: AtomicU64,
+    /// When set, emails wait until it is closed ([`Outbox::release`]).
+    gate: Option<tokio::sync::Semaphore>,
 }
 
 impl Outbox {
+    /// An outbox whose emails take `time` more to send (a slow mail
+    /// server: calls that outlast their client's timeout).
+    pub(crate) fn slow(time: std::time::Duration) -> Self {
+        let outbox = Self::default();
+        let ms = u64::try_from(time.as_millis()).unwrap_or(u64::MAX);
+        outbox.extra_ms.store(ms, Ordering::SeqCst);
+        outbox
+    }
+
     /// How many emails were sent.
     pub(crate) fn count(&self) -> u64 {
         self.sent.load(Ordering::SeqCst)
+    }
+
+    /// An outbox whose emails wait, once begun, until [`Outbox::release`].
+    pub(crate) fn held() -> Self {
+        Self {
+            gate: Some(tokio::sync::Semaphore::new(0)),
+            ..Self::default()
+        }
+    }
+
+    /// Lets the emails of a [`Outbox::held`] outbox go.
+    pub(crate) fn release(&self) {
+        if let Some(gate) = &self.gate {
+            gate.close();
+        }
+    }
+
+    /// How many emails were begun (sent, or being sent now).
+    pub(crate) fn started(&self) -> u64 {
+        self.started.load(Ordering::SeqCst)
     }
 
     /// Every email sent, as `to|subject`.
@@ -77,7 +112,13 @@ impl EmailServer {
     #[tool(description = "Send an email. Pass idempotency_key and reuse it on retries.")]
     async fn send_email(&self, Parameters(email): Parameters<SendEmail>) -> String {
         // A little work, so that concurrent retries overlap the first call.
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        self.outbox.started.fetch_add(1, Ordering::SeqCst);
+        if let Some(gate) = &self.outbox.gate {
+            // Closed on release: the wait ends then.
+            let _closed = gate.acquire().await;
+        }
+        let extra = self.outbox.extra_ms.load(Ordering::SeqCst);
+        tokio::time::sleep(std::time::Duration::from_millis(20 + extra)).await;
         let n = self.outbox.sent.fetch_add(1, Ordering::SeqCst) + 1;
         if let Ok(mut lines) = self.outbox.lines.lock() {
             lines.push(format!("{}|{}", email.to, email.subject));
@@ -114,17 +155,12 @@ pub(crate) enum Form {
 /// The MCP endpoint at `/mcp`, `send_email` guarded by the layer,
 /// `sent_emails` passing through.
 pub(crate) fn router<S: Store>(engine: Engine<S>, outbox: Arc<Outbox>, form: Form) -> Router {
-    let config = StreamableHttpServerConfig::default()
-        .disable_allowed_hosts()
-        .with_legacy_session_mode(form == Form::Sessions)
-        .with_json_response(form == Form::Json)
-        .with_sse_keep_alive(None);
-    let mcp = StreamableHttpService::new(
-        move || Ok(EmailServer::new(Arc::clone(&outbox))),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
-    let layer = JsonRpcLayer::new(engine)
+    router_with(layer(engine), outbox, form)
+}
+
+/// The layer of [`router`]: `send_email` guarded, the scope from the bearer.
+pub(crate) fn layer<S: Store>(engine: Engine<S>) -> JsonRpcLayer<S> {
+    JsonRpcLayer::new(engine)
         .with_tool("send_email")
         .with_scope(|parts| {
             // The principal an authentication layer established; here the
@@ -136,6 +172,24 @@ pub(crate) fn router<S: Store>(engine: Engine<S>, outbox: Arc<Outbox>, form: For
                 .and_then(|value| value.strip_prefix("Bearer "))
                 .unwrap_or("anonymous")
                 .to_owned()
-        });
+        })
+}
+
+/// The MCP endpoint at `/mcp` behind `layer`.
+pub(crate) fn router_with<S: Store>(
+    layer: JsonRpcLayer<S>,
+    outbox: Arc<Outbox>,
+    form: Form,
+) -> Router {
+    let config = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .with_legacy_session_mode(form == Form::Sessions)
+        .with_json_response(form == Form::Json)
+        .with_sse_keep_alive(None);
+    let mcp = StreamableHttpService::new(
+        move || Ok(EmailServer::new(Arc::clone(&outbox))),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
     Router::new().route_service("/mcp", mcp).route_layer(layer)
 }

@@ -7,12 +7,16 @@
 //! ```
 //!
 //! Reads `DATABASE_URL` (default an SQLite file `mcp-email.db`) and `LISTEN`
-//! (default `127.0.0.1:3001`).
+//! (default `127.0.0.1:3001`). Serves through the guard's bounded server
+//! (`idempotency_guard::server`), as every binary of the project does, and
+//! drains the engine on shutdown.
 
 mod email;
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use idempotency_guard::server::{BodyTimeoutLayer, Server};
 use idempotency_guard::{Engine, store::AnyStore};
 
 #[tokio::main]
@@ -25,14 +29,16 @@ async fn main() -> anyhow::Result<()> {
     let engine = Engine::new(store);
     let drain = engine.drain();
     let outbox = Arc::new(email::Outbox::default());
-    let app = email::router(engine, outbox, email::Form::Sessions);
+    let app = email::router(engine, outbox, email::Form::Sessions)
+        .layer(BodyTimeoutLayer::new(Duration::from_secs(30)));
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     println!("MCP server on http://{listen}/mcp (send_email guarded)");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    Server::new()
+        .serve(listener, move |_client| app.clone(), shutdown)
+        .await;
     drain.wait().await;
     Ok(())
 }

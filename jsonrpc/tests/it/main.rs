@@ -6,5 +6,7 @@
 
 #[path = "../../examples/mcp-email/email.rs"]
 mod email;
+mod readme;
 mod sdk_clients;
+mod sdk_edges;
 mod tool_calls;

@@ -377,25 +377,55 @@ async fn a_store_that_fails_refuses_store_unavailable_and_sends_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_over_the_limit_is_refused_before_it_is_read() {
+async fn a_body_over_the_limit_is_refused_under_its_own_id_and_never_kept() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     let db = idempotency_tests::sqlite().await;
     let (address, outbox) = email_server(db.store.clone(), Form::Json).await;
-    let body = send_email(json!(1), &"a".repeat(1024 * 1024 + 1), "big-1");
+    // The id last, as the TypeScript SDK writes it: found past the limit.
+    let big = "a".repeat(1024 * 1024 + 1);
+    let body = format!(
+        r#"{{"method":"tools/call","params":{{"name":"send_email","arguments":{{"to":"{big}","subject":"s","idempotency_key":"big-1"}}}},"jsonrpc":"2.0","id":"call-9"}}"#
+    );
+    let check = |answer: &Value| {
+        assert_eq!(answer["id"], "call-9", "{answer}");
+        assert_eq!(answer["error"]["code"], -32600);
+        assert_eq!(
+            answer["error"]["data"]["type"],
+            "urn:idempotency:body-too-large"
+        );
+        assert_eq!(answer["error"]["data"]["limit"], 1024 * 1024);
+    };
+    // A declared length over the limit: nothing is kept, the id is found
+    // in the body read past it.
     let response = reqwest::Client::new()
         .post(format!("http://{address}/mcp"))
         .header("content-type", "application/json")
         .header("accept", BOTH)
-        .json(&body)
+        .body(body.clone())
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), 413);
-    assert_eq!(
-        response.headers()["content-type"],
-        "application/problem+json"
-    );
-    let problem: Value = response.json().await.unwrap();
-    assert_eq!(problem["type"], "urn:idempotency:body-too-large");
+    assert_eq!(response.status(), 200, "a JSON-RPC error, HTTP 200");
+    assert_eq!(response.headers()["content-type"], "application/json");
+    check(&response.json().await.unwrap());
+    // Chunked: no declared length, found over the limit as it is read.
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = "POST /mcp HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\naccept: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    for chunk in body.as_bytes().chunks(64 * 1024) {
+        let size = format!("{:x}\r\n", chunk.len());
+        stream.write_all(size.as_bytes()).await.unwrap();
+        stream.write_all(chunk).await.unwrap();
+        stream.write_all(b"\r\n").await.unwrap();
+    }
+    stream.write_all(b"0\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    let (_, json) = answer.split_once("\r\n\r\n").unwrap();
+    check(&serde_json::from_str(json).unwrap());
     assert_eq!(outbox.count(), 0);
 }
 
