@@ -103,6 +103,19 @@ try {
   seen.xssKeyPage = await page.textContent("#k-key");
   seen.pwnedAfter = await page.evaluate(() => window.__pwned ?? null);
 
+  // A completed debit's page: its stored answer, redacted.
+  await page.click("#back");
+  await page.waitForSelector("#list:not([hidden])");
+  await page.click('#rest tbody tr[data-key="debit-0003"] td.key a');
+  await page.waitForFunction(() => document.getElementById("k-key").textContent === "debit-0003" && !document.getElementById("actions").hidden);
+  seen.answerPage = {
+    response: await page.textContent("#k-response"),
+    headers: await page.textContent("#k-headers"),
+    body: await page.textContent("#k-body"),
+    bold: await page.$$eval("#k-body b, #k-headers b", (nodes) => nodes.length),
+  };
+  if (shots) await page.screenshot({ path: `${shots}/console-answer.png`, fullPage: true });
+
   // Finance's CSV.
   await page.click("#back");
   await page.waitForSelector("#list:not([hidden])");

@@ -3,10 +3,11 @@
 //! no longer count as needing a decision.
 //!
 //! A mark names one record's life, not a key: the scope, the key, the
-//! fingerprint and the claim time (`created_at`) of the record it was
+//! fingerprint and (a SHA-256 of) the lease token of the record it was
 //! taken on. Once that record is released or forgotten and the key is
-//! claimed again, the new record has another claim time and the old mark
-//! no longer applies to it.
+//! claimed again, the new record has another lease token and the old mark
+//! no longer applies to it. (Not the claim time: Redis derives it from the
+//! key's remaining TTL at each read, so it moves by a millisecond or so.)
 //!
 //! # Why the service keeps them, not the store
 //!
@@ -48,7 +49,7 @@ struct Line {
     scope: String,
     key: String,
     fingerprint: String,
-    created_at: String,
+    lease: String,
     #[serde(flatten)]
     mark: Reconciliation,
 }
@@ -85,8 +86,12 @@ pub struct Reconciled {
     marks: Mutex<HashMap<Identity, (String, String, Reconciliation)>>,
 }
 
-fn claim_time(record: &Record) -> String {
-    record.created_at.unix_timestamp_nanos().to_string()
+/// The record's life: a digest of its lease token (the token itself is a
+/// capability on the record, so it is not written down).
+fn life(record: &Record) -> String {
+    use sha2::{Digest as _, Sha256};
+    let digest = Sha256::digest(record.lease_token.as_uuid().as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Reconciled {
@@ -121,7 +126,7 @@ impl Reconciled {
             })?;
             marks.insert(
                 (line.scope, line.key),
-                (line.fingerprint, line.created_at, line.mark),
+                (line.fingerprint, line.lease, line.mark),
             );
         }
         // Fail at start, not at the first mark, when the file cannot be
@@ -140,9 +145,8 @@ impl Reconciled {
     /// The mark of `record`'s life, if an operator reconciled it.
     pub fn of(&self, record: &Record) -> Option<Reconciliation> {
         let marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
-        let (fingerprint, created_at, mark) =
-            marks.get(&(record.scope.clone(), record.key.clone()))?;
-        (*fingerprint == record.fingerprint.to_string() && *created_at == claim_time(record))
+        let (fingerprint, lease, mark) = marks.get(&(record.scope.clone(), record.key.clone()))?;
+        (*fingerprint == record.fingerprint.to_string() && *lease == life(record))
             .then(|| mark.clone())
     }
 
@@ -157,7 +161,7 @@ impl Reconciled {
             scope: record.scope.clone(),
             key: record.key.clone(),
             fingerprint: record.fingerprint.to_string(),
-            created_at: claim_time(record),
+            lease: life(record),
             mark,
         };
         let mut marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
@@ -176,8 +180,76 @@ impl Reconciled {
         }
         marks.insert(
             (line.scope, line.key),
-            (line.fingerprint, line.created_at, line.mark),
+            (line.fingerprint, line.lease, line.mark),
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idempotency_guard::{Fingerprint, LeaseToken};
+    use time::OffsetDateTime;
+
+    use super::*;
+
+    fn record(key: &str) -> Record {
+        let now = OffsetDateTime::now_utc();
+        Record {
+            scope: "default".to_owned(),
+            key: key.to_owned(),
+            fingerprint: Fingerprint::from_bytes([7; 32]),
+            method: "POST".to_owned(),
+            path: "/debits".to_owned(),
+            lease_token: LeaseToken::new(),
+            lease_expires_at: now,
+            transactional: false,
+            response: None,
+            created_at: now,
+            completed_at: None,
+            expires_at: now + time::Duration::hours(1),
+            observed_at: now,
+        }
+    }
+
+    fn mark(reason: &str) -> Reconciliation {
+        Reconciliation {
+            at: "2026-01-31T12:00:00Z".to_owned(),
+            by: "ops".to_owned(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    #[test]
+    fn marks_survive_a_restart_and_name_one_life_of_a_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reconciled.jsonl");
+        let lost = record("lost");
+        let marks = Reconciled::from_file(&path).unwrap();
+        assert_eq!(marks.of(&lost), None);
+        marks.mark(&lost, mark("refunded")).unwrap();
+        assert_eq!(marks.of(&lost), Some(mark("refunded")));
+
+        let again = Reconciled::from_file(&path).unwrap();
+        assert_eq!(again.of(&lost), Some(mark("refunded")), "read back");
+        let claimed_again = Record {
+            lease_token: LeaseToken::new(),
+            ..lost.clone()
+        };
+        assert_eq!(again.of(&claimed_again), None, "a new life of the key");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            !text.contains(&lost.lease_token.as_uuid().to_string()),
+            "the lease token itself is not written: {text}"
+        );
+    }
+
+    #[test]
+    fn a_line_that_is_not_a_mark_is_refused_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reconciled.jsonl");
+        std::fs::write(&path, "{\"scope\":\"a\"}\n").unwrap();
+        let error = Reconciled::from_file(&path).unwrap_err();
+        assert!(error.to_string().contains(":1:"), "{error}");
     }
 }

@@ -520,7 +520,7 @@ mod tests {
         redact_json(&mut value);
         assert_eq!(value["card"], "[redacted]");
         assert_eq!(value["customer"]["api_key"], "[redacted]");
-        assert_eq!(value["customer"]["note"], "iban DE••••••••••••••3000");
+        assert_eq!(value["customer"]["note"], "iban DE••••••••••••••••3000");
         assert_eq!(value["items"][0]["password"], "[redacted]");
         assert_eq!(value["amount"], 1250);
         assert_eq!(value["id"], "pay_1");

@@ -133,6 +133,37 @@ async fn http_get(address: std::net::SocketAddr, path: &str) -> Option<(u16, Str
     Some((status, text))
 }
 
+/// Stores a completed debit whose answer holds a card number and a cookie.
+async fn complete_with_a_card(store: &AnyStore, key: &str) {
+    use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
+    use idempotency_guard::{Store as _, StoredResponse};
+    let new = NewRecord {
+        scope: "default",
+        key,
+        fingerprint: &crate::support::FP,
+        method: "POST",
+        path: "/debits",
+        token: LeaseToken::new(),
+        lease: Duration::from_secs(60),
+        retention: Duration::from_secs(3600),
+        transactional: false,
+    };
+    let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
+        panic!("{key} was already claimed");
+    };
+    let mut headers = http::HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    headers.insert("location", "/debits/dbt_0003".parse().unwrap());
+    headers.insert("set-cookie", "session=cookie-value-0123".parse().unwrap());
+    let body = r#"{"id":"dbt_0003","amount":4200,"currency":"EUR","card":{"number":"4111111111111111"},"note":"paid from DE89370400440532013000","status":"<b>posted</b>"}"#;
+    let response = StoredResponse {
+        status: StatusCode::CREATED,
+        headers,
+        body: Some(bytes::Bytes::from_static(body.as_bytes())),
+    };
+    store.complete(&lease, &response).await.unwrap();
+}
+
 /// The audit lines (JSON logs) the service wrote to `log`.
 fn audit_lines(log: &Path) -> Vec<Value> {
     std::fs::read_to_string(log)
@@ -184,6 +215,7 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
     seed(&store, "default", "debit-0001", Seed::Completed).await;
     seed(&store, "default", "debit-0002", Seed::InFlight).await;
     seed(&store, "tenant-b", "debit-b-0001", Seed::Abandoned).await;
+    complete_with_a_card(&store, "debit-0003").await;
     let before = idempotency_tests::call(&app, debit()).await;
     assert_eq!(
         before.status,
@@ -281,7 +313,10 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
     );
     assert_eq!(seen["scope"], "default");
     assert_eq!(strings(&seen["needsBefore"]), [XSS_KEY, KEY]);
-    assert_eq!(strings(&seen["restBefore"]), ["debit-0001", "debit-0002"]);
+    assert_eq!(
+        strings(&seen["restBefore"]),
+        ["debit-0001", "debit-0002", "debit-0003"]
+    );
     // The key holding markup rendered as text, and ran nothing.
     assert_eq!(seen["xssRendered"], true, "{seen}");
     assert_eq!(seen["injectedElements"], 0);
@@ -321,6 +356,31 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
     );
     assert!(seen["released"].as_str().unwrap().contains("Released"));
     assert_eq!(strings(&seen["needsAfter"]), [XSS_KEY]);
+
+    // A completed debit's page: its stored answer, redacted.
+    let answer = &seen["answerPage"];
+    let body = answer["body"].as_str().unwrap();
+    assert!(body.contains("dbt_0003") && body.contains("4200"), "{body}");
+    assert!(body.contains("\"card\": \"[redacted]\""), "{body}");
+    assert!(
+        body.contains("3000") && !body.contains("89370400440532013000"),
+        "{body}"
+    );
+    assert!(
+        body.contains("<b>posted</b>"),
+        "markup in a body is text: {body}"
+    );
+    assert_eq!(answer["bold"], 0, "no element made of the body");
+    let headers = answer["headers"].as_str().unwrap();
+    assert!(
+        headers.contains("location") && headers.contains("/debits/dbt_0003"),
+        "{headers}"
+    );
+    assert!(
+        headers.contains("set-cookie") && !headers.contains("cookie-value-0123"),
+        "{headers}"
+    );
+    assert!(answer["response"].as_str().unwrap().contains("201"));
 
     // Finance's CSV: what still needs a decision.
     let csv = seen["csv"].as_str().unwrap();
