@@ -125,6 +125,28 @@ try {
   for await (const chunk of stream) chunks.push(chunk);
   seen.csv = Buffer.concat(chunks).toString("utf8");
 
+  // Mark the key holding markup reconciled: kept, no longer needing a
+  // decision; then forget a completed key.
+  await page.locator("#needs tbody td.key a").filter({ hasText: xssKey }).first().click();
+  await page.waitForFunction((text) => document.getElementById("k-key").textContent === text && !document.getElementById("actions").hidden, xssKey);
+  await page.fill("#reason", "customer confirmed one debit; keep the record");
+  await page.click("#act-reconcile");
+  await page.waitForFunction(() => /Marked/.test(document.getElementById("message").textContent));
+  await page.waitForFunction(() => /Reconciled by/.test(document.getElementById("k-badge").textContent));
+  seen.reconciledBadge = await page.textContent("#k-badge");
+  seen.reconciledLife = await page.$$eval("#k-life li", (items) => items.map((item) => item.textContent));
+  await page.click("#back");
+  await page.waitForSelector("#list:not([hidden])");
+  await page.waitForFunction(() => document.querySelectorAll("#rest tbody td.key").length >= 4);
+  seen.needsReconciled = await page.textContent("#needs tbody");
+  seen.restReconciled = await keyTexts("rest");
+  await page.click('#rest tbody tr[data-key="debit-0001"] td.key a');
+  await page.waitForFunction(() => document.getElementById("k-key").textContent === "debit-0001" && !document.getElementById("actions").hidden);
+  await page.fill("#reason", "test debit, replay no longer wanted");
+  await page.click("#act-forget");
+  await page.waitForFunction(() => /Forgot/.test(document.getElementById("message").textContent));
+  seen.forgot = await page.textContent("#message");
+
   // An admin of tenant-b sees nothing of tenant-a.
   await page.click("#sign-out");
   await signIn(env("TOKEN_B"));

@@ -340,7 +340,6 @@ pub(super) struct Filters {
 }
 
 impl Filters {
-    #[allow(clippy::too_many_arguments)]
     fn parse(
         state: Option<&str>,
         needs_decision: Option<bool>,

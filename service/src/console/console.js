@@ -95,6 +95,8 @@ function signOut(why) {
   $("f-scope").value = "";
   for (const id of ["needs", "rest"]) clear($(id).tBodies[0]);
   for (const id of ["needs-pager", "rest-pager"]) clear($(id));
+  // The next sign-in starts at the list, not at this token's last key.
+  history.replaceState(null, "", location.pathname);
   show("login");
   say(why || "", Boolean(why));
 }
@@ -273,15 +275,16 @@ async function act(action) {
   }
   const path = `/v1/admin/keys/${seg(current.scope)}/${seg(current.key)}`;
   const { scope, key } = current;
+  let done;
   if (action === "release") {
     await api("POST", `${path}/release`, { reason });
-    say(`Released ${key}: the client's retry runs.`);
+    done = `Released ${key}: the client's retry runs.`;
   } else if (action === "reconcile") {
     await api("POST", `${path}/reconcile`, { reason });
-    say(`Marked ${key} reconciled: kept, no longer needing a decision.`);
+    done = `Marked ${key} reconciled: kept, no longer needing a decision.`;
   } else {
     await api("DELETE", path, { reason, force: current.state === "abandoned" ? "true" : "" });
-    say(`Forgot ${key}.`);
+    done = `Forgot ${key}.`;
   }
   $("reason").value = "";
   if (action === "reconcile") await showKey(scope, key);
@@ -290,6 +293,7 @@ async function act(action) {
     $("actions").hidden = true;
     $("k-badge").append(" ", el("strong", { text: action === "release" ? "(released)" : "(forgotten)" }));
   }
+  say(done);
 }
 
 // ---- routing

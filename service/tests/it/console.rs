@@ -13,8 +13,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
 use http::{Request, StatusCode};
-use idempotency_guard::IdempotencyLayer;
 use idempotency_guard::store::{AnyStore, StoreOptions};
+use idempotency_guard::{IdempotencyLayer, Store as _};
 use serde_json::Value;
 
 use crate::support::{Seed, get, seed};
@@ -135,8 +135,8 @@ async fn http_get(address: std::net::SocketAddr, path: &str) -> Option<(u16, Str
 
 /// Stores a completed debit whose answer holds a card number and a cookie.
 async fn complete_with_a_card(store: &AnyStore, key: &str) {
+    use idempotency_guard::StoredResponse;
     use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
-    use idempotency_guard::{Store as _, StoredResponse};
     let new = NewRecord {
         scope: "default",
         key,
@@ -388,6 +388,51 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
     assert!(csv.contains(&format!("\"{XSS_KEY}\"")), "{csv}");
     assert!(!csv.contains(KEY), "released: no longer in the list: {csv}");
 
+    // Marked reconciled: kept, listed with the rest; a completed key forgotten.
+    assert!(
+        seen["reconciledBadge"]
+            .as_str()
+            .unwrap()
+            .contains("Reconciled by ops"),
+        "{seen}"
+    );
+    assert!(
+        strings(&seen["reconciledLife"])
+            .iter()
+            .any(|s| s.starts_with("reconciled")),
+        "{seen}"
+    );
+    assert!(
+        seen["needsReconciled"]
+            .as_str()
+            .unwrap()
+            .contains("Nothing needs a decision"),
+        "{seen}"
+    );
+    assert_eq!(
+        strings(&seen["restReconciled"]),
+        [XSS_KEY, "debit-0001", "debit-0002", "debit-0003"]
+    );
+    assert!(
+        seen["forgot"]
+            .as_str()
+            .unwrap()
+            .contains("Forgot debit-0001")
+    );
+    assert!(
+        store.get("default", XSS_KEY).await.unwrap().is_some(),
+        "reconciled: kept"
+    );
+    assert!(
+        store.get("default", "debit-0001").await.unwrap().is_none(),
+        "forgotten"
+    );
+    let marks = std::fs::read_to_string(&reconciled).unwrap();
+    assert!(
+        marks.contains("customer confirmed one debit") && marks.contains("\"by\":\"ops\""),
+        "the mark is kept in RECONCILED_FILE: {marks}"
+    );
+
     // tenant-b's admin sees nothing of it.
     let other = &seen["other"];
     assert_eq!(other["scope"], "tenant-b");
@@ -426,6 +471,29 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
     assert_eq!(release[0]["key"], KEY);
     assert_eq!(release[0]["reason"], REASON);
     assert_eq!(release[0]["result"], "deleted-abandoned");
+    for (action, key, reason, result) in [
+        (
+            "reconcile",
+            XSS_KEY,
+            "customer confirmed one debit; keep the record",
+            "reconciled",
+        ),
+        (
+            "forget",
+            "debit-0001",
+            "test debit, replay no longer wanted",
+            "deleted-completed",
+        ),
+    ] {
+        assert!(
+            audit.iter().any(|line| line["action"] == action
+                && line["key"] == key
+                && line["reason"] == reason
+                && line["result"] == result
+                && line["who"] == "ops"),
+            "the {action} line: {audit:?}"
+        );
+    }
     assert!(
         audit.iter().any(|line| line["who"] == "bob"
             && line["scope"] == "default"
