@@ -282,6 +282,21 @@ pub struct ReasonQuery {
     pub reason: Option<String>,
 }
 
+/// The query of `POST /v1/admin/keys/{scope}/{key}/reconcile`: the reason
+/// is required.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RequiredReasonQuery {
+    /// Why the record is kept (1 to 500 characters, no control
+    /// characters): written to the audit line and the mark.
+    #[param(
+        min_length = 1,
+        max_length = 500,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
+    )]
+    pub reason: String,
+}
+
 /// The query of `DELETE /v1/admin/keys/{scope}/{key}`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -304,12 +319,12 @@ pub struct ForgetQuery {
 pub(super) fn valid_reason(reason: Option<&str>) -> Result<Option<&str>, AdminProblem> {
     match reason {
         Some(reason)
-            if reason.trim().is_empty()
+            if reason.is_empty()
                 || reason.chars().count() > 500
                 || reason.chars().any(char::is_control) =>
         {
             Err(AdminProblem::BadRequest(
-                "reason is 1 to 500 characters, not all blank, no control characters".to_owned(),
+                "reason is 1 to 500 characters, no control characters".to_owned(),
             ))
         }
         reason => Ok(reason),
@@ -332,6 +347,9 @@ fn parse_time(name: &str, value: Option<&str>) -> Result<Option<OffsetDateTime>,
 #[derive(Debug, Clone)]
 pub(super) struct Filters {
     state: StateFilter,
+    /// No record can pass (`needs_decision=true` with a state other than
+    /// `any` or `abandoned`).
+    nothing: bool,
     needs_decision: Option<bool>,
     method: Option<String>,
     path_prefix: Option<String>,
@@ -353,15 +371,13 @@ impl Filters {
                 AdminProblem::BadRequest(error.to_string())
             },
         )?;
+        // The records that need a decision are abandoned ones: with
+        // another state, nothing passes both filters.
+        let mut nothing = false;
         if needs_decision == Some(true) {
             match state {
                 StateFilter::Any | StateFilter::Abandoned => state = StateFilter::Abandoned,
-                _ => {
-                    return Err(AdminProblem::BadRequest(
-                        "needs_decision=true lists abandoned records: state is any or abandoned"
-                            .to_owned(),
-                    ));
-                }
+                StateFilter::InFlight | StateFilter::Completed => nothing = true,
             }
         }
         if let Some(method) = method
@@ -374,14 +390,17 @@ impl Filters {
             ));
         }
         if let Some(prefix) = path_prefix
-            && (prefix.is_empty() || prefix.len() > 1024 || prefix.chars().any(char::is_control))
+            && (prefix.is_empty()
+                || prefix.chars().count() > 1024
+                || prefix.chars().any(char::is_control))
         {
             return Err(AdminProblem::BadRequest(
-                "path_prefix is 1 to 1024 bytes, no control characters".to_owned(),
+                "path_prefix is 1 to 1024 characters, no control characters".to_owned(),
             ));
         }
         Ok(Self {
             state,
+            nothing,
             needs_decision,
             method: method.map(str::to_owned),
             path_prefix: path_prefix.map(str::to_owned),
@@ -426,6 +445,9 @@ pub(super) async fn scan(
     limit: u32,
     pages: u32,
 ) -> Result<(Vec<AdminRecord>, Option<String>), AdminProblem> {
+    if filters.nothing {
+        return Ok((Vec::new(), None));
+    }
     let wanted = usize::try_from(limit).unwrap_or(usize::MAX);
     let mut cursor = after.map(str::to_owned);
     let mut found = Vec::new();

@@ -77,7 +77,7 @@ pub mod tokens;
 pub use audit::{ADMIN_ACTIONS_TOTAL, AUDIT_TARGET};
 pub use handlers::{
     AdminAction, AdminPage, AdminRecord, DEFAULT_PAGE, EXPORT_MAX_ROWS, ExportQuery, ForgetQuery,
-    ListQuery, ReasonQuery, export_keys, forget_key, list_keys, release_key,
+    ListQuery, ReasonQuery, RequiredReasonQuery, export_keys, forget_key, list_keys, release_key,
 };
 pub use problem::AdminProblem;
 pub use reconciled::{Reconciled, ReconciledError, Reconciliation};

@@ -16,7 +16,7 @@ use utoipa::ToSchema;
 use super::AdminState;
 use super::audit::audited;
 use super::handlers::{
-    AdminRecord, ReasonQuery, rfc3339, store_call, valid_key, valid_reason, valid_scope,
+    AdminRecord, RequiredReasonQuery, rfc3339, store_call, valid_key, valid_reason, valid_scope,
 };
 use super::problem::AdminProblem;
 use super::reconciled::Reconciliation;
@@ -407,7 +407,7 @@ pub async fn show_key(
     params(
         ("scope" = String, Path, description = "The scope (1 to 255 bytes, no control characters), percent-encoded", min_length = 1, max_length = 255, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"),
         ("key" = String, Path, description = "The idempotency key, percent-encoded", min_length = 1, max_length = 255, pattern = "^[!-~]+$"),
-        ReasonQuery,
+        RequiredReasonQuery,
     ),
     security(("bearer" = [])),
     responses(
@@ -424,7 +424,7 @@ pub async fn reconcile_key(
     State(state): State<AdminState>,
     Extension(admin): Extension<Admin>,
     path: Result<Path<(String, String)>, PathRejection>,
-    query: Result<Query<ReasonQuery>, QueryRejection>,
+    query: Result<Query<RequiredReasonQuery>, QueryRejection>,
 ) -> Result<Json<AdminRecord>, AdminProblem> {
     let Path((scope, key)) =
         path.map_err(|rejection| AdminProblem::BadRequest(rejection.body_text()))?;
@@ -432,7 +432,7 @@ pub async fn reconcile_key(
         query.map_err(|rejection| AdminProblem::BadRequest(rejection.body_text()))?;
     valid_scope(&scope)?;
     let key = valid_key(&key)?;
-    let Some(reason) = valid_reason(query.reason.as_deref())? else {
+    let Some(reason) = valid_reason(Some(&query.reason))? else {
         return Err(AdminProblem::BadRequest(
             "reconcile needs a reason (?reason=...)".to_owned(),
         ));
