@@ -65,6 +65,15 @@ pub struct Config {
     /// newlines, beside (or instead of) the file.
     #[arg(long, env = "ADMIN_TOKENS", hide_env_values = true)]
     pub admin_tokens: Option<String>,
+    /// Serve the operators' console at `/console` (off by default): a page
+    /// that calls the admin API with the admin token the operator types.
+    #[arg(long, env = "CONSOLE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub console: bool,
+    /// A file of JSON lines keeping the records operators marked
+    /// reconciled (created when missing); without it the marks are kept
+    /// in memory and lost at restart.
+    #[arg(long, env = "RECONCILED_FILE")]
+    pub reconciled_file: Option<PathBuf>,
     /// Seconds between purges of expired records (0: never purge).
     #[arg(long, env = "PURGE_INTERVAL_SECS", default_value_t = 60)]
     pub purge_interval_secs: u64,

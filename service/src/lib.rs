@@ -6,7 +6,8 @@
 //! |---|---|
 //! | `GET /v1/keys/{key}` (`?fingerprint=sha256:...`) | 200 with the key's state and advice (`wait`, `replay`, `reconcile`), or 404 `key-not-found` with `advice: retry` |
 //! | `POST /v1/keys/lookup` `{"keys": [...]}` | 200 with one result per key (1 to 1000), in order |
-//! | `GET /v1/admin/keys`, `DELETE /v1/admin/keys/{scope}/{key}`, `POST /v1/admin/keys/{scope}/{key}/release` | the admin API, for admin tokens only (see [`admin`]) |
+//! | `GET /v1/admin/keys`, `GET /v1/admin/keys.csv`, `GET /v1/admin/whoami`, `GET`/`DELETE /v1/admin/keys/{scope}/{key}`, `POST /v1/admin/keys/{scope}/{key}/release`, `POST /v1/admin/keys/{scope}/{key}/reconcile` | the admin API, for admin tokens only (see [`admin`]) |
+//! | `GET /console` | the operators' console, when `CONSOLE=true` (see [`console`]) |
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 when the store answers, 503 otherwise |
 //! | `GET /metrics` | Prometheus text |
@@ -26,7 +27,8 @@
 //! |---|---|
 //! | [`tokens`] | the one tokens-file parser and the scope tokens |
 //! | [`problem`], [`status`], [`config`] | the service's problems, a record's status and advice, the settings |
-//! | [`admin`] | the admin API, self-contained over its [`AdminState`](admin::AdminState): its tokens, problems, audit and handlers |
+//! | [`admin`] | the admin API, self-contained over its [`AdminState`](admin::AdminState): its tokens, problems, audit, reconciled marks and handlers |
+//! | [`console`] | the operators' console: its page, script and stylesheet, embedded, and their headers |
 //! | [`state`] | [`AppState`] and what the handlers share (the body limit, the timed store read) |
 //! | [`keys`], [`ops`] | the key-status endpoints; health, readiness and metrics |
 //! | [`openapi`] | the OpenAPI document (from the handlers above) and `/openapi.json` |
@@ -35,6 +37,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod console;
 pub mod keys;
 pub mod openapi;
 pub mod ops;

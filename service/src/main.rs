@@ -77,7 +77,11 @@ pub(crate) async fn main() -> ExitCode {
             let error = anyhow::Error::new(error);
             let configuration = matches!(
                 error.downcast_ref::<ServiceError>(),
-                Some(ServiceError::Tokens(_) | ServiceError::AdminTokens(_))
+                Some(
+                    ServiceError::Tokens(_)
+                        | ServiceError::AdminTokens(_)
+                        | ServiceError::Reconciled(_)
+                )
             );
             if configuration {
                 eprintln!("idempotency-service: configuration: {error:#}");

@@ -10,6 +10,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::admin::handlers as admin;
+use crate::admin::reconciled::Reconciliation;
+use crate::admin::record;
 use crate::keys;
 use crate::ops::{self, Health};
 use crate::problem::Problem;
@@ -33,13 +35,17 @@ use crate::problem::Problem;
         openapi_json,
         admin::list_keys,
         admin::forget_key,
-        admin::release_key
+        admin::release_key,
+        admin::export_keys,
+        record::show_key,
+        record::reconcile_key,
+        record::whoami
     ),
-    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, admin::AdminRecord, admin::AdminPage, admin::AdminAction)),
+    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, admin::AdminRecord, admin::AdminPage, admin::AdminAction, Reconciliation, record::AdminRecordDetail, record::AdminResponse, record::AdminHeader, record::AdminBody, record::AdminEvent, record::AdminIdentity)),
     modifiers(&BearerAuth),
     tags(
         (name = "keys", description = "What became of a key"),
-        (name = "admin", description = "Operators: list a scope's records, forget or release one (admin tokens only)"),
+        (name = "admin", description = "Operators: list a scope's records (those needing a decision first), show one, forget, release or mark it reconciled, export as CSV (admin tokens only)"),
         (name = "operations", description = "Health, readiness, metrics and this document")
     )
 )]

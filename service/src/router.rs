@@ -1,5 +1,5 @@
-//! The service's router: [`build_router`] puts the key, admin and
-//! operations routes together under the layers every request passes.
+//! The service's router: [`build_router`] puts the key, admin, console
+//! (when on) and operations routes together under the layers every request passes.
 
 use std::time::Instant;
 
@@ -14,12 +14,18 @@ use tower_http::trace::TraceLayer;
 use crate::admin::{self, AdminState};
 use crate::problem::ApiProblem;
 use crate::state::{AppState, BODY_LIMIT};
-use crate::{keys, openapi, ops};
+use crate::{console, keys, openapi, ops};
 
 /// The service's router. Tests call it with `oneshot`; `serve` binds it.
 pub fn build_router(state: AppState) -> Router {
+    let console = if state.console {
+        console::router()
+    } else {
+        Router::new()
+    };
     Router::new()
         .merge(keys::router(state.clone()))
+        .merge(console)
         .merge(admin::router(AdminState::from_ref(&state)))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))

@@ -27,6 +27,9 @@ pub enum ServiceError {
     /// The admin tokens could not be read.
     #[error("cannot read the admin tokens (ADMIN_TOKENS_FILE, ADMIN_TOKENS)")]
     AdminTokens(#[source] crate::admin::AdminTokensError),
+    /// The reconciled marks could not be read.
+    #[error("cannot read the reconciled marks (RECONCILED_FILE)")]
+    Reconciled(#[source] crate::admin::ReconciledError),
     /// The metrics recorder could not be installed.
     #[error("cannot install the metrics recorder")]
     Metrics(#[source] metrics_exporter_prometheus::BuildError),
@@ -112,6 +115,19 @@ fn admin_tokens(config: &Config) -> Result<crate::admin::AdminTokens, ServiceErr
 pub async fn serve(config: Config) -> Result<(), ServiceError> {
     let tokens = tokens(&config)?;
     let admin_tokens = admin_tokens(&config)?;
+    let reconciled = match &config.reconciled_file {
+        Some(path) => {
+            crate::admin::Reconciled::from_file(path).map_err(ServiceError::Reconciled)?
+        }
+        None => {
+            if config.console {
+                tracing::warn!(
+                    "no RECONCILED_FILE: records marked reconciled are kept in memory and lost at restart"
+                );
+            }
+            crate::admin::Reconciled::in_memory()
+        }
+    };
     let store = connect(&config).await?;
     if config.migrate_on_start {
         store.migrate().await?;
@@ -132,6 +148,8 @@ pub async fn serve(config: Config) -> Result<(), ServiceError> {
         metrics: Some(metrics),
         retry_after: Duration::from_secs(config.retry_after_secs),
         admin_tokens: Arc::new(admin_tokens),
+        reconciled: Arc::new(reconciled),
+        console: config.console,
     };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::extract::FromRef;
 use idempotency_guard::store::AnyStore;
 
-use crate::admin::{AdminState, AdminTokens};
+use crate::admin::{AdminState, AdminTokens, Reconciled};
 use crate::problem::ApiProblem;
 use crate::tokens::Tokens;
 
@@ -32,6 +32,11 @@ pub struct AppState {
     /// The admin tokens (see [`crate::admin`]); none: the admin API
     /// refuses every request.
     pub admin_tokens: Arc<AdminTokens>,
+    /// The records operators marked reconciled (see
+    /// [`crate::admin::reconciled`]).
+    pub reconciled: Arc<Reconciled>,
+    /// Whether `/console` is served (`CONSOLE`).
+    pub console: bool,
 }
 
 /// The admin API's part of the state: the same store, the admin tokens.
@@ -40,6 +45,7 @@ impl FromRef<AppState> for AdminState {
         Self {
             store: state.store.clone(),
             tokens: state.admin_tokens.clone(),
+            reconciled: state.reconciled.clone(),
         }
     }
 }

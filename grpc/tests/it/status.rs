@@ -50,6 +50,8 @@ pub(crate) async fn the_status_service_answers_for_grpc_keys<S: Store + Into<Any
         metrics: None,
         retry_after: Duration::from_secs(1),
         admin_tokens: Arc::new(Default::default()),
+        reconciled: Arc::new(Default::default()),
+        console: false,
     });
     let ask = |token: &str| {
         Request::get(format!("/v1/keys/{key}"))

@@ -19,6 +19,7 @@ pub(super) fn audit(
     action: &'static str,
     scope: &str,
     key: &str,
+    reason: &str,
     result: &'static str,
 ) {
     let at = OffsetDateTime::now_utc()
@@ -30,6 +31,7 @@ pub(super) fn audit(
         action,
         scope,
         key,
+        reason,
         result,
         at = %at,
         "admin action"
@@ -38,28 +40,31 @@ pub(super) fn audit(
 }
 
 /// Runs one audited action: checks the scope, runs `work`, and writes the
-/// audit line of whatever came of it.
+/// audit line of whatever came of it, with the operator's `reason` (`-`
+/// when none was given).
 pub(super) async fn audited<T>(
     admin: &Admin,
     action: &'static str,
     scope: &str,
     key: &str,
+    reason: Option<&str>,
     work: impl Future<Output = Result<(T, &'static str), AdminProblem>>,
 ) -> Result<T, AdminProblem> {
+    let reason = reason.unwrap_or("-");
     if !admin.scopes.allows(scope) {
         let problem = AdminProblem::ScopeForbidden {
             scope: scope.to_owned(),
         };
-        audit(admin, action, scope, key, problem.result());
+        audit(admin, action, scope, key, reason, problem.result());
         return Err(problem);
     }
     match work.await {
         Ok((value, result)) => {
-            audit(admin, action, scope, key, result);
+            audit(admin, action, scope, key, reason, result);
             Ok(value)
         }
         Err(problem) => {
-            audit(admin, action, scope, key, problem.result());
+            audit(admin, action, scope, key, reason, problem.result());
             Err(problem)
         }
     }

@@ -7,6 +7,18 @@
 //! | `DELETE /v1/admin/keys/{scope}/{key}` | forgets a completed record: its replay is gone, the next request with the key runs |
 //! | `DELETE /v1/admin/keys/{scope}/{key}?force=true` | forgets a completed **or abandoned** record |
 //! | `POST /v1/admin/keys/{scope}/{key}/release` | frees an abandoned key, so a retry runs (after you reconciled its unknown outcome) |
+//! | `GET /v1/admin/keys/{scope}/{key}` | one record: its life, its request, a redacted preview of its stored response (sealed ones show their status only) |
+//! | `POST /v1/admin/keys/{scope}/{key}/reconcile?reason=` | marks an abandoned record reconciled: kept, no longer listed as needing a decision |
+//! | `GET /v1/admin/keys.csv?scope=&needs_decision=true` | the records that need a decision (or any listing's filters) as CSV, for finance |
+//! | `GET /v1/admin/whoami` | the caller's admin token: its name and scopes |
+//!
+//! The listing and the export filter by `state`, `needs_decision`
+//! (abandoned and not marked reconciled: the outcome-unknown runs, in
+//! flight past their lease, a person must decide on), `method`,
+//! `path_prefix`, `created_after` and `created_before`. The actions
+//! (`release`, `forget`, `reconcile`) take `?reason=`, written to the
+//! audit line (required by `reconcile`). The reconciled marks are kept by
+//! the service, not the store: see [`reconciled`].
 //!
 //! A record whose lease is live (its handler is running) is never deleted,
 //! with or without `force` (409 `request-in-flight`): deleting it would let
@@ -30,15 +42,18 @@
 //!
 //! Every admin action, allowed or refused, writes one `INFO` line on the
 //! `idempotency::audit` target with `who` (the token's name), `action`
-//! (`list`, `forget`, `release`), `scope`, `key` (`-` for a listing),
-//! `result` and `at` (RFC 3339, UTC), and is counted in
+//! (`list`, `show`, `export`, `forget`, `release`, `reconcile`), `scope`,
+//! `key` (`-` for a listing or an export), `reason` (`-` when none was
+//! given), `result` and `at` (RFC 3339, UTC), and is counted in
 //! `idempotency_admin_actions_total{action, result}`.//!
 //! # Files
 //!
 //! [`tokens`] (who may call: the admin tokens, read by the service's one
 //! tokens-file parser), [`problem`] (the admin API's problems), `audit`
-//! (the audit line and counter of every action) and `handlers` (the three
-//! endpoints and their JSON). The admin API is self-contained: it is
+//! (the audit line and counter of every action), [`reconciled`] (the
+//! operators' reconciled marks), `handlers` (the listing, the export and
+//! the deleting actions, and their JSON) and `record` (one record shown,
+//! marked reconciled; whoami). The admin API is self-contained: it is
 //! built over an [`AdminState`] (the store and the admin tokens), which
 //! the service's router takes from its own state.
 
@@ -48,21 +63,28 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use http::header;
 use idempotency_guard::store::AnyStore;
 
 mod audit;
 pub(crate) mod handlers;
 pub mod problem;
+pub mod reconciled;
+pub(crate) mod record;
 pub mod tokens;
 
 pub use audit::{ADMIN_ACTIONS_TOTAL, AUDIT_TARGET};
 pub use handlers::{
-    AdminAction, AdminPage, AdminRecord, DEFAULT_PAGE, ForgetQuery, ListQuery, forget_key,
-    list_keys, release_key,
+    AdminAction, AdminPage, AdminRecord, DEFAULT_PAGE, EXPORT_MAX_ROWS, ExportQuery, ForgetQuery,
+    ListQuery, ReasonQuery, RequiredReasonQuery, export_keys, forget_key, list_keys, release_key,
 };
 pub use problem::AdminProblem;
+pub use reconciled::{Reconciled, ReconciledError, Reconciliation};
+pub use record::{
+    AdminBody, AdminEvent, AdminHeader, AdminIdentity, AdminRecordDetail, AdminResponse,
+    reconcile_key, show_key, whoami,
+};
 pub use tokens::{Admin, AdminTokens, AdminTokensError, Scopes};
 
 /// What the admin handlers share: the store and who may call.
@@ -72,6 +94,8 @@ pub struct AdminState {
     pub store: AnyStore,
     /// The admin tokens; none: the admin API refuses every request.
     pub tokens: Arc<AdminTokens>,
+    /// The records operators marked reconciled.
+    pub reconciled: Arc<Reconciled>,
 }
 
 /// The admin routes, over `state` (the caller merges them into the
@@ -79,8 +103,17 @@ pub struct AdminState {
 pub fn router<S: Clone + Send + Sync + 'static>(state: AdminState) -> Router<S> {
     Router::new()
         .route("/v1/admin/keys", get(list_keys))
-        .route("/v1/admin/keys/{scope}/{key}", delete(forget_key))
+        .route("/v1/admin/keys.csv", get(export_keys))
+        .route("/v1/admin/whoami", get(whoami))
+        .route(
+            "/v1/admin/keys/{scope}/{key}",
+            get(show_key).delete(forget_key),
+        )
         .route("/v1/admin/keys/{scope}/{key}/release", post(release_key))
+        .route(
+            "/v1/admin/keys/{scope}/{key}/reconcile",
+            post(reconcile_key),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_admin_token,

@@ -41,6 +41,12 @@ pub enum AdminProblem {
         /// The key.
         key: String,
     },
+    /// 409 `record-completed`: a completed record's outcome is known;
+    /// there is nothing to reconcile.
+    NothingToReconcile {
+        /// The key.
+        key: String,
+    },
     /// 503 `store-unavailable`.
     StoreUnavailable,
 }
@@ -55,7 +61,7 @@ impl AdminProblem {
             Self::KeyNotFound { .. } => "not-found",
             Self::InFlight { .. } => "refused-in-flight",
             Self::Abandoned { .. } => "refused-abandoned",
-            Self::Completed { .. } => "refused-completed",
+            Self::Completed { .. } | Self::NothingToReconcile { .. } => "refused-completed",
             Self::StoreUnavailable => "store-unavailable",
         }
     }
@@ -82,6 +88,9 @@ impl AdminProblem {
                 .with("key", key),
             Self::Completed { key } => types::RECORD_COMPLETED
                 .problem("`release` frees abandoned keys; forget a completed record with `DELETE`.")
+                .with("key", key),
+            Self::NothingToReconcile { key } => types::RECORD_COMPLETED
+                .problem("The record is completed: its outcome is known, there is nothing to reconcile.")
                 .with("key", key),
             Self::StoreUnavailable => types::STORE_UNAVAILABLE
                 .problem("The idempotency store could not be reached. Try again shortly."),

@@ -27,6 +27,9 @@ macro_rules! admin_api {
                 deleting_a_completed_key_lets_the_next_request_run_once,
                 live_in_flight_records_are_never_deleted_abandoned_ones_need_force_or_release,
                 listing_finds_abandoned_keys_page_by_page,
+                reconciled_records_leave_the_needs_decision_list_and_the_csv,
+                a_record_shows_its_life_request_and_redacted_response,
+                listings_filter_by_method_route_and_time_across_pages,
             );
         }
     };
@@ -441,6 +444,489 @@ pub(crate) async fn listing_finds_abandoned_keys_page_by_page<S: Store + Into<An
         "scope=tenant-a&state=stuck",
         "scope=tenant-a&limit=0",
         "state=any",
+    ] {
+        let answer = call(&router, LIST, list(bad)).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+}
+
+const SHOW: &str = "/v1/admin/keys/{scope}/{key}";
+const RECONCILE: &str = "/v1/admin/keys/{scope}/{key}/reconcile";
+const EXPORT: &str = "/v1/admin/keys.csv";
+
+fn keys_of(page: &Value) -> Vec<String> {
+    page["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+pub(crate) async fn reconciled_records_leave_the_needs_decision_list_and_the_csv<
+    S: Store + Into<AnyStore>,
+>(
+    db: TestDb<S>,
+) {
+    let store: AnyStore = db.store.clone().into();
+    seed(&store, "tenant-a", "lost-1", Seed::Abandoned).await;
+    seed(&store, "tenant-a", "lost-2", Seed::Abandoned).await;
+    seed(&store, "tenant-a", "=HYPERLINK(1)", Seed::Abandoned).await;
+    seed(&store, "tenant-a", "done", Seed::Completed).await;
+    seed(&store, "tenant-a", "running", Seed::InFlight).await;
+    seed(&store, "tenant-a", "tx-lapsed", Seed::TransactionalLapsed).await;
+    seed(&store, "tenant-b", "lost-b", Seed::Abandoned).await;
+    let router = router(store.clone());
+    let logs = Logs::default();
+    let _capture = logs.capture();
+    let get_as = |path: &str, token: &str| admin_request(Method::GET, path, Some(token));
+    let post_as = |path: &str, token: &str| admin_request(Method::POST, path, Some(token));
+
+    let needs = call(
+        &router,
+        LIST,
+        get_as("/v1/admin/keys?scope=tenant-a&needs_decision=true", ADMIN_A),
+    )
+    .await
+    .json();
+    assert_eq!(keys_of(&needs), ["=HYPERLINK(1)", "lost-1", "lost-2"]);
+    assert_eq!(needs["records"][0]["needs_decision"], true);
+
+    // A reason is required, and bounded.
+    for query in ["", "?reason=", "?reason=a%0Ab"] {
+        let answer = call(
+            &router,
+            RECONCILE,
+            post_as(
+                &format!("/v1/admin/keys/tenant-a/lost-1/reconcile{query}"),
+                ADMIN_A,
+            ),
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{query}");
+    }
+    let marked = call(
+        &router,
+        RECONCILE,
+        post_as(
+            "/v1/admin/keys/tenant-a/lost-1/reconcile?reason=refunded%20by%20finance%20%23412",
+            ADMIN_A,
+        ),
+    )
+    .await;
+    assert_eq!(marked.status, StatusCode::OK, "{}", marked.json());
+    let marked = marked.json();
+    assert_eq!(marked["needs_decision"], false);
+    assert_eq!(marked["state"], "abandoned", "kept as it was");
+    assert_eq!(marked["reconciled"]["by"], "alice");
+    assert_eq!(marked["reconciled"]["reason"], "refunded by finance #412");
+    assert!(
+        store.get("tenant-a", "lost-1").await.unwrap().is_some(),
+        "reconciling keeps the record"
+    );
+
+    for (key, status, problem) in [
+        ("done", StatusCode::CONFLICT, "record-completed"),
+        ("running", StatusCode::CONFLICT, "request-in-flight"),
+        ("missing", StatusCode::NOT_FOUND, "key-not-found"),
+    ] {
+        let answer = call(
+            &router,
+            RECONCILE,
+            post_as(
+                &format!("/v1/admin/keys/tenant-a/{key}/reconcile?reason=x"),
+                ADMIN_A,
+            ),
+        )
+        .await;
+        assert_eq!(answer.status, status, "{key}");
+        assert_eq!(problem_name(&answer), problem, "{key}");
+    }
+    let answer = call(
+        &router,
+        RECONCILE,
+        post_as("/v1/admin/keys/tenant-b/lost-b/reconcile?reason=x", ADMIN_A),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN);
+
+    let needs = call(
+        &router,
+        LIST,
+        get_as("/v1/admin/keys?scope=tenant-a&needs_decision=true", ADMIN_A),
+    )
+    .await
+    .json();
+    assert_eq!(keys_of(&needs), ["=HYPERLINK(1)", "lost-2"]);
+    let rest = call(
+        &router,
+        LIST,
+        get_as(
+            "/v1/admin/keys?scope=tenant-a&needs_decision=false",
+            ADMIN_A,
+        ),
+    )
+    .await
+    .json();
+    assert_eq!(
+        keys_of(&rest),
+        ["done", "lost-1", "running", "tx-lapsed"],
+        "the rest: reconciled, completed, in flight, and a transactional lapse (nothing ran)"
+    );
+    let answer = call(
+        &router,
+        LIST,
+        get_as(
+            "/v1/admin/keys?scope=tenant-a&needs_decision=true&state=completed",
+            ADMIN_A,
+        ),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(
+        keys_of(&answer.json()),
+        Vec::<String>::new(),
+        "completed records never need a decision"
+    );
+
+    let csv = call(
+        &router,
+        EXPORT,
+        get_as(
+            "/v1/admin/keys.csv?scope=tenant-a&needs_decision=true",
+            ADMIN_A,
+        ),
+    )
+    .await;
+    assert_eq!(csv.status, StatusCode::OK);
+    assert_eq!(csv.header("content-type"), Some("text/csv; charset=utf-8"));
+    let text = String::from_utf8(csv.body.to_vec()).unwrap();
+    let lines: Vec<&str> = text.split("\r\n").filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines[0].starts_with("scope,key,state,needs_decision,method,path,fingerprint"));
+    assert!(
+        lines[1].starts_with(
+            r#""tenant-a","'=HYPERLINK(1)","abandoned","true","POST","/payments?x=1","sha256:"#
+        ),
+        "a cell that a spreadsheet would run is defused: {}",
+        lines[1]
+    );
+    assert!(lines[2].contains(r#""lost-2""#));
+    assert!(
+        !text.contains("lost-1"),
+        "reconciled: not in finance's list"
+    );
+    let all = call(
+        &router,
+        EXPORT,
+        get_as("/v1/admin/keys.csv?scope=tenant-a", ADMIN_A),
+    )
+    .await;
+    let all = String::from_utf8(all.body.to_vec()).unwrap();
+    assert!(all.contains(r#""lost-1","abandoned","false""#), "{all}");
+    assert!(
+        all.contains(r#""alice","refunded by finance #412""#),
+        "{all}"
+    );
+    let answer = call(
+        &router,
+        EXPORT,
+        get_as(
+            "/v1/admin/keys.csv?scope=tenant-b&needs_decision=true",
+            ADMIN_A,
+        ),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN);
+
+    let audit = logs.audit();
+    let reconciled: Vec<&Value> = audit
+        .iter()
+        .filter(|line| line["action"] == "reconcile" && line["result"] == "reconciled")
+        .collect();
+    assert_eq!(reconciled.len(), 1);
+    assert_audit(
+        reconciled[0],
+        "alice",
+        "reconcile",
+        "tenant-a",
+        "lost-1",
+        "reconciled",
+    );
+    assert_eq!(reconciled[0]["reason"], "refunded by finance #412");
+    assert!(
+        audit
+            .iter()
+            .any(|line| line["action"] == "export" && line["result"] == "forbidden"),
+        "a refused export is audited"
+    );
+}
+
+pub(crate) async fn a_record_shows_its_life_request_and_redacted_response<
+    S: Store + Into<AnyStore>,
+>(
+    db: TestDb<S>,
+) {
+    use idempotency_guard::StoredResponse;
+    use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
+    let store: AnyStore = db.store.clone().into();
+    let complete = |key: &'static str, headers: http::HeaderMap, body: &'static [u8]| {
+        let store = store.clone();
+        async move {
+            let new = NewRecord {
+                scope: "tenant-a",
+                key,
+                fingerprint: &crate::support::FP,
+                method: "POST",
+                path: "/payments",
+                token: LeaseToken::new(),
+                lease: std::time::Duration::from_secs(60),
+                retention: std::time::Duration::from_secs(3600),
+                transactional: false,
+            };
+            let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
+                panic!("claimed twice");
+            };
+            let response = StoredResponse {
+                status: StatusCode::CREATED,
+                headers,
+                body: Some(bytes::Bytes::from_static(body)),
+            };
+            store.complete(&lease, &response).await.unwrap();
+        }
+    };
+    let mut headers = http::HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    headers.insert("set-cookie", "session=s3cr3t".parse().unwrap());
+    headers.insert("location", "/payments/pay_1".parse().unwrap());
+    complete(
+        "paid",
+        headers,
+        br#"{"id":"pay_1","card":{"number":"4111111111111111"},"note":"account 12345678901234","amount":1250}"#,
+    )
+    .await;
+    let mut sealed = http::HeaderMap::new();
+    sealed.insert("idempotency-sealed", "v1 k1".parse().unwrap());
+    complete("sealed", sealed, b"\x8a\x01ciphertext").await;
+    seed(&store, "tenant-a", "lost", Seed::Abandoned).await;
+    let router = router(store.clone());
+    let logs = Logs::default();
+    let _capture = logs.capture();
+    let show = |key: &str, token: &str| {
+        admin_request(
+            Method::GET,
+            &format!("/v1/admin/keys/tenant-a/{key}"),
+            Some(token),
+        )
+    };
+
+    let paid = call(&router, SHOW, show("paid", ADMIN_A)).await;
+    assert_eq!(paid.status, StatusCode::OK, "{}", paid.json());
+    let paid = paid.json();
+    assert_eq!(paid["record"]["method"], "POST");
+    assert_eq!(paid["record"]["path"], "/payments");
+    assert_eq!(
+        paid["record"]["fingerprint"],
+        crate::support::FP.to_string()
+    );
+    assert_eq!(paid["record"]["needs_decision"], false);
+    let events: Vec<&str> = paid["life"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(events, ["claimed", "completed", "expires"]);
+    let response = &paid["response"];
+    assert_eq!(response["status"], 201);
+    assert_eq!(response["sealed"], false);
+    let header = |name: &str| {
+        response["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["name"] == name)
+            .map(|h| h["value"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(header("set-cookie").as_deref(), Some("[redacted]"));
+    assert_eq!(header("location").as_deref(), Some("/payments/pay_1"));
+    let preview = response["body"]["preview"].as_str().unwrap();
+    assert!(
+        preview.contains("pay_1") && preview.contains("1250"),
+        "{preview}"
+    );
+    assert!(!preview.contains("4111111111111111"), "{preview}");
+    assert!(!preview.contains("12345678901234"), "{preview}");
+    assert!(
+        preview.contains("[redacted]") && preview.contains("1234"),
+        "{preview}"
+    );
+
+    let sealed = call(&router, SHOW, show("sealed", ADMIN_A)).await.json();
+    assert_eq!(sealed["response"]["sealed"], true);
+    assert_eq!(sealed["response"]["status"], 201);
+    assert_eq!(sealed["response"]["headers"], serde_json::json!([]));
+    assert!(sealed["response"]["body"].get("preview").is_none());
+
+    let lost = call(&router, SHOW, show("lost", ADMIN_A)).await.json();
+    assert_eq!(lost["record"]["needs_decision"], true);
+    assert!(lost.get("response").is_none());
+    let events: Vec<&str> = lost["life"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(events, ["claimed", "lease_expired", "expires"]);
+
+    assert_eq!(
+        call(&router, SHOW, show("missing", ADMIN_A)).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(&router, SHOW, show("bad%20key", ADMIN_A)).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    let other = call(
+        &router,
+        SHOW,
+        admin_request(Method::GET, "/v1/admin/keys/tenant-b/paid", Some(ADMIN_A)),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::FORBIDDEN);
+
+    // The release's reason reaches its audit line.
+    let released = call(
+        &router,
+        RELEASE,
+        admin_request(
+            Method::POST,
+            "/v1/admin/keys/tenant-a/lost/release?reason=charged%20once%2C%20confirmed",
+            Some(ADMIN_A),
+        ),
+    )
+    .await;
+    assert_eq!(released.status, StatusCode::OK);
+    let audit = logs.audit();
+    let line = audit.iter().find(|l| l["action"] == "release").unwrap();
+    assert_audit(
+        line,
+        "alice",
+        "release",
+        "tenant-a",
+        "lost",
+        "deleted-abandoned",
+    );
+    assert_eq!(line["reason"], "charged once, confirmed");
+    let shown = audit.iter().find(|l| l["action"] == "show").unwrap();
+    assert_eq!(shown["reason"], "-");
+
+    let me = call(
+        &router,
+        "/v1/admin/whoami",
+        admin_request(Method::GET, "/v1/admin/whoami", Some(ADMIN_A)),
+    )
+    .await
+    .json();
+    assert_eq!(
+        me,
+        serde_json::json!({"name": "alice", "scopes": ["tenant-a"]})
+    );
+    let me = call(
+        &router,
+        "/v1/admin/whoami",
+        admin_request(Method::GET, "/v1/admin/whoami", Some(TOKEN_A)),
+    )
+    .await;
+    assert_eq!(
+        me.status,
+        StatusCode::UNAUTHORIZED,
+        "a scope token is no admin"
+    );
+}
+
+pub(crate) async fn listings_filter_by_method_route_and_time_across_pages<
+    S: Store + Into<AnyStore>,
+>(
+    db: TestDb<S>,
+) {
+    use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
+    let store: AnyStore = db.store.clone().into();
+    // Ten keys; the even ones are refunds (PUT /refunds/..), the odd ones
+    // payments (POST /payments).
+    for n in 0..10 {
+        let key = format!("k{n:02}");
+        let (method, path) = if n % 2 == 0 {
+            ("PUT", format!("/refunds/{n}"))
+        } else {
+            ("POST", "/payments".to_owned())
+        };
+        let new = NewRecord {
+            scope: "tenant-a",
+            key: &key,
+            fingerprint: &crate::support::FP,
+            method,
+            path: &path,
+            token: LeaseToken::new(),
+            lease: std::time::Duration::from_secs(60),
+            retention: std::time::Duration::from_secs(3600),
+            transactional: false,
+        };
+        let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
+            panic!("claimed twice");
+        };
+        store
+            .renew(&lease, std::time::Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    let router = router(store);
+    let list = |query: &str| {
+        admin_request(
+            Method::GET,
+            &format!("/v1/admin/keys?scope=tenant-a&{query}"),
+            Some(ADMIN_A),
+        )
+    };
+    // Page by page through a filter that leaves half the records out.
+    let mut seen = Vec::new();
+    let mut after = String::new();
+    for _ in 0..10 {
+        let page = call(
+            &router,
+            LIST,
+            list(&format!("path_prefix=/refunds/&limit=2{after}")),
+        )
+        .await
+        .json();
+        seen.extend(keys_of(&page));
+        match page["next"].as_str() {
+            Some(next) => after = format!("&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["k00", "k02", "k04", "k06", "k08"]);
+    let posts = call(&router, LIST, list("method=post&needs_decision=true"))
+        .await
+        .json();
+    assert_eq!(keys_of(&posts), ["k01", "k03", "k05", "k07", "k09"]);
+    let future = call(&router, LIST, list("created_after=2999-01-01T00:00:00Z"))
+        .await
+        .json();
+    assert_eq!(keys_of(&future), Vec::<String>::new());
+    let past = call(
+        &router,
+        LIST,
+        list("created_after=2000-01-01T00:00:00Z&created_before=2999-01-01T00:00:00Z&limit=3"),
+    )
+    .await
+    .json();
+    assert_eq!(keys_of(&past), ["k00", "k01", "k02"]);
+    for bad in [
+        "created_after=yesterday",
+        "method=",
+        "path_prefix=",
+        "needs_decision=maybe",
     ] {
         let answer = call(&router, LIST, list(bad)).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{bad}");

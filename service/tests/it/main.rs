@@ -10,6 +10,7 @@ mod support;
 mod admin_api;
 #[macro_use]
 mod api_suite;
+mod console;
 mod hostile_clients;
 mod openapi;
 mod single_commit;

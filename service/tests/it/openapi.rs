@@ -33,8 +33,11 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
             "/openapi.json",
             "/readyz",
             "/v1/admin/keys",
+            "/v1/admin/keys.csv",
             "/v1/admin/keys/{scope}/{key}",
+            "/v1/admin/keys/{scope}/{key}/reconcile",
             "/v1/admin/keys/{scope}/{key}/release",
+            "/v1/admin/whoami",
             "/v1/keys/lookup",
             "/v1/keys/{key}"
         ]
@@ -70,12 +73,35 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
         statuses("/v1/admin/keys/{scope}/{key}/release", "post"),
         ["200", "400", "401", "403", "404", "409", "503"]
     );
+    assert_eq!(
+        statuses("/v1/admin/keys/{scope}/{key}", "get"),
+        ["200", "400", "401", "403", "404", "503"]
+    );
+    assert_eq!(
+        statuses("/v1/admin/keys/{scope}/{key}/reconcile", "post"),
+        ["200", "400", "401", "403", "404", "409", "503"]
+    );
+    assert_eq!(
+        statuses("/v1/admin/keys.csv", "get"),
+        ["200", "400", "401", "403", "503"]
+    );
+    assert!(
+        document()["paths"]["/v1/admin/keys.csv"]["get"]["responses"]["200"]["content"]
+            .get("text/csv")
+            .is_some(),
+        "the export is text/csv"
+    );
+    assert_eq!(statuses("/v1/admin/whoami", "get"), ["200", "401"]);
     for (path, method) in [
         ("/v1/keys/{key}", "get"),
         ("/v1/keys/lookup", "post"),
         ("/v1/admin/keys", "get"),
+        ("/v1/admin/keys.csv", "get"),
+        ("/v1/admin/whoami", "get"),
+        ("/v1/admin/keys/{scope}/{key}", "get"),
         ("/v1/admin/keys/{scope}/{key}", "delete"),
         ("/v1/admin/keys/{scope}/{key}/release", "post"),
+        ("/v1/admin/keys/{scope}/{key}/reconcile", "post"),
     ] {
         let operation = &document()["paths"][path][method];
         assert_eq!(
@@ -101,6 +127,13 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
         "AdminRecord",
         "AdminPage",
         "AdminAction",
+        "AdminRecordDetail",
+        "AdminResponse",
+        "AdminHeader",
+        "AdminBody",
+        "AdminEvent",
+        "AdminIdentity",
+        "Reconciliation",
     ] {
         assert!(schemas.contains_key(name), "schema {name}");
     }

@@ -50,6 +50,8 @@ pub(crate) fn router(store: AnyStore) -> Router {
         metrics: None,
         retry_after: Duration::from_secs(1),
         admin_tokens: Arc::new(admin_tokens()),
+        reconciled: Arc::new(idempotency_service::admin::Reconciled::in_memory()),
+        console: true,
     })
 }
 

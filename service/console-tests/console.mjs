@@ -1,0 +1,173 @@
+// Drives the operators' console in headless Chromium (Debian's
+// /usr/bin/chromium, through playwright-core: nothing is downloaded).
+// Run by service/tests/it/console.rs against a real service; prints one
+// JSON object of what it saw on stdout, which the Rust test asserts on.
+//
+// Environment: BASE_URL, SCOPE, TOKEN_A (an admin of SCOPE), TOKEN_B (an
+// admin of tenant-b only), KEY (an abandoned key of SCOPE), XSS_KEY (a key
+// of SCOPE holding markup), REASON, and SCREENSHOTS (a folder: when
+// set, the list and the key's page are saved there as PNGs).
+import { chromium } from "playwright-core";
+
+const env = (name) => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set`);
+  return value;
+};
+const base = env("BASE_URL");
+const scope = env("SCOPE");
+const key = env("KEY");
+const xssKey = env("XSS_KEY");
+const reason = env("REASON");
+const shots = process.env.SCREENSHOTS;
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+});
+const seen = { dialogs: [], pageErrors: [], cspViolations: [] };
+try {
+  const context = await browser.newContext({ viewport: { width: 1100, height: 640 }, acceptDownloads: true });
+  const page = await context.newPage();
+  page.setDefaultTimeout(15000);
+  page.on("dialog", async (dialog) => {
+    seen.dialogs.push(dialog.message());
+    await dialog.dismiss();
+  });
+  page.on("pageerror", (error) => seen.pageErrors.push(String(error)));
+  page.on("console", (message) => {
+    if (/Content Security Policy/i.test(message.text())) seen.cspViolations.push(message.text());
+  });
+
+  const keyTexts = (table) =>
+    page.$$eval(`#${table} tbody td.key`, (cells) => cells.map((cell) => cell.textContent));
+  const signIn = async (token) => {
+    await page.waitForSelector("#login:not([hidden])");
+    await page.fill("#token", token);
+    await page.click("#login-form button[type=submit]");
+    await page.waitForSelector("#who:not([hidden])");
+    await page.waitForSelector("#needs tbody tr");
+    await page.waitForSelector("#rest tbody tr");
+  };
+
+  // Sign in as tenant-a's admin: the keys that need a decision come first.
+  const first = await page.goto(`${base}/console`);
+  seen.csp = first.headers()["content-security-policy"] || null;
+  await signIn(env("TOKEN_A"));
+  seen.who = await page.textContent("#who-name");
+  seen.scope = await page.inputValue("#f-scope");
+  seen.needsBefore = await keyTexts("needs");
+  seen.restBefore = await keyTexts("rest");
+  // The key holding markup is shown as text: no element made of it, no
+  // script run.
+  seen.xssRendered = await page.$$eval("#needs tbody td.key a", (links, text) =>
+    links.some((link) => link.textContent === text && link.children.length === 0), xssKey);
+  seen.injectedElements = await page.$$eval("main script, main img, main iframe", (nodes) => nodes.length);
+  seen.pwned = await page.evaluate(() => window.__pwned ?? null);
+  if (shots) await page.screenshot({ path: `${shots}/console-list.png` });
+
+  // Open the abandoned key.
+  await page.click(`#needs tbody tr[data-key="${key}"] td.key a`);
+  await page.waitForFunction((text) => document.getElementById("k-key").textContent === text && !document.getElementById("actions").hidden, key);
+  seen.keyPage = {
+    key: await page.textContent("#k-key"),
+    scope: await page.textContent("#k-scope"),
+    badge: await page.textContent("#k-badge"),
+    life: await page.$$eval("#k-life li", (items) => items.map((item) => item.textContent)),
+    request: await page.textContent("#k-request"),
+    response: await page.textContent("#k-response"),
+    releaseEnabled: await page.isEnabled("#act-release"),
+  };
+  if (shots) await page.screenshot({ path: `${shots}/console-key.png`, fullPage: true });
+
+  // Release without a reason: refused in the page; with one: done.
+  await page.click("#act-release");
+  seen.noReason = await page.textContent("#message");
+  await page.fill("#reason", reason);
+  await page.click("#act-release");
+  await page.waitForFunction(() => /Released/.test(document.getElementById("message").textContent));
+  seen.released = await page.textContent("#message");
+
+  // Back to the list: the released key is gone from it.
+  await page.click("#back");
+  await page.waitForSelector("#list:not([hidden])");
+  await page.waitForFunction((text) => {
+    const rows = document.querySelectorAll("#needs tbody tr");
+    return rows.length > 0 && ![...document.querySelectorAll("#needs tbody td.key")].some((cell) => cell.textContent === text);
+  }, key);
+  seen.needsAfter = await keyTexts("needs");
+
+  // The key holding markup, on its own page, is text too.
+  await page.locator("#needs tbody td.key a").filter({ hasText: xssKey }).first().click();
+  await page.waitForFunction((text) => document.getElementById("k-key").textContent === text && !document.getElementById("actions").hidden, xssKey);
+  seen.xssKeyPage = await page.textContent("#k-key");
+  seen.pwnedAfter = await page.evaluate(() => window.__pwned ?? null);
+
+  // A completed debit's page: its stored answer, redacted.
+  await page.click("#back");
+  await page.waitForSelector("#list:not([hidden])");
+  await page.click('#rest tbody tr[data-key="debit-0003"] td.key a');
+  await page.waitForFunction(() => document.getElementById("k-key").textContent === "debit-0003" && !document.getElementById("actions").hidden);
+  seen.answerPage = {
+    response: await page.textContent("#k-response"),
+    headers: await page.textContent("#k-headers"),
+    body: await page.textContent("#k-body"),
+    bold: await page.$$eval("#k-body b, #k-headers b", (nodes) => nodes.length),
+  };
+  if (shots) await page.screenshot({ path: `${shots}/console-answer.png`, fullPage: true });
+
+  // Finance's CSV.
+  await page.click("#back");
+  await page.waitForSelector("#list:not([hidden])");
+  const [download] = await Promise.all([page.waitForEvent("download"), page.click("#export")]);
+  const stream = await download.createReadStream();
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+  seen.csv = Buffer.concat(chunks).toString("utf8");
+
+  // Mark the key holding markup reconciled: kept, no longer needing a
+  // decision; then forget a completed key.
+  await page.locator("#needs tbody td.key a").filter({ hasText: xssKey }).first().click();
+  await page.waitForFunction((text) => document.getElementById("k-key").textContent === text && !document.getElementById("actions").hidden, xssKey);
+  await page.fill("#reason", "customer confirmed one debit; keep the record");
+  await page.click("#act-reconcile");
+  await page.waitForFunction(() => /Marked/.test(document.getElementById("message").textContent));
+  await page.waitForFunction(() => /Reconciled by/.test(document.getElementById("k-badge").textContent));
+  seen.reconciledBadge = await page.textContent("#k-badge");
+  seen.reconciledLife = await page.$$eval("#k-life li", (items) => items.map((item) => item.textContent));
+  await page.click("#back");
+  await page.waitForSelector("#list:not([hidden])");
+  await page.waitForFunction(() => document.querySelectorAll("#rest tbody td.key").length >= 4);
+  seen.needsReconciled = await page.textContent("#needs tbody");
+  seen.restReconciled = await keyTexts("rest");
+  await page.click('#rest tbody tr[data-key="debit-0001"] td.key a');
+  await page.waitForFunction(() => document.getElementById("k-key").textContent === "debit-0001" && !document.getElementById("actions").hidden);
+  await page.fill("#reason", "test debit, replay no longer wanted");
+  await page.click("#act-forget");
+  await page.waitForFunction(() => /Forgot/.test(document.getElementById("message").textContent));
+  seen.forgot = await page.textContent("#message");
+
+  // An admin of tenant-b sees nothing of tenant-a.
+  await page.click("#sign-out");
+  await signIn(env("TOKEN_B"));
+  seen.other = {
+    who: await page.textContent("#who-name"),
+    scope: await page.inputValue("#f-scope"),
+    needs: await keyTexts("needs"),
+    rest: await keyTexts("rest"),
+  };
+  await page.fill("#f-scope", scope);
+  await page.click("#filters button[type=submit]");
+  await page.waitForSelector("#message.error");
+  seen.other.forcedScope = await page.textContent("#message");
+  seen.other.forcedRows = await keyTexts("needs");
+  await page.goto("about:blank");
+  await page.goto(`${base}/console#/key/${encodeURIComponent(scope)}/${encodeURIComponent(key)}`);
+  await page.waitForSelector("#message.error");
+  seen.other.forcedKey = await page.textContent("#message");
+  seen.other.forcedKeyShown = await page.textContent("#k-key");
+  seen.other.page = await page.textContent("main");
+} finally {
+  await browser.close();
+}
+console.log(JSON.stringify(seen));

@@ -1,0 +1,339 @@
+// The operators' console. Every datum comes from the admin API, called
+// with the admin token the operator typed (kept in sessionStorage), and is
+// put in the page as text (textContent), never as markup.
+"use strict";
+
+const TOKEN = "idempotency-console-token";
+const PAGE = 50;
+const $ = (id) => document.getElementById(id);
+
+// An element with text children only: strings become text nodes.
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(props || {})) {
+    if (name === "class") node.className = value;
+    else if (name === "text") node.textContent = value;
+    else node.setAttribute(name, value);
+  }
+  for (const child of children) {
+    node.append(typeof child === "string" ? document.createTextNode(child) : child);
+  }
+  return node;
+}
+
+function clear(node) {
+  while (node.firstChild) node.removeChild(node.firstChild);
+}
+
+function say(text, error) {
+  const message = $("message");
+  message.textContent = text;
+  message.className = error ? "error" : "";
+  message.hidden = !text;
+}
+
+function token() {
+  return sessionStorage.getItem(TOKEN);
+}
+
+class ApiError extends Error {
+  constructor(status, problem) {
+    super(problem && (problem.detail || problem.title) ? `${problem.title || status}: ${problem.detail || ""}` : `HTTP ${status}`);
+    this.status = status;
+    this.problem = problem;
+  }
+}
+
+async function api(method, path, params, raw) {
+  const query = new URLSearchParams();
+  for (const [name, value] of Object.entries(params || {})) {
+    if (value !== undefined && value !== null && value !== "") query.set(name, value);
+  }
+  const url = path + (query.toString() ? `?${query}` : "");
+  const response = await fetch(url, { method, headers: { authorization: `Bearer ${token()}` } });
+  if (!response.ok) {
+    let problem = null;
+    try { problem = await response.json(); } catch (_) { /* not JSON */ }
+    if (response.status === 401) signOut("The admin API refused this token.");
+    throw new ApiError(response.status, problem);
+  }
+  return raw ? response : response.json();
+}
+
+const seg = encodeURIComponent;
+
+// ---- sign in / out
+
+let identity = null;
+
+async function signIn() {
+  try {
+    identity = await api("GET", "/v1/admin/whoami");
+  } catch (error) {
+    identity = null;
+    if (error.status !== 401) say(String(error.message), true);
+    return false;
+  }
+  $("who-name").textContent = `${identity.name} (scopes: ${identity.scopes.join(", ")})`;
+  $("who").hidden = false;
+  const list = $("scopes");
+  clear(list);
+  for (const scope of identity.scopes) {
+    if (scope !== "*") list.append(el("option", { value: scope }));
+  }
+  if (identity.scopes[0] !== "*" && !identity.scopes.includes($("f-scope").value)) {
+    $("f-scope").value = identity.scopes[0];
+  }
+  return true;
+}
+
+function signOut(why) {
+  sessionStorage.removeItem(TOKEN);
+  identity = null;
+  $("who").hidden = true;
+  current = null;
+  $("f-scope").value = "";
+  for (const id of ["needs", "rest"]) clear($(id).tBodies[0]);
+  for (const id of ["needs-pager", "rest-pager"]) clear($(id));
+  // The next sign-in starts at the list, not at this token's last key.
+  history.replaceState(null, "", location.pathname);
+  show("login");
+  say(why || "", Boolean(why));
+}
+
+function show(section) {
+  for (const id of ["login", "list", "key"]) $(id).hidden = id !== section;
+}
+
+// ---- the lists
+
+function filters() {
+  const iso = (value) => (value ? new Date(value).toISOString() : "");
+  return {
+    scope: $("f-scope").value.trim(),
+    method: $("f-method").value.trim(),
+    path_prefix: $("f-path").value.trim(),
+    created_after: iso($("f-after").value),
+    created_before: iso($("f-before").value),
+  };
+}
+
+function keyLink(record) {
+  const link = el("a", { text: record.key });
+  link.href = `#/key/${seg(record.scope)}/${seg(record.key)}`;
+  return link;
+}
+
+function stateBadge(record) {
+  const name = record.reconciled ? "reconciled" : record.state;
+  return el("span", { class: `state state-${name}`, text: name.replace("_", " ") });
+}
+
+function when(at) {
+  return at ? at.replace("T", " ").replace(/\.\d+/, "").replace("Z", " UTC") : "";
+}
+
+// A paged table: `cursors` holds the `after` of each page shown so far.
+function pagedTable(tableId, pagerId, query, row, emptyText) {
+  const cursors = [undefined];
+  async function load() {
+    const body = $(tableId).tBodies[0];
+    const page = await api("GET", "/v1/admin/keys", { ...query, limit: PAGE, after: cursors[cursors.length - 1] });
+    clear(body);
+    for (const record of page.records) body.append(row(record));
+    if (!page.records.length) body.append(el("tr", { class: "empty" }, el("td", { colspan: "5", text: emptyText })));
+    const pager = $(pagerId);
+    clear(pager);
+    if (cursors.length > 1) {
+      const previous = el("button", { type: "button", text: "Previous page" });
+      previous.addEventListener("click", () => { cursors.pop(); load().catch(fail); });
+      pager.append(previous);
+    }
+    if (page.next) {
+      const next = el("button", { type: "button", text: "Next page" });
+      next.addEventListener("click", () => { cursors.push(page.next); load().catch(fail); });
+      pager.append(next);
+    }
+  }
+  return load();
+}
+
+async function showList() {
+  show("list");
+  const base = filters();
+  for (const id of ["needs", "rest"]) clear($(id).tBodies[0]);
+  if (!base.scope) {
+    say("Choose a scope.", false);
+    return;
+  }
+  say("");
+  const state = $("f-state").value;
+  const needsState = state === "any" || state === "abandoned";
+  if (needsState) {
+    await pagedTable("needs", "needs-pager", { ...base, needs_decision: "true" }, (record) =>
+      el("tr", { "data-key": record.key },
+        el("td", { class: "key" }, keyLink(record)),
+        el("td", {}, stateBadge(record)),
+        el("td", {}, el("code", { text: `${record.method} ${record.path}` })),
+        el("td", { text: when(record.created_at) }),
+        el("td", { text: when(record.lease_expires_at) })),
+      "Nothing needs a decision.");
+  } else {
+    clear($("needs-pager"));
+    $("needs").tBodies[0].append(el("tr", { class: "empty" }, el("td", { colspan: "5", text: `Not shown: the state filter is ${state}.` })));
+  }
+  await pagedTable("rest", "rest-pager", { ...base, state, needs_decision: "false" }, (record) =>
+    el("tr", { "data-key": record.key },
+      el("td", { class: "key" }, keyLink(record)),
+      el("td", {}, stateBadge(record)),
+      el("td", {}, el("code", { text: `${record.method} ${record.path}` })),
+      el("td", { text: when(record.created_at) }),
+      el("td", { text: record.response_status ? String(record.response_status) : "" })),
+    "No records.");
+}
+
+async function exportCsv() {
+  const base = filters();
+  if (!base.scope) return say("Choose a scope.", true);
+  const response = await api("GET", "/v1/admin/keys.csv", { ...base, needs_decision: "true" }, true);
+  const blob = await response.blob();
+  const link = el("a", { download: `needs-decision.csv` });
+  link.href = URL.createObjectURL(blob);
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+  say(`Exported ${Math.max(0, (await blob.text()).trim().split("\n").length - 1)} records that need a decision.`);
+}
+
+// ---- one key
+
+let current = null;
+
+function pair(list, name, value) {
+  list.append(el("dt", { text: name }), el("dd", {}, value instanceof Node ? value : el("span", { text: value })));
+}
+
+async function showKey(scope, key) {
+  show("key");
+  say("");
+  current = null;
+  for (const id of ["k-life", "k-request", "k-response", "k-badge"]) clear($(id));
+  clear($("k-headers").tBodies[0]);
+  $("k-key").textContent = "";
+  $("k-scope").textContent = "";
+  $("k-body").textContent = "";
+  $("actions").hidden = true;
+  const detail = await api("GET", `/v1/admin/keys/${seg(scope)}/${seg(key)}`);
+  $("k-key").textContent = detail.record.key;
+  $("k-scope").textContent = detail.record.scope;
+  current = detail.record;
+  const record = detail.record;
+  $("k-badge").append(stateBadge(record),
+    " ", el("span", { class: "hint", text: record.needs_decision
+      ? "Outcome unknown: its handler may or may not have had effects. Check, then decide."
+      : record.reconciled ? `Reconciled by ${record.reconciled.by}: ${record.reconciled.reason}` : "" }));
+  for (const step of detail.life) {
+    $("k-life").append(el("li", {}, el("strong", { text: step.event.replace("_", " ") }), ` ${when(step.at)}`));
+  }
+  const request = $("k-request");
+  pair(request, "Method", record.method);
+  pair(request, "Path", el("code", { text: record.path }));
+  pair(request, "Fingerprint", el("code", { text: record.fingerprint }));
+  pair(request, "Transactional", record.transactional ? "yes" : "no");
+  const response = $("k-response");
+  const stored = detail.response;
+  if (!stored) {
+    pair(response, "Status", "none stored (not completed)");
+    $("k-headers").hidden = true;
+    $("k-body").textContent = "(none)";
+  } else {
+    pair(response, "Status", String(stored.status));
+    pair(response, "Sealed", stored.sealed ? "yes: encrypted at rest, only the status is shown" : "no");
+    if (stored.body.bytes !== undefined) pair(response, "Body size", `${stored.body.bytes} bytes`);
+    $("k-headers").hidden = stored.headers.length === 0;
+    for (const header of stored.headers) {
+      $("k-headers").tBodies[0].append(el("tr", {}, el("td", {}, el("code", { text: header.name })), el("td", {}, el("code", { text: header.value }))));
+    }
+    $("k-body").textContent = stored.body.preview !== undefined
+      ? stored.body.preview + (stored.body.truncated ? "\n… (cut)" : "")
+      : `(${stored.body.note || "not shown"})`;
+  }
+  $("actions").hidden = false;
+  $("act-release").disabled = record.state !== "abandoned";
+  $("act-reconcile").disabled = !record.needs_decision;
+  $("act-forget").disabled = record.state === "in_flight";
+}
+
+async function act(action) {
+  if (!current) return;
+  const reason = $("reason").value.trim();
+  if (!reason) {
+    say("Give a reason: it is written to the audit log.", true);
+    $("reason").focus();
+    return;
+  }
+  const path = `/v1/admin/keys/${seg(current.scope)}/${seg(current.key)}`;
+  const { scope, key } = current;
+  let done;
+  if (action === "release") {
+    await api("POST", `${path}/release`, { reason });
+    done = `Released ${key}: the client's retry runs.`;
+  } else if (action === "reconcile") {
+    await api("POST", `${path}/reconcile`, { reason });
+    done = `Marked ${key} reconciled: kept, no longer needing a decision.`;
+  } else {
+    await api("DELETE", path, { reason, force: current.state === "abandoned" ? "true" : "" });
+    done = `Forgot ${key}.`;
+  }
+  $("reason").value = "";
+  if (action === "reconcile") await showKey(scope, key);
+  else {
+    current = null;
+    $("actions").hidden = true;
+    $("k-badge").append(" ", el("strong", { text: action === "release" ? "(released)" : "(forgotten)" }));
+  }
+  say(done);
+}
+
+// ---- routing
+
+function fail(error) {
+  say(error && error.message ? error.message : String(error), true);
+}
+
+async function route() {
+  if (!token() || !(identity || (await signIn()))) {
+    show("login");
+    return;
+  }
+  const match = location.hash.match(/^#\/key\/([^/]+)\/([^/]+)$/);
+  if (match) await showKey(decodeURIComponent(match[1]), decodeURIComponent(match[2]));
+  else await showList();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("login-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(TOKEN, $("token").value);
+    $("token").value = "";
+    identity = null;
+    route().catch(fail);
+  });
+  $("sign-out").addEventListener("click", () => signOut());
+  $("filters").addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (location.hash) location.hash = "";
+    else showList().catch(fail);
+  });
+  $("export").addEventListener("click", () => exportCsv().catch(fail));
+  $("back").addEventListener("click", (event) => {
+    event.preventDefault();
+    location.hash = "";
+  });
+  for (const action of ["release", "reconcile", "forget"]) {
+    $(`act-${action}`).addEventListener("click", () => act(action).catch(fail));
+  }
+  window.addEventListener("hashchange", () => route().catch(fail));
+  route().catch(fail);
+});

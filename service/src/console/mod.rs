@@ -1,0 +1,79 @@
+//! The operators' console (`/console`, served when `CONSOLE=true`): one
+//! HTML page, a stylesheet and a script embedded in the binary, with no
+//! front-end build step.
+//!
+//! The page holds no data and no rule of its own: the script asks for an
+//! admin token (kept in the tab's `sessionStorage`) and calls the admin
+//! API with it, so every read and every action goes through the same
+//! endpoints, scopes and audit lines as `curl` would. The assets are
+//! served without a token (they are the same for everyone); the data is
+//! not.
+//!
+//! Everything the page shows from a record (keys, paths, headers, bodies:
+//! client input) is put in the DOM as text (`textContent`), never as
+//! markup, and the page is served with a Content-Security-Policy that
+//! allows its own script and stylesheet only, no inline script, no other
+//! origin, no framing.
+
+use axum::Router;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use http::{HeaderValue, header};
+
+/// The page.
+const INDEX_HTML: &str = include_str!("index.html");
+/// The script.
+const CONSOLE_JS: &str = include_str!("console.js");
+/// The stylesheet.
+const CONSOLE_CSS: &str = include_str!("console.css");
+
+/// The Content-Security-Policy of every console answer.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+     style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; \
+     form-action 'none'; frame-ancestors 'none'";
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// `GET /console`: the page.
+pub async fn index() -> Response {
+    asset("text/html; charset=utf-8", INDEX_HTML)
+}
+
+/// `GET /console/console.js`: the script.
+pub async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", CONSOLE_JS)
+}
+
+/// `GET /console/console.css`: the stylesheet.
+pub async fn stylesheet() -> Response {
+    asset("text/css; charset=utf-8", CONSOLE_CSS)
+}
+
+/// The console's routes (the caller merges them only when the console is
+/// on).
+pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    Router::new()
+        .route("/console", get(index))
+        .route("/console/", get(index))
+        .route("/console/console.js", get(script))
+        .route("/console/console.css", get(stylesheet))
+}

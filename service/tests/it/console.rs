@@ -1,0 +1,517 @@
+//! The operators' console: off unless configured, served with its
+//! Content-Security-Policy, and driven for real in headless Chromium
+//! (Debian's, through `playwright-core`; `scripts/console-browser`
+//! installs both) against the real service binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use idempotency_guard::store::{AnyStore, StoreOptions};
+use idempotency_guard::{IdempotencyLayer, Store as _};
+use serde_json::Value;
+
+use crate::support::{Seed, get, seed};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_idempotency-service");
+
+const ADMIN_A: &str = "console-admin-of-tenant-a-0123456789";
+const ADMIN_B: &str = "console-admin-of-tenant-b-0123456789";
+const KEY: &str = "debit-7f3a91";
+const XSS_KEY: &str = "<script>window.__pwned=1</script>";
+const REASON: &str = "checked the ledger: debit 7f3a91 never posted, the retry may run";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_is_off_unless_configured_and_served_with_its_policy() {
+    let db = idempotency_tests::sqlite().await;
+    let store = AnyStore::from(db.store.clone());
+    let off = idempotency_service::build_router(idempotency_service::AppState {
+        store: store.clone(),
+        tokens: Arc::new(crate::support::tokens()),
+        metrics: None,
+        retry_after: Duration::from_secs(1),
+        admin_tokens: Arc::new(crate::support::admin_tokens()),
+        reconciled: Arc::new(idempotency_service::admin::Reconciled::in_memory()),
+        console: false,
+    });
+    for path in ["/console", "/console/console.js"] {
+        let answer = idempotency_tests::call(&off, get(path, None)).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{path} while off");
+    }
+    let on = crate::support::router(store);
+    for (path, content_type) in [
+        ("/console", "text/html; charset=utf-8"),
+        ("/console/console.js", "text/javascript; charset=utf-8"),
+        ("/console/console.css", "text/css; charset=utf-8"),
+    ] {
+        let answer = idempotency_tests::call(&on, get(path, None)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{path}");
+        assert_eq!(answer.header("content-type"), Some(content_type));
+        let policy = answer.header("content-security-policy").unwrap();
+        assert!(
+            policy.contains("default-src 'none'") && policy.contains("script-src 'self'"),
+            "{policy}"
+        );
+        assert!(!policy.contains("unsafe-inline"), "{policy}");
+        assert_eq!(answer.header("x-content-type-options"), Some("nosniff"));
+        assert_eq!(answer.header("x-frame-options"), Some("DENY"));
+    }
+    let page = idempotency_tests::call(&on, get("/console", None)).await;
+    let html = String::from_utf8_lossy(&page.body);
+    let inline_handler = html.match_indices(" on").any(|(at, _)| {
+        let rest = &html[at + 3..];
+        let name = rest.len()
+            - rest
+                .trim_start_matches(|c: char| c.is_ascii_lowercase())
+                .len();
+        name > 0 && rest[name..].starts_with('=')
+    });
+    assert!(
+        !html.contains("<script>") && !inline_handler,
+        "no inline script or handler: the policy would block it"
+    );
+    let script = idempotency_tests::call(&on, get("/console/console.js", None)).await;
+    let script = String::from_utf8_lossy(&script.body);
+    for sink in [
+        "innerHTML",
+        "outerHTML",
+        "insertAdjacentHTML",
+        "document.write",
+        "eval(",
+    ] {
+        assert!(!script.contains(sink), "the console never uses {sink}");
+    }
+}
+
+/// `service/console-tests/`, with `playwright-core` installed (by
+/// `scripts/console-browser`, run once per test process when missing).
+fn console_tests() -> PathBuf {
+    static READY: OnceLock<PathBuf> = OnceLock::new();
+    READY
+        .get_or_init(|| {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("console-tests");
+            let installed = || {
+                dir.join("node_modules/playwright-core/package.json")
+                    .exists()
+                    && Path::new("/usr/bin/chromium").exists()
+            };
+            if !installed() {
+                let script =
+                    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/console-browser");
+                let status = std::process::Command::new(&script).status();
+                assert!(
+                    matches!(status, Ok(s) if s.success()) && installed(),
+                    "Chromium (/usr/bin/chromium) or playwright-core ({}) is missing and {} could not install them: run it by hand (it needs apt and npm)",
+                    dir.display(),
+                    script.display()
+                );
+            }
+            dir
+        })
+        .clone()
+}
+
+/// The status code and body of a `GET` over a raw connection.
+async fn http_get(address: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.ok()?;
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    Some((status, text))
+}
+
+/// Stores a completed debit whose answer holds a card number and a cookie.
+async fn complete_with_a_card(store: &AnyStore, key: &str) {
+    use idempotency_guard::StoredResponse;
+    use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
+    let new = NewRecord {
+        scope: "default",
+        key,
+        fingerprint: &crate::support::FP,
+        method: "POST",
+        path: "/debits",
+        token: LeaseToken::new(),
+        lease: Duration::from_secs(60),
+        retention: Duration::from_secs(3600),
+        transactional: false,
+    };
+    let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
+        panic!("{key} was already claimed");
+    };
+    let mut headers = http::HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    headers.insert("location", "/debits/dbt_0003".parse().unwrap());
+    headers.insert("set-cookie", "session=cookie-value-0123".parse().unwrap());
+    let body = r#"{"id":"dbt_0003","amount":4200,"currency":"EUR","card":{"number":"4111111111111111"},"note":"paid from DE89370400440532013000","status":"<b>posted</b>"}"#;
+    let response = StoredResponse {
+        status: StatusCode::CREATED,
+        headers,
+        body: Some(bytes::Bytes::from_static(body.as_bytes())),
+    };
+    store.complete(&lease, &response).await.unwrap();
+}
+
+/// The audit lines (JSON logs) the service wrote to `log`.
+fn audit_lines(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["target"] == idempotency_service::admin::AUDIT_TARGET)
+        .map(|line| line["fields"].clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
+    let tests = console_tests();
+    let dir = tempfile::tempdir().unwrap();
+    let database_url = format!("sqlite://{}?mode=rwc", dir.path().join("s.db").display());
+    let store = AnyStore::open(&StoreOptions::sql(&database_url))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+
+    // The app: a guarded create-debit endpoint over the same store.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let app = Router::new()
+        .route(
+            "/debits",
+            post(move || {
+                let counter = counter.clone();
+                async move {
+                    let run = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                    (StatusCode::CREATED, format!("{{\"run\":{run}}}"))
+                }
+            }),
+        )
+        .route_layer(IdempotencyLayer::new(store.clone()));
+    let debit = || {
+        Request::post("/debits")
+            .header("idempotency-key", KEY)
+            .header("content-type", "application/json")
+            .body(Body::from(r#"{"amount":4200}"#))
+            .unwrap()
+    };
+    // What an incident leaves: a debit whose run lost its lease (outcome
+    // unknown), a key holding markup, completed ones; and another
+    // tenant's abandoned key.
+    seed(&store, "default", KEY, Seed::Abandoned).await;
+    seed(&store, "default", XSS_KEY, Seed::Abandoned).await;
+    seed(&store, "default", "debit-0001", Seed::Completed).await;
+    seed(&store, "default", "debit-0002", Seed::InFlight).await;
+    seed(&store, "tenant-b", "debit-b-0001", Seed::Abandoned).await;
+    complete_with_a_card(&store, "debit-0003").await;
+    let before = idempotency_tests::call(&app, debit()).await;
+    assert_eq!(
+        before.status,
+        StatusCode::CONFLICT,
+        "an abandoned key refuses the retry: {}",
+        String::from_utf8_lossy(&before.body)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // The real service, console on, logging JSON to a file.
+    let address = idempotency_tests::process::free_address();
+    let log = dir.path().join("service.log");
+    let reconciled = dir.path().join("reconciled.jsonl");
+    let mut service = tokio::process::Command::new(BINARY)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", &database_url)
+        .env("LISTEN", address.to_string())
+        .env("TOKENS", "default scope-token-of-default-0123456789")
+        .env(
+            "ADMIN_TOKENS",
+            format!("ops default {ADMIN_A};bob tenant-b {ADMIN_B}"),
+        )
+        .env("CONSOLE", "true")
+        .env("RECONCILED_FILE", &reconciled)
+        .env("LOG_FORMAT", "json")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut ready = false;
+    for _ in 0..300 {
+        if let Ok(Some(status)) = service.try_wait() {
+            panic!(
+                "the service exited with {status}: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        if http_get(address, "/healthz").await.map(|(s, _)| s) == Some(200) {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ready, "the service did not answer /healthz within 30 s");
+
+    // The browser.
+    let mut node = tokio::process::Command::new("node");
+    node.arg("console.mjs")
+        .current_dir(&tests)
+        .env("BASE_URL", format!("http://{address}"))
+        .env("TOKEN_A", ADMIN_A)
+        .env("TOKEN_B", ADMIN_B)
+        .env("SCOPE", "default")
+        .env("KEY", KEY)
+        .env("XSS_KEY", XSS_KEY)
+        .env("REASON", REASON)
+        .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+        .kill_on_drop(true);
+    if let Ok(shots) = std::env::var("CONSOLE_SCREENSHOTS") {
+        node.env("SCREENSHOTS", shots);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(180), node.output())
+        .await
+        .expect("the browser script finished within 3 minutes")
+        .expect("node runs (install Node.js)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the browser script failed: {}\n{stdout}\nservice log:\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|_| panic!("one JSON line: {stdout}"));
+    let strings = |value: &Value| -> Vec<String> {
+        value
+            .as_array()
+            .unwrap_or_else(|| panic!("an array: {value}"))
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    // Signed in: the keys that need a decision first, the rest apart.
+    assert!(
+        seen["csp"]
+            .as_str()
+            .unwrap_or("")
+            .contains("default-src 'none'"),
+        "{seen}"
+    );
+    assert_eq!(seen["scope"], "default");
+    assert_eq!(strings(&seen["needsBefore"]), [XSS_KEY, KEY]);
+    assert_eq!(
+        strings(&seen["restBefore"]),
+        ["debit-0001", "debit-0002", "debit-0003"]
+    );
+    // The key holding markup rendered as text, and ran nothing.
+    assert_eq!(seen["xssRendered"], true, "{seen}");
+    assert_eq!(seen["injectedElements"], 0);
+    assert_eq!(seen["pwned"], Value::Null);
+    assert_eq!(seen["pwnedAfter"], Value::Null);
+    assert_eq!(seen["xssKeyPage"], XSS_KEY);
+    assert_eq!(seen["dialogs"], serde_json::json!([]));
+    assert_eq!(seen["pageErrors"], serde_json::json!([]), "{seen}");
+    assert_eq!(seen["cspViolations"], serde_json::json!([]), "{seen}");
+
+    // The key's page: its life and its request.
+    let key_page = &seen["keyPage"];
+    assert_eq!(key_page["key"], KEY);
+    let life = strings(&key_page["life"]);
+    assert!(life[0].starts_with("claimed"), "{life:?}");
+    assert!(
+        life.iter().any(|s| s.starts_with("lease expired")),
+        "{life:?}"
+    );
+    let request = key_page["request"].as_str().unwrap();
+    assert!(
+        request.contains("POST")
+            && request.contains("/payments?x=1")
+            && request.contains("sha256:"),
+        "{request}"
+    );
+    assert!(
+        key_page["badge"]
+            .as_str()
+            .unwrap()
+            .contains("Outcome unknown")
+    );
+    assert_eq!(key_page["releaseEnabled"], true);
+    assert!(
+        seen["noReason"].as_str().unwrap().contains("reason"),
+        "{seen}"
+    );
+    assert!(seen["released"].as_str().unwrap().contains("Released"));
+    assert_eq!(strings(&seen["needsAfter"]), [XSS_KEY]);
+
+    // A completed debit's page: its stored answer, redacted.
+    let answer = &seen["answerPage"];
+    let body = answer["body"].as_str().unwrap();
+    assert!(body.contains("dbt_0003") && body.contains("4200"), "{body}");
+    assert!(body.contains("\"card\": \"[redacted]\""), "{body}");
+    assert!(
+        body.contains("3000") && !body.contains("89370400440532013000"),
+        "{body}"
+    );
+    assert!(
+        body.contains("<b>posted</b>"),
+        "markup in a body is text: {body}"
+    );
+    assert_eq!(answer["bold"], 0, "no element made of the body");
+    let headers = answer["headers"].as_str().unwrap();
+    assert!(
+        headers.contains("location") && headers.contains("/debits/dbt_0003"),
+        "{headers}"
+    );
+    assert!(
+        headers.contains("set-cookie") && !headers.contains("cookie-value-0123"),
+        "{headers}"
+    );
+    assert!(answer["response"].as_str().unwrap().contains("201"));
+
+    // Finance's CSV: what still needs a decision.
+    let csv = seen["csv"].as_str().unwrap();
+    assert!(csv.starts_with("scope,key,state,needs_decision"), "{csv}");
+    assert!(csv.contains(&format!("\"{XSS_KEY}\"")), "{csv}");
+    assert!(!csv.contains(KEY), "released: no longer in the list: {csv}");
+
+    // Marked reconciled: kept, listed with the rest; a completed key forgotten.
+    assert!(
+        seen["reconciledBadge"]
+            .as_str()
+            .unwrap()
+            .contains("Reconciled by ops"),
+        "{seen}"
+    );
+    assert!(
+        strings(&seen["reconciledLife"])
+            .iter()
+            .any(|s| s.starts_with("reconciled")),
+        "{seen}"
+    );
+    assert!(
+        seen["needsReconciled"]
+            .as_str()
+            .unwrap()
+            .contains("Nothing needs a decision"),
+        "{seen}"
+    );
+    assert_eq!(
+        strings(&seen["restReconciled"]),
+        [XSS_KEY, "debit-0001", "debit-0002", "debit-0003"]
+    );
+    assert!(
+        seen["forgot"]
+            .as_str()
+            .unwrap()
+            .contains("Forgot debit-0001")
+    );
+    assert!(
+        store.get("default", XSS_KEY).await.unwrap().is_some(),
+        "reconciled: kept"
+    );
+    assert!(
+        store.get("default", "debit-0001").await.unwrap().is_none(),
+        "forgotten"
+    );
+    let marks = std::fs::read_to_string(&reconciled).unwrap();
+    assert!(
+        marks.contains("customer confirmed one debit") && marks.contains("\"by\":\"ops\""),
+        "the mark is kept in RECONCILED_FILE: {marks}"
+    );
+
+    // tenant-b's admin sees nothing of it.
+    let other = &seen["other"];
+    assert_eq!(other["scope"], "tenant-b");
+    assert_eq!(strings(&other["needs"]), ["debit-b-0001"]);
+    assert_eq!(strings(&other["rest"]), Vec::<String>::new());
+    assert!(
+        other["forcedScope"]
+            .as_str()
+            .unwrap()
+            .contains("may not act on scope"),
+        "{other}"
+    );
+    assert_eq!(strings(&other["forcedRows"]), Vec::<String>::new());
+    assert!(
+        other["forcedKey"]
+            .as_str()
+            .unwrap()
+            .contains("may not act on scope")
+    );
+    assert_eq!(other["forcedKeyShown"], "");
+    let shown = other["page"].as_str().unwrap();
+    assert!(
+        !shown.contains(KEY) && !shown.contains("__pwned"),
+        "{shown}"
+    );
+
+    // The audit line of the release, with who and why.
+    let audit = audit_lines(&log);
+    let release: Vec<&Value> = audit
+        .iter()
+        .filter(|line| line["action"] == "release")
+        .collect();
+    assert_eq!(release.len(), 1, "{audit:?}");
+    assert_eq!(release[0]["who"], "ops");
+    assert_eq!(release[0]["scope"], "default");
+    assert_eq!(release[0]["key"], KEY);
+    assert_eq!(release[0]["reason"], REASON);
+    assert_eq!(release[0]["result"], "deleted-abandoned");
+    for (action, key, reason, result) in [
+        (
+            "reconcile",
+            XSS_KEY,
+            "customer confirmed one debit; keep the record",
+            "reconciled",
+        ),
+        (
+            "forget",
+            "debit-0001",
+            "test debit, replay no longer wanted",
+            "deleted-completed",
+        ),
+    ] {
+        assert!(
+            audit.iter().any(|line| line["action"] == action
+                && line["key"] == key
+                && line["reason"] == reason
+                && line["result"] == result
+                && line["who"] == "ops"),
+            "the {action} line: {audit:?}"
+        );
+    }
+    assert!(
+        audit.iter().any(|line| line["who"] == "bob"
+            && line["scope"] == "default"
+            && line["result"] == "forbidden"),
+        "bob's refused attempts are audited: {audit:?}"
+    );
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !log_text.contains(ADMIN_A) && !log_text.contains(ADMIN_B),
+        "tokens are never logged"
+    );
+
+    // And the client's retry runs, once.
+    let retry = idempotency_tests::call(&app, debit()).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(String::from_utf8_lossy(&retry.body), r#"{"run":1}"#);
+    let replay = idempotency_tests::call(&app, debit()).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    service.kill().await.unwrap();
+}
