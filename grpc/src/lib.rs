@@ -16,7 +16,7 @@
 //!   Streaming methods pass through untouched.
 //! - [`run`]: for a key carried in the request message (Google's AIP-155
 //!   `request_id`), called by the typed handler, on the same engine.
-//! - [`tx`] (PostgreSQL, transactional mode): the method's writes commit
+//! - [`tx()`] (PostgreSQL, transactional mode): the method's writes commit
 //!   together with its stored answer, or roll back with a released key.
 //!
 //! # What a call gets

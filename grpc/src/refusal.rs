@@ -20,7 +20,7 @@
 //! | cut off, its writes rolled back (transactional mode) | `UNAVAILABLE` | `handler-timeout` | yes |
 //! | the handler panicked or its answer broke off (key released) | `INTERNAL` | `handler-failed` | no |
 //! | a typed handler's AIP-155 helper without the layer in front | `INTERNAL` | `layer-missing` | no |
-//! | [`crate::tx`] outside transactional mode, or taken twice | `INTERNAL` | `transaction-unavailable` | no |
+//! | [`crate::tx()`] outside transactional mode, or taken twice | `INTERNAL` | `transaction-unavailable` | no |
 //!
 //! Every answer with `RetryInfo` also carries `grpc-retry-pushback-ms`
 //! (gRPC's own retry design, A6: the server's pushback), so a client's
@@ -125,7 +125,7 @@ pub enum GrpcRefusal {
     },
     /// `INTERNAL` `layer-missing`: [`crate::run`] found no scope from the layer.
     LayerMissing,
-    /// `INTERNAL` `transaction-unavailable`: [`crate::tx`] outside
+    /// `INTERNAL` `transaction-unavailable`: [`crate::tx()`] outside
     /// transactional mode, or while the transaction is taken.
     TransactionUnavailable,
 }

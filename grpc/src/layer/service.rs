@@ -236,7 +236,7 @@ where
 }
 
 /// The request with the run in its extensions: the method's way to the
-/// run's transaction ([`crate::tx`]).
+/// run's transaction ([`crate::tx()`]).
 #[cfg(feature = "postgres")]
 fn with_run(
     mut request: Request<tonic::body::Body>,
