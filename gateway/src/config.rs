@@ -891,6 +891,18 @@ impl Config {
         ] {
             seconds(name, value)?;
         }
+        // The engine's rule (a running request's record must outlive it):
+        // checked here, so a bad value is this one line and exit 2, never
+        // the engine's panic when the layer is built.
+        if seconds("policy.retention_seconds", p.retention_seconds)?
+            <= seconds("policy.max_handler_seconds", p.max_handler_seconds)?
+                + seconds("policy.lease_seconds", p.lease_seconds)?
+        {
+            return Err(ConfigError::Invalid(
+                "policy.retention_seconds must exceed policy.max_handler_seconds + policy.lease_seconds"
+                    .to_owned(),
+            ));
+        }
         if !matches!(p.in_flight.as_str(), "reject" | "wait") {
             return Err(ConfigError::Invalid(
                 "policy.in_flight: reject or wait".to_owned(),

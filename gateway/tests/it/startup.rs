@@ -185,6 +185,14 @@ fn each_configuration_error_is_one_line_naming_what_to_set() {
             vec![("LOG_FORMAT", "yaml")],
             vec!["LOG_FORMAT", "yaml"],
         ),
+        (
+            format!(
+                "{base}[policy]\nretention_seconds = 60\nmax_handler_seconds = 60\nlease_seconds = 10\n"
+            ),
+            None,
+            vec![],
+            vec!["policy.retention_seconds", "max_handler_seconds + policy.lease_seconds"],
+        ),
     ];
     for (toml, path, env, names) in rows {
         let (code, stderr) = run(dir.path(), &toml, path, &env);
