@@ -191,7 +191,10 @@ fn each_configuration_error_is_one_line_naming_what_to_set() {
             ),
             None,
             vec![],
-            vec!["policy.retention_seconds", "max_handler_seconds + policy.lease_seconds"],
+            vec![
+                "policy.retention_seconds",
+                "max_handler_seconds + policy.lease_seconds",
+            ],
         ),
     ];
     for (toml, path, env, names) in rows {
