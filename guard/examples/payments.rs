@@ -46,7 +46,9 @@ use axum::{Json, Router};
 use idempotency_guard::server::{BodyTimeoutLayer, Server};
 use idempotency_guard::store::TransactionalStore as _;
 use idempotency_guard::store::encrypted::require_sealed_from_environment;
-use idempotency_guard::store::{AnyStore, Backend, EncryptionKeys, StoreKind, StoreOptions};
+use idempotency_guard::store::{
+    AnyStore, Backend, EncryptionKeys, NatsOptions, StoreKind, StoreOptions,
+};
 use idempotency_guard::{Drain, IdempotencyLayer, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, SqlitePool};
@@ -284,6 +286,8 @@ struct Settings {
     kind: StoreKind,
     redis_url: Option<String>,
     prefix: String,
+    nats_url: Option<String>,
+    nats_bucket: String,
     notifications: bool,
     encryption: Option<EncryptionKeys>,
     require_sealed: bool,
@@ -336,6 +340,11 @@ impl Settings {
             kind,
             redis_url: std::env::var("REDIS_URL").ok(),
             prefix: std::env::var("REDIS_PREFIX").unwrap_or_else(|_| "idem".into()),
+            // STORE=nats: NATS_URL (host:port, comma-separated for a
+            // cluster) and NATS_BUCKET (default `idempotency`).
+            nats_url: std::env::var("NATS_URL").ok(),
+            nats_bucket: std::env::var("NATS_BUCKET")
+                .unwrap_or_else(|_| NatsOptions::DEFAULT_BUCKET.to_owned()),
             notifications: std::env::var("PG_NOTIFY").is_ok_and(|v| v == "true"),
             // Encryption at rest: IDEMPOTENCY_ENCRYPTION_KEYS or
             // IDEMPOTENCY_ENCRYPTION_KEYS_FILE (`<id>:<base64 of 32 bytes>`,
@@ -376,6 +385,11 @@ impl Settings {
             notifications: self.notifications,
             encryption: self.encryption.as_ref(),
             require_sealed: self.require_sealed,
+            nats: self.nats_url.as_deref().map(|url| NatsOptions {
+                url,
+                bucket: &self.nats_bucket,
+                replicas: None,
+            }),
         }
     }
 }

@@ -37,8 +37,9 @@ pub struct Config {
     #[arg(long, env = "DATABASE_URL", default_value = "sqlite://idempotency.db")]
     pub database_url: String,
     /// Where the records live: `sql` (the database URL's store), `redis`
-    /// (Redis, or Redis Cluster when the Redis URL lists several nodes) or
-    /// `tiered` (Redis in front of PostgreSQL).
+    /// (Redis, or Redis Cluster when the Redis URL lists several nodes),
+    /// `tiered` (Redis in front of PostgreSQL) or `nats` (a NATS JetStream
+    /// KV bucket).
     #[arg(long, env = "STORE", default_value = "sql")]
     pub store: idempotency_guard::store::StoreKind,
     /// Redis: `redis://host:port`, or comma-separated node URLs of a cluster.
@@ -47,6 +48,12 @@ pub struct Config {
     /// The prefix of every Redis key the store writes.
     #[arg(long, env = "REDIS_PREFIX", default_value = "idem")]
     pub redis_prefix: String,
+    /// NATS: `host:port`, or comma-separated servers of a cluster.
+    #[arg(long, env = "NATS_URL")]
+    pub nats_url: Option<String>,
+    /// The NATS KV bucket of the records (the guarded app's).
+    #[arg(long, env = "NATS_BUCKET", default_value = idempotency_guard::store::NatsOptions::DEFAULT_BUCKET)]
+    pub nats_bucket: String,
     /// The address to listen on.
     #[arg(long, env = "LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -162,8 +169,20 @@ impl Config {
         let mut options = StoreOptions::sql(&self.database_url);
         options.kind = self.store;
         options.redis_url = self.redis_url.as_deref();
+        options.nats = self.nats();
         options.check(SettingNames::ENVIRONMENT)?;
         Ok(())
+    }
+
+    /// The NATS store's settings, when a NATS URL is set.
+    pub fn nats(&self) -> Option<idempotency_guard::store::NatsOptions<'_>> {
+        self.nats_url
+            .as_deref()
+            .map(|url| idempotency_guard::store::NatsOptions {
+                url,
+                bucket: &self.nats_bucket,
+                replicas: None,
+            })
     }
 
     /// The connection bounds of the server (the same as the gateway's

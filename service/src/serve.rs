@@ -58,6 +58,7 @@ async fn connect(config: &Config) -> Result<AnyStore, ServiceError> {
         // kept in clear by encryption at rest: it needs no key.
         encryption: None,
         require_sealed: true,
+        nats: config.nats(),
     })
     .await
     .map_err(ServiceError::Connect)

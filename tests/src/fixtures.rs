@@ -19,6 +19,7 @@ use std::str::FromStr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use idempotency_guard::store::nats::NatsStore;
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::sqlite::SqliteStore;
@@ -91,6 +92,7 @@ enum Cleanup {
     PostgresSchema(String),
     SqliteDir(#[allow(dead_code)] tempfile::TempDir),
     RedisPrefix { nodes: Vec<String>, prefix: String },
+    NatsBucket { url: String, bucket: String },
 }
 
 /// How a test makes the store unreachable.
@@ -159,6 +161,26 @@ impl Cleanup {
         if let Cleanup::RedisPrefix { nodes, prefix } = &self {
             let (nodes, prefix) = (nodes.clone(), prefix.clone());
             let _ = std::thread::spawn(move || delete_redis_prefix(&nodes, &prefix)).join();
+            return;
+        }
+        if let Cleanup::NatsBucket { url, bucket } = &self {
+            let (url, stream) = (url.clone(), format!("KV_{bucket}"));
+            let _ = std::thread::spawn(move || {
+                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    return;
+                };
+                runtime.block_on(async {
+                    if let Ok(client) = async_nats::connect(url.as_str()).await {
+                        let _ = async_nats::jetstream::new(client)
+                            .delete_stream(&stream)
+                            .await;
+                    }
+                });
+            })
+            .join();
             return;
         }
         if let Cleanup::PostgresSchema(schema) = &self {
@@ -606,5 +628,34 @@ pub async fn tiered() -> TestDb<TieredStore> {
             },
             other => other,
         },
+    }
+}
+
+/// A NATS JetStream store on a fresh bucket (one replica) of the server
+/// [`nats_store_url`](crate::nats_server::nats_store_url) names (NATS 2.15
+/// from PyPI unless `TEST_NATS_STORE_URL` names another), reaching it
+/// through a [`Partition`] so the test can cut it off. The bucket is
+/// deleted with the value.
+///
+/// # Panics
+///
+/// When the server cannot be had or the bucket cannot be opened.
+pub async fn nats() -> TestDb<NatsStore> {
+    let url = tokio::task::spawn_blocking(crate::nats_server::nats_store_url)
+        .await
+        .expect("find the NATS server");
+    let address: std::net::SocketAddr = url
+        .trim_start_matches("nats://")
+        .parse()
+        .unwrap_or_else(|_| panic!("TEST_NATS_STORE_URL is not host:port: {url}"));
+    let partition = Partition::start(address).await;
+    let bucket = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let store = NatsStore::connect_with_replicas(&partition.address.to_string(), &bucket, Some(1))
+        .await
+        .unwrap_or_else(|error| panic!("cannot open a NATS bucket at {url}: {error:?}"));
+    TestDb {
+        store,
+        cleanup: vec![Cleanup::NatsBucket { url, bucket }],
+        breaker: Breaker::Partition(partition),
     }
 }

@@ -13,6 +13,7 @@ pub mod answer;
 pub mod broker_server;
 pub mod fixtures;
 pub mod mcp_sdk;
+pub mod nats_server;
 pub mod partition;
 pub mod postgres_server;
 pub mod process;
@@ -27,9 +28,10 @@ mod watchdog;
 
 pub use answer::{Answer, call};
 pub use fixtures::{
-    TestDatabase, TestDb, postgres, postgres_database, redis, redis_cluster, redis_replica_acks,
-    sqlite, sqlite_memory, tiered, valkey,
+    TestDatabase, TestDb, nats, postgres, postgres_database, redis, redis_cluster,
+    redis_replica_acks, sqlite, sqlite_memory, tiered, valkey,
 };
+pub use nats_server::NatsCluster;
 pub use partition::Partition;
 pub use postgres_server::PostgresServer;
 pub use process::Process;

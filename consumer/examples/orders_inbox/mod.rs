@@ -70,6 +70,7 @@ impl Settings {
             notifications: false,
             encryption: None,
             require_sealed: true,
+            nats: None,
         }
     }
 

@@ -44,6 +44,10 @@ pub enum Backend {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Tiered(crate::store::tiered::TieredStore),
+    /// See [`NatsStore`](crate::store::nats::NatsStore).
+    #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+    Nats(crate::store::nats::NatsStore),
 }
 
 /// What [`AnyStore::open`] opens.
@@ -79,6 +83,35 @@ pub struct StoreOptions<'a> {
     /// records already stored in clear, set it to `false` until their
     /// retention has passed, then back to `true`.
     pub require_sealed: bool,
+    /// The NATS JetStream store's server and bucket ([`StoreKind::Nats`]).
+    pub nats: Option<NatsOptions<'a>>,
+}
+
+/// Where the NATS JetStream store keeps its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NatsOptions<'a> {
+    /// The servers: one, or several separated by commas (`host:port` or
+    /// `nats://host:port`).
+    pub url: &'a str,
+    /// The KV bucket (`[A-Za-z0-9_-]+`), created if missing.
+    pub bucket: &'a str,
+    /// The bucket's replicas when it is created: `None` for 3 on a
+    /// cluster, 1 on a single server.
+    pub replicas: Option<usize>,
+}
+
+impl<'a> NatsOptions<'a> {
+    /// The bucket's name when none is given.
+    pub const DEFAULT_BUCKET: &'static str = "idempotency";
+
+    /// The servers at `url`, the default bucket and replicas.
+    pub fn new(url: &'a str) -> Self {
+        Self {
+            url,
+            bucket: Self::DEFAULT_BUCKET,
+            replicas: None,
+        }
+    }
 }
 
 impl<'a> StoreOptions<'a> {
@@ -92,6 +125,7 @@ impl<'a> StoreOptions<'a> {
             notifications: false,
             encryption: None,
             require_sealed: true,
+            nats: None,
         }
     }
 }
@@ -112,6 +146,8 @@ pub enum StoreKind {
     Redis,
     /// Redis in front of PostgreSQL.
     Tiered,
+    /// A NATS JetStream KV bucket.
+    Nats,
 }
 
 impl std::str::FromStr for StoreKind {
@@ -122,8 +158,9 @@ impl std::str::FromStr for StoreKind {
             "sql" => Ok(Self::Sql),
             "redis" => Ok(Self::Redis),
             "tiered" => Ok(Self::Tiered),
+            "nats" => Ok(Self::Nats),
             other => Err(format!(
-                "unknown store {other:?}: expected sql, redis or tiered"
+                "unknown store {other:?}: expected sql, redis, tiered or nats"
             )),
         }
     }
@@ -141,6 +178,8 @@ macro_rules! on_backend {
             Backend::Redis($store) => $body,
             #[cfg(feature = "redis")]
             Backend::Tiered($store) => $body,
+            #[cfg(feature = "nats")]
+            Backend::Nats($store) => $body,
         }
     };
 }
@@ -192,11 +231,13 @@ impl Backend {
             Self::Redis(_) => Ok(()),
             #[cfg(feature = "redis")]
             Self::Tiered(store) => store.database().migrate().await,
+            #[cfg(feature = "nats")]
+            Self::Nats(_) => Ok(()),
         }
     }
 
-    /// The backend's kind, for logs: `postgres`, `sqlite`, `redis` or
-    /// `tiered`.
+    /// The backend's kind, for logs: `postgres`, `sqlite`, `redis`,
+    /// `tiered` or `nats`.
     pub fn kind(&self) -> &'static str {
         match self {
             #[cfg(feature = "postgres")]
@@ -207,6 +248,8 @@ impl Backend {
             Self::Redis(_) => "redis",
             #[cfg(feature = "redis")]
             Self::Tiered(_) => "tiered",
+            #[cfg(feature = "nats")]
+            Self::Nats(_) => "nats",
         }
     }
 }
@@ -250,6 +293,7 @@ impl AnyStore {
             notifications,
             encryption: _,
             require_sealed: _,
+            nats,
         } = *options;
         match kind {
             #[cfg(feature = "postgres")]
@@ -296,6 +340,24 @@ impl AnyStore {
             StoreKind::Redis | StoreKind::Tiered => {
                 let _ = (redis_url, redis_prefix, notifications);
                 Err(StoreError::Unsupported("Redis (the redis feature is off)"))
+            }
+            #[cfg(feature = "nats")]
+            StoreKind::Nats => {
+                let nats =
+                    nats.ok_or(StoreError::Unsupported("the NATS store without a NATS URL"))?;
+                Ok(Backend::Nats(
+                    crate::store::nats::NatsStore::connect_with_replicas(
+                        nats.url,
+                        nats.bucket,
+                        nats.replicas,
+                    )
+                    .await?,
+                ))
+            }
+            #[cfg(not(feature = "nats"))]
+            StoreKind::Nats => {
+                let _ = nats;
+                Err(StoreError::Unsupported("NATS (the nats feature is off)"))
             }
         }
     }
@@ -377,7 +439,7 @@ impl AnyStore {
         }
     }
 
-    /// The store's kind, for logs: `postgres`, `sqlite`, `redis` or `tiered`
+    /// The store's kind, for logs: `postgres`, `sqlite`, `redis`, `tiered` or `nats`
     /// (sealed or not: see [`AnyStore::is_encrypted`]).
     pub fn kind(&self) -> &'static str {
         self.backend().kind()
@@ -445,6 +507,11 @@ from_store!(
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Tiered(crate::store::tiered::TieredStore)
+);
+from_store!(
+    #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+    Nats(crate::store::nats::NatsStore)
 );
 
 // The backend's calls box the delegated future: an `async fn` that matches
@@ -563,6 +630,8 @@ impl TransactionalStore for AnyStore {
             Self::Plain(Backend::Sqlite(_)) => None,
             #[cfg(feature = "redis")]
             Self::Plain(Backend::Redis(_)) => None,
+            #[cfg(feature = "nats")]
+            Self::Plain(Backend::Nats(_)) => None,
             Self::Sealed(_) => None,
         }
     }

@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
 
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub mod nats;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -27,7 +30,7 @@ pub mod sqlite;
 pub mod tiered;
 
 mod any;
-pub use any::{AnyStore, Backend, StoreKind, StoreOptions};
+pub use any::{AnyStore, Backend, NatsOptions, StoreKind, StoreOptions};
 
 mod settings;
 pub use settings::{SettingNames, SettingsError};

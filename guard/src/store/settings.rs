@@ -15,6 +15,8 @@ pub struct SettingNames {
     pub database_url: &'static str,
     /// The Redis URL (`REDIS_URL`).
     pub redis_url: &'static str,
+    /// The NATS servers (`NATS_URL`).
+    pub nats_url: &'static str,
 }
 
 impl SettingNames {
@@ -24,6 +26,7 @@ impl SettingNames {
         kind: "STORE",
         database_url: "DATABASE_URL",
         redis_url: "REDIS_URL",
+        nats_url: "NATS_URL",
     };
 }
 
@@ -44,6 +47,14 @@ pub enum SettingsError {
         kind: &'static str,
         /// The name of the Redis URL setting.
         redis_setting: &'static str,
+    },
+    /// The NATS store without a NATS URL.
+    #[error("{kind_setting}=nats needs {nats_setting} (host:port, or several comma-separated)")]
+    MissingNatsUrl {
+        /// The name of the kind setting.
+        kind_setting: &'static str,
+        /// The name of the NATS URL setting.
+        nats_setting: &'static str,
     },
     /// A Redis URL of another scheme.
     #[error("{setting} must start with redis:// or rediss:// (it starts with {scheme:?})")]
@@ -101,6 +112,16 @@ impl StoreOptions<'_> {
     /// assert!(error.to_string().starts_with("STORE=redis needs REDIS_URL"));
     /// ```
     pub fn check(&self, names: SettingNames) -> Result<(), SettingsError> {
+        if self.kind == StoreKind::Nats {
+            // The records are in NATS: no database URL is read.
+            return match self.nats.filter(|nats| !nats.url.trim().is_empty()) {
+                Some(_) => Ok(()),
+                None => Err(SettingsError::MissingNatsUrl {
+                    kind_setting: names.kind,
+                    nats_setting: names.nats_url,
+                }),
+            };
+        }
         let postgres = self.database_url.starts_with("postgres://")
             || self.database_url.starts_with("postgresql://");
         if !postgres && !self.database_url.starts_with("sqlite:") {
@@ -110,7 +131,7 @@ impl StoreOptions<'_> {
             });
         }
         let kind = match self.kind {
-            StoreKind::Sql => return Ok(()),
+            StoreKind::Sql | StoreKind::Nats => return Ok(()),
             StoreKind::Redis => "redis",
             StoreKind::Tiered => "tiered",
         };
@@ -189,5 +210,22 @@ mod tests {
             );
             assert!(!message.contains("secret"), "a password echoed: {message}");
         }
+    }
+
+    #[test]
+    fn the_nats_store_needs_a_nats_url_and_no_database() {
+        let mut options = StoreOptions::sql("");
+        options.kind = StoreKind::Nats;
+        assert_eq!(
+            options
+                .check(SettingNames::ENVIRONMENT)
+                .unwrap_err()
+                .to_string(),
+            "STORE=nats needs NATS_URL (host:port, or several comma-separated)"
+        );
+        options.nats = Some(super::super::NatsOptions::new(" "));
+        assert!(options.check(SettingNames::ENVIRONMENT).is_err());
+        options.nats = Some(super::super::NatsOptions::new("a:4222,b:4222"));
+        assert_eq!(options.check(SettingNames::ENVIRONMENT), Ok(()));
     }
 }

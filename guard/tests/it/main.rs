@@ -28,6 +28,7 @@ mod cross_process;
 mod encrypted;
 mod metrics_probe;
 mod migrations;
+mod nats_storm;
 #[cfg(feature = "otel")]
 mod otel;
 mod postgres_faults;
@@ -53,6 +54,8 @@ store_suite!(
     redis_replica_acks_store,
     idempotency_tests::redis_replica_acks
 );
+// NATS JetStream KV (a private NATS 2.15, a bucket per test).
+store_suite!(nats_store, idempotency_tests::nats);
 
 batching_suite!(postgres_batching, idempotency_tests::postgres);
 batching_suite!(sqlite_batching, idempotency_tests::sqlite);
@@ -75,6 +78,7 @@ engine_suite!(
     redis_replica_acks_engine,
     idempotency_tests::redis_replica_acks
 );
+engine_suite!(nats_engine, idempotency_tests::nats);
 
 guard_suite!(postgres_guard, idempotency_tests::postgres);
 guard_suite!(sqlite_guard, idempotency_tests::sqlite);
@@ -86,6 +90,7 @@ guard_suite!(valkey_guard, idempotency_tests::valkey);
 // sits in its path to cut: the outage tests run on single Redis, which
 // shares every line of the store's error handling with the cluster.
 guard_suite!(redis_cluster_guard, idempotency_tests::redis_cluster, outages: []);
+guard_suite!(nats_guard, idempotency_tests::nats);
 
 admin_suite!(postgres_admin, idempotency_tests::postgres);
 admin_suite!(sqlite_admin, idempotency_tests::sqlite);
@@ -94,6 +99,7 @@ admin_suite!(redis_admin, idempotency_tests::redis);
 admin_suite!(redis_cluster_admin, idempotency_tests::redis_cluster);
 admin_suite!(tiered_admin, idempotency_tests::tiered);
 admin_suite!(valkey_admin, idempotency_tests::valkey);
+admin_suite!(nats_admin, idempotency_tests::nats);
 
 encrypted_suite!(
     postgres_encrypted,

@@ -1,0 +1,382 @@
+//! The record's layout in a NATS JetStream KV bucket: one message per
+//! record (the bucket keeps one per subject), written here and nowhere
+//! else.
+//!
+//! # The subject
+//!
+//! `$KV.<bucket>.=<scope>.=<key>`, scope and key each in URL-safe base64
+//! without padding behind a `=` (which base64 never writes, so an empty
+//! scope or key still makes a token): every byte of a key is allowed, none
+//! can reach another token, and two pairs never meet on one subject.
+//!
+//! # The value
+//!
+//! All numbers are big-endian:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..2 | `N1`, the layout's mark |
+//! | 2 | flags: 1 transactional, 2 completed, 4 body stored |
+//! | 3..35 | the request's fingerprint |
+//! | 35..51 | the lease token |
+//! | 51..60 | creation: a [`Time`] |
+//! | 60..69 | lease end: a [`Time`] |
+//! | 69..78 | lease cap: a [`Time`] (`Unset` but after a renewal) |
+//! | 78..86 | retention, ms from creation |
+//! | 86.. | method (u16 length, bytes), path (u32 length, bytes), then once completed: status (u16), headers (u32 length, bytes), body (u32 length, bytes) when stored |
+//!
+//! # Times: the leader's stamps
+//!
+//! Every message carries the time the stream's leader stored it (`T`, on
+//! the leader's clock, replicated with the message). A value never holds
+//! the writer's clock: a [`Time`] is either `T` plus a duration (a claim's
+//! creation and lease, a renewal's lease) or an instant copied from an
+//! earlier message's `T` (a completion keeps its claim's creation and lease
+//! end). See the store's module documentation for how they are compared.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use time::OffsetDateTime;
+
+use crate::record::CorruptRecord;
+use crate::{Fingerprint, LeaseToken, Record, StoredResponse};
+
+const MARK: &[u8; 2] = b"N1";
+const TRANSACTIONAL: u8 = 1;
+const COMPLETED: u8 = 2;
+const BODY: u8 = 4;
+
+/// An instant in a value: relative to the message's own stamp, or copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Time {
+    /// No instant (the lease cap of a value that is not a renewal).
+    Unset,
+    /// The message's stamp plus this many milliseconds.
+    AfterStamp(i64),
+    /// This instant, in Unix milliseconds (copied from an earlier stamp).
+    At(i64),
+}
+
+impl Time {
+    fn put(self, out: &mut BytesMut) {
+        let (tag, value) = match self {
+            Self::Unset => (0, 0),
+            Self::AfterStamp(ms) => (1, ms),
+            Self::At(ms) => (2, ms),
+        };
+        out.put_u8(tag);
+        out.put_i64(value);
+    }
+
+    fn get(input: &mut &[u8]) -> Result<Self, CorruptRecord> {
+        need(input, 9)?;
+        let tag = input.get_u8();
+        let value = input.get_i64();
+        match tag {
+            0 => Ok(Self::Unset),
+            1 => Ok(Self::AfterStamp(value)),
+            2 => Ok(Self::At(value)),
+            _ => Err(CorruptRecord("a stored time has an unknown kind")),
+        }
+    }
+
+    /// The instant, given the message's stamp (Unix ms); `None` if unset.
+    fn resolve(self, stamp: i64) -> Option<i64> {
+        match self {
+            Self::Unset => None,
+            Self::AfterStamp(ms) => Some(stamp.saturating_add(ms)),
+            Self::At(ms) => Some(ms),
+        }
+    }
+}
+
+/// A record as one value holds it (times unresolved).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Packed<'a> {
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) token: LeaseToken,
+    pub(crate) transactional: bool,
+    pub(crate) created: Time,
+    pub(crate) lease_end: Time,
+    /// A renewal's cap: when its own stamp is past the cap, the lease it
+    /// meant to extend had already ended, and it ends at the cap.
+    pub(crate) lease_cap: Time,
+    pub(crate) retention_ms: i64,
+    pub(crate) method: &'a str,
+    pub(crate) path: &'a str,
+    pub(crate) response: Option<&'a StoredResponse>,
+}
+
+/// Encodes a value.
+pub(crate) fn encode(packed: &Packed<'_>) -> Bytes {
+    let body = packed.response.and_then(|r| r.body.as_ref());
+    let headers = packed.response.map(StoredResponse::encode_headers);
+    let size = 96
+        + packed.method.len()
+        + packed.path.len()
+        + headers.as_ref().map_or(0, Vec::len)
+        + body.map_or(0, Bytes::len);
+    let mut out = BytesMut::with_capacity(size);
+    out.put_slice(MARK);
+    let mut flags = 0;
+    if packed.transactional {
+        flags |= TRANSACTIONAL;
+    }
+    if packed.response.is_some() {
+        flags |= COMPLETED;
+    }
+    if body.is_some() {
+        flags |= BODY;
+    }
+    out.put_u8(flags);
+    out.put_slice(packed.fingerprint.as_bytes());
+    out.put_slice(packed.token.as_uuid().as_bytes());
+    packed.created.put(&mut out);
+    packed.lease_end.put(&mut out);
+    packed.lease_cap.put(&mut out);
+    out.put_i64(packed.retention_ms);
+    put_bytes16(&mut out, packed.method.as_bytes());
+    put_bytes32(&mut out, packed.path.as_bytes());
+    if let Some(response) = packed.response {
+        out.put_u16(response.status.as_u16());
+        put_bytes32(&mut out, headers.as_deref().unwrap_or_default());
+        if let Some(body) = body {
+            put_bytes32(&mut out, body);
+        }
+    }
+    out.freeze()
+}
+
+fn put_bytes16(out: &mut BytesMut, bytes: &[u8]) {
+    out.put_u16(u16::try_from(bytes.len()).unwrap_or(u16::MAX));
+    out.put_slice(&bytes[..bytes.len().min(usize::from(u16::MAX))]);
+}
+
+fn put_bytes32(out: &mut BytesMut, bytes: &[u8]) {
+    let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+    out.put_u32(len);
+    out.put_slice(&bytes[..len as usize]);
+}
+
+fn need(input: &[u8], n: usize) -> Result<(), CorruptRecord> {
+    if input.len() < n {
+        Err(CorruptRecord("a stored record is truncated"))
+    } else {
+        Ok(())
+    }
+}
+
+fn get_bytes<'a>(input: &mut &'a [u8], wide: bool) -> Result<&'a [u8], CorruptRecord> {
+    let len = if wide {
+        need(input, 4)?;
+        input.get_u32() as usize
+    } else {
+        need(input, 2)?;
+        usize::from(input.get_u16())
+    };
+    need(input, len)?;
+    let (bytes, rest) = input.split_at(len);
+    *input = rest;
+    Ok(bytes)
+}
+
+fn utf8(bytes: &[u8]) -> Result<String, CorruptRecord> {
+    String::from_utf8(bytes.to_vec()).map_err(|_| CorruptRecord("a stored text is not UTF-8"))
+}
+
+/// A record read back, with what the store's writes need beside it.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    /// The record, its times resolved and `observed_at` the reader's
+    /// estimate of the leader's clock.
+    pub(crate) record: Record,
+    /// The message's stream sequence: the revision the next write of this
+    /// record names (the fence).
+    pub(crate) revision: u64,
+    /// The retention, ms from creation (a take-over and a completion keep
+    /// the absolute expiry, a renewal needs it for the message's TTL).
+    pub(crate) retention_ms: i64,
+}
+
+/// Unix milliseconds of an instant.
+pub(crate) fn unix_ms(at: OffsetDateTime) -> i64 {
+    i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+}
+
+/// The instant of Unix milliseconds.
+pub(crate) fn from_unix_ms(ms: i64) -> Result<OffsetDateTime, CorruptRecord> {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .map_err(|_| CorruptRecord("a stored time is out of range"))
+}
+
+/// Decodes the value of `(scope, key)` stored at `stamp` (the message's
+/// time) with sequence `revision`, read when the leader's clock showed
+/// about `observed_at`.
+pub(crate) fn decode(
+    scope: &str,
+    key: &str,
+    value: &[u8],
+    stamp: OffsetDateTime,
+    revision: u64,
+    observed_at: OffsetDateTime,
+) -> Result<Stored, CorruptRecord> {
+    let mut input = value;
+    need(input, 86)?;
+    if &input[..2] != MARK {
+        return Err(CorruptRecord("a stored record has an unknown layout"));
+    }
+    input.advance(2);
+    let flags = input.get_u8();
+    let mut fingerprint = [0u8; 32];
+    input.copy_to_slice(&mut fingerprint);
+    let mut token = [0u8; 16];
+    input.copy_to_slice(&mut token);
+    let created = Time::get(&mut input)?;
+    let lease_end = Time::get(&mut input)?;
+    let lease_cap = Time::get(&mut input)?;
+    need(input, 8)?;
+    let retention_ms = input.get_i64();
+    let method = utf8(get_bytes(&mut input, false)?)?;
+    let path = utf8(get_bytes(&mut input, true)?)?;
+    let response = if flags & COMPLETED != 0 {
+        need(input, 2)?;
+        let status = i64::from(input.get_u16());
+        let headers = get_bytes(&mut input, true)?;
+        let body = if flags & BODY != 0 {
+            Some(Bytes::copy_from_slice(get_bytes(&mut input, true)?))
+        } else {
+            None
+        };
+        Some(StoredResponse::decode(status, headers, body)?)
+    } else {
+        None
+    };
+    let stamp_ms = unix_ms(stamp);
+    let created_ms = created
+        .resolve(stamp_ms)
+        .ok_or(CorruptRecord("a stored record has no creation time"))?;
+    let mut lease_end_ms = lease_end
+        .resolve(stamp_ms)
+        .ok_or(CorruptRecord("a stored record has no lease end"))?;
+    if let Some(cap) = lease_cap.resolve(stamp_ms)
+        && stamp_ms > cap
+    {
+        // The renewal landed after the lease it extends had ended: void.
+        lease_end_ms = cap;
+    }
+    let record = Record {
+        scope: scope.to_owned(),
+        key: key.to_owned(),
+        fingerprint: Fingerprint::from_bytes(fingerprint),
+        method,
+        path,
+        lease_token: LeaseToken::from_uuid(uuid::Uuid::from_bytes(token)),
+        lease_expires_at: from_unix_ms(lease_end_ms)?,
+        transactional: flags & TRANSACTIONAL != 0,
+        completed_at: response
+            .is_some()
+            .then(|| from_unix_ms(stamp_ms))
+            .transpose()?,
+        response,
+        created_at: from_unix_ms(created_ms)?,
+        expires_at: from_unix_ms(created_ms.saturating_add(retention_ms))?,
+        observed_at,
+    };
+    Ok(Stored {
+        record,
+        revision,
+        retention_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, HeaderValue, StatusCode};
+
+    fn packed(response: Option<&StoredResponse>) -> Packed<'_> {
+        Packed {
+            fingerprint: Fingerprint::from_bytes([7; 32]),
+            token: LeaseToken::new(),
+            transactional: true,
+            created: Time::AfterStamp(0),
+            lease_end: Time::AfterStamp(30_000),
+            lease_cap: Time::Unset,
+            retention_ms: 86_400_000,
+            method: "POST",
+            path: "/things?x=1",
+            response,
+        }
+    }
+
+    fn at(ms: i64) -> OffsetDateTime {
+        from_unix_ms(ms).unwrap()
+    }
+
+    #[test]
+    fn a_claim_resolves_its_times_on_its_own_stamp() {
+        let value = packed(None);
+        let stored = decode("s", "k", &encode(&value), at(1_000_000), 42, at(1_000_500)).unwrap();
+        let record = &stored.record;
+        assert_eq!(stored.revision, 42);
+        assert_eq!(record.created_at, at(1_000_000));
+        assert_eq!(record.lease_expires_at, at(1_030_000));
+        assert_eq!(record.expires_at, at(1_000_000 + 86_400_000));
+        assert_eq!(record.lease_token, value.token);
+        assert!(record.transactional);
+        assert_eq!(record.path, "/things?x=1");
+        assert_eq!(record.response, None);
+        assert_eq!(record.completed_at, None);
+    }
+
+    #[test]
+    fn a_completion_keeps_its_claims_times_and_round_trips_the_response() {
+        let mut headers = HeaderMap::new();
+        headers.append("x-a", HeaderValue::from_static("1"));
+        headers.append("x-a", HeaderValue::from_static("2"));
+        for body in [
+            Some(Bytes::from_static(b"\x00\xffbody")),
+            Some(Bytes::new()),
+            None,
+        ] {
+            let response = StoredResponse {
+                status: StatusCode::CREATED,
+                headers: headers.clone(),
+                body,
+            };
+            let mut value = packed(Some(&response));
+            value.created = Time::At(5_000);
+            value.lease_end = Time::At(35_000);
+            let stored = decode("s", "k", &encode(&value), at(9_000), 1, at(9_001)).unwrap();
+            assert_eq!(stored.record.created_at, at(5_000));
+            assert_eq!(stored.record.lease_expires_at, at(35_000));
+            assert_eq!(stored.record.completed_at, Some(at(9_000)));
+            assert_eq!(stored.record.response.as_ref(), Some(&response));
+        }
+    }
+
+    #[test]
+    fn a_renewal_stamped_after_its_cap_ends_the_lease_at_the_cap() {
+        let mut value = packed(None);
+        value.created = Time::At(0);
+        value.lease_end = Time::AfterStamp(60_000);
+        value.lease_cap = Time::At(10_000);
+        let in_time = decode("s", "k", &encode(&value), at(9_999), 2, at(9_999)).unwrap();
+        assert_eq!(in_time.record.lease_expires_at, at(69_999));
+        let late = decode("s", "k", &encode(&value), at(10_001), 2, at(10_001)).unwrap();
+        assert_eq!(late.record.lease_expires_at, at(10_000));
+    }
+
+    #[test]
+    fn damaged_values_are_corrupt_not_panics() {
+        let value = encode(&packed(None));
+        for len in 0..value.len() {
+            assert!(
+                decode("s", "k", &value[..len], at(0), 1, at(0)).is_err(),
+                "{len}"
+            );
+        }
+        let mut other = value.to_vec();
+        other[0] = b'X';
+        assert!(decode("s", "k", &other, at(0), 1, at(0)).is_err());
+    }
+}

@@ -1,0 +1,204 @@
+//! The holder's writes: complete, renew and release, each a read from the
+//! leader, a check of the lease token, and a write fenced by the revision
+//! read.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::claim::ms;
+use super::codec::{self, Packed, Stored, Time, unix_ms};
+use super::{MARKER_TTL, NatsStore, RACE_ATTEMPTS, Slot, Written, deadline, ttl};
+use crate::store::{Lease, StoreError};
+use crate::{Fingerprint, RecordState, StoredResponse};
+
+/// The value that rewrites `stored` keeping its claim's instants, with a
+/// response and a lease end of the caller's choice.
+fn rewritten<'a>(
+    stored: &'a Stored,
+    lease_end: Time,
+    lease_cap: Time,
+    response: Option<&'a StoredResponse>,
+) -> Packed<'a> {
+    let record = &stored.record;
+    Packed {
+        fingerprint: Fingerprint::from_bytes(*record.fingerprint.as_bytes()),
+        token: record.lease_token,
+        transactional: record.transactional,
+        created: Time::At(unix_ms(record.created_at)),
+        lease_end,
+        lease_cap,
+        retention_ms: stored.retention_ms,
+        method: &record.method,
+        path: &record.path,
+        response,
+    }
+}
+
+/// The per-message TTL of a rewrite of `stored`: what is left of its
+/// retention.
+fn remaining_ttl(stored: &Stored) -> String {
+    let record = &stored.record;
+    ttl(unix_ms(record.expires_at) - unix_ms(record.observed_at))
+}
+
+/// Whether `slot` holds `lease`'s record, in flight (its lease ended or not).
+fn held<'a>(slot: &'a Slot, lease: &Lease) -> Option<&'a Stored> {
+    match slot {
+        Slot::Record(stored)
+            if stored.record.lease_token == lease.token && stored.record.response.is_none() =>
+        {
+            Some(stored)
+        }
+        _ => None,
+    }
+}
+
+impl NatsStore {
+    /// See [`Store::complete`](crate::Store::complete).
+    pub(super) async fn complete_record(
+        &self,
+        lease: &Lease,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let deadline = deadline();
+        let subject = self.subject(&lease.scope, &lease.key);
+        let mut unknown: Option<StoreError> = None;
+        for _ in 0..RACE_ATTEMPTS {
+            let slot = self.read(&lease.scope, &lease.key, deadline).await?;
+            let Some(stored) = held(&slot, lease) else {
+                // A completion whose answer was lost, read back: it landed.
+                if unknown.is_some()
+                    && let Slot::Record(stored) = &slot
+                    && stored.record.lease_token == lease.token
+                    && stored.record.state() == RecordState::Completed
+                {
+                    return Ok(());
+                }
+                return Err(StoreError::LeaseLost);
+            };
+            let lease_end = Time::At(unix_ms(stored.record.lease_expires_at));
+            let mut value =
+                codec::encode(&rewritten(stored, lease_end, Time::Unset, Some(response)));
+            if !self.fits(&subject, value.len()) {
+                // The server's max_payload is below the response: stored
+                // without its body (replays answer `response-not-stored`),
+                // as a response above the guard's own limit is.
+                tracing::warn!(
+                    bucket = %self.inner.bucket,
+                    size = value.len(),
+                    max_payload = self.inner.max_payload,
+                    "a response exceeds the NATS server's max_payload: stored without its body"
+                );
+                let bodiless = StoredResponse {
+                    body: None,
+                    ..response.clone()
+                };
+                value = codec::encode(&rewritten(stored, lease_end, Time::Unset, Some(&bodiless)));
+            }
+            match self
+                .write(
+                    &subject,
+                    stored.revision,
+                    &remaining_ttl(stored),
+                    value,
+                    false,
+                    deadline,
+                )
+                .await?
+            {
+                Written::Stored => return Ok(()),
+                Written::Conflict => {}
+                Written::Unknown(error) => unknown = Some(error),
+            }
+        }
+        Err(unknown.unwrap_or_else(|| {
+            StoreError::Unavailable("the completion kept racing other writes".into())
+        }))
+    }
+
+    /// See [`Store::renew`](crate::Store::renew).
+    pub(super) async fn renew_lease(
+        &self,
+        lease: &Lease,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        let deadline = deadline();
+        let subject = self.subject(&lease.scope, &lease.key);
+        for _ in 0..RACE_ATTEMPTS {
+            let slot = self.read(&lease.scope, &lease.key, deadline).await?;
+            let Some(stored) = held(&slot, lease) else {
+                return Err(StoreError::LeaseLost);
+            };
+            if stored.record.state() != RecordState::InFlight {
+                // Ended: never extended again.
+                return Err(StoreError::LeaseLost);
+            }
+            // Capped at the lease's current end: stamped after it, the
+            // renewal is void (see the module's documentation).
+            let cap = Time::At(unix_ms(stored.record.lease_expires_at));
+            let value = codec::encode(&rewritten(
+                stored,
+                Time::AfterStamp(ms(duration)),
+                cap,
+                None,
+            ));
+            match self
+                .write(
+                    &subject,
+                    stored.revision,
+                    &remaining_ttl(stored),
+                    value,
+                    false,
+                    deadline,
+                )
+                .await?
+            {
+                Written::Stored => return Ok(()),
+                Written::Conflict => {}
+                // The engine renews again at its next turn.
+                Written::Unknown(error) => return Err(error),
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the renewal kept racing other writes".into(),
+        ))
+    }
+
+    /// See [`Store::release`](crate::Store::release).
+    pub(super) async fn release_record(&self, lease: &Lease) -> Result<(), StoreError> {
+        let deadline = deadline();
+        let subject = self.subject(&lease.scope, &lease.key);
+        let mut unknown: Option<StoreError> = None;
+        for _ in 0..RACE_ATTEMPTS {
+            let slot = self.read(&lease.scope, &lease.key, deadline).await?;
+            let Some(stored) = held(&slot, lease) else {
+                // A release whose answer was lost, read back: the record is
+                // gone (only its holder or an operator deletes it).
+                if unknown.is_some() && matches!(slot, Slot::Empty | Slot::Marker(_)) {
+                    return Ok(());
+                }
+                return Err(StoreError::LeaseLost);
+            };
+            match self.delete(&subject, stored.revision, deadline).await? {
+                Written::Stored => return Ok(()),
+                Written::Conflict => {}
+                Written::Unknown(error) => unknown = Some(error),
+            }
+        }
+        Err(unknown.unwrap_or_else(|| {
+            StoreError::Unavailable("the release kept racing other writes".into())
+        }))
+    }
+
+    /// Writes a delete marker on `subject` if it is at `revision`.
+    pub(super) async fn delete(
+        &self,
+        subject: &str,
+        revision: u64,
+        deadline: std::time::Instant,
+    ) -> Result<Written, StoreError> {
+        self.write(subject, revision, MARKER_TTL, Bytes::new(), true, deadline)
+            .await
+    }
+}

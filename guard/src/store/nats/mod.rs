@@ -1,0 +1,606 @@
+//! The NATS JetStream store: records in a KV bucket replicated by
+//! JetStream's Raft groups, so a write is acknowledged only once a majority
+//! of the bucket's replicas holds it, and the loss of the node that leads
+//! the bucket loses no acknowledged record (see docs/GUARANTEES.md, "NATS
+//! JetStream").
+//!
+//! # The scheme
+//!
+//! One bucket (a stream `KV_<bucket>` on `$KV.<bucket>.>`, one message
+//! kept per subject) holds one message per record; [`codec`] gives its
+//! subject and value. Every write names the revision it expects the
+//! record's subject to be at (`Nats-Expected-Last-Subject-Sequence`), which
+//! the stream's leader checks and applies in one step:
+//!
+//! - **claim** = create: a write expecting revision 0 (no message). The
+//!   loser reads the winner (from the leader) and reports it. A delete
+//!   marker, or a record past its retention, is replaced by a write
+//!   expecting its revision.
+//! - **complete, renew, release, take over, forget** = read the record from
+//!   the leader, check its lease token (and state, and times), then write
+//!   (or write a delete marker, `KV-Operation: DEL`) expecting the revision
+//!   read. The revision is the fence: any write in between, a take-over
+//!   above all, makes the server refuse it, and the operation reads again.
+//!
+//! # Reads come from the stream's leader
+//!
+//! Every read that decides (a claim's loser, a replay, a completion's
+//! fence, the status service) is a `STREAM.MSG.GET` request, which only
+//! the stream's leader answers, never a direct get, which any replica may
+//! answer from a state that lags the acknowledged writes. A leader that
+//! was just deposed may answer for the short time before it learns so
+//! (JetStream's leader lease); see GUARANTEES.
+//!
+//! # Times: the leader's clock, never two clocks
+//!
+//! Every message carries the time the leader stored it. A claim's value
+//! holds durations from that stamp (the lease, the retention); a renewal
+//! holds its duration from its own stamp and, as a cap, the end of the
+//! lease it extends: a renewal stamped after that end is void (the lease
+//! ended at the cap), so a lapsed lease is never revived, whatever the
+//! renewer believed when it sent it. A completion copies its claim's
+//! instants. `observed_at`, what a record's times are compared with, is
+//! the leader's clock too, estimated from a sample ([`clock`]): this
+//! host's wall clock is never read.
+//!
+//! Retention: every write carries a per-message TTL (`Nats-TTL`, NATS
+//! 2.11 and later) of the record's remaining retention rounded up to whole
+//! seconds, so the server deletes the record itself; until then a read
+//! treats a record past its retention as gone (as Redis's native expiry
+//! does), and a claim replaces it. [`Purge::purge`] has nothing to do.
+//!
+//! # Waiters
+//!
+//! Each store keeps one ordered consumer on the bucket (headers only, new
+//! messages only): every write to a record, from any process, wakes the
+//! requests of this process that wait for it ([`watch`]).
+//!
+//! # Unknown outcomes
+//!
+//! A write refused with 503 (no responders: an election is under way)
+//! stored nothing and is sent again for up to [`RETRY_BUDGET`]. A write
+//! whose answer timed out may or may not have landed: the operation reads
+//! the record from the leader, and a record that carries its own token
+//! (the value always carries the claimant's) tells that it did.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, context::PublishErrorKind};
+use base64::Engine as _;
+use bytes::Bytes;
+use time::OffsetDateTime;
+
+use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
+use crate::{Record, RecordEvents, StoredResponse};
+
+mod admin;
+mod claim;
+mod clock;
+mod codec;
+mod complete;
+mod watch;
+
+use codec::Stored;
+
+/// How long one request to NATS may take before its outcome is unknown.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one operation sends a write or read again while the bucket
+/// answers 503 (no responders: its stream is electing a leader). Below
+/// the engine's store timeout (5 s by default).
+pub const RETRY_BUDGET: Duration = Duration::from_secs(4);
+/// How many times one operation reads and writes again after another
+/// write won the race for the record's revision.
+const RACE_ATTEMPTS: usize = 16;
+/// How long a delete marker (a released or forgotten record) stays.
+const MARKER_TTL: &str = "1s";
+/// The oldest server with per-message TTL.
+const MIN_SERVER: (u64, u64) = (2, 11);
+
+/// Records in a NATS JetStream KV bucket; see the module's documentation.
+///
+/// Cloning shares the connection, the bucket's consumer of events and the
+/// registry of waiters.
+#[derive(Clone)]
+pub struct NatsStore {
+    inner: Arc<Inner>,
+    events: RecordEvents,
+}
+
+struct Inner {
+    context: jetstream::Context,
+    stream: jetstream::stream::Stream<()>,
+    stream_name: String,
+    bucket: String,
+    /// `$KV.<bucket>.`
+    prefix: String,
+    replicas: usize,
+    max_payload: usize,
+    clock: clock::LeaderClock,
+    _watcher: watch::Watcher,
+}
+
+impl std::fmt::Debug for NatsStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsStore")
+            .field("bucket", &self.inner.bucket)
+            .field("replicas", &self.inner.replicas)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a record's subject holds, as the leader reads it.
+#[derive(Debug)]
+enum Slot {
+    /// No message.
+    Empty,
+    /// A delete marker at this revision.
+    Marker(u64),
+    /// A record (maybe past its retention).
+    Record(Box<Stored>),
+}
+
+/// How a write ended.
+#[derive(Debug)]
+enum Written {
+    /// Stored at this revision.
+    Stored,
+    /// The record's subject was not at the revision named: nothing written.
+    Conflict,
+    /// The answer never came: it may or may not have landed.
+    Unknown(StoreError),
+}
+
+fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::Unavailable(Box::new(error))
+}
+
+/// The server version's major and minor numbers (`2.15.1` is `(2, 15)`).
+fn version(text: &str) -> Option<(u64, u64)> {
+    let mut parts = text.trim_start_matches('v').split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Whether a bucket name is one NATS takes (`[A-Za-z0-9_-]+`).
+fn valid_bucket(bucket: &str) -> bool {
+    !bucket.is_empty()
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The token of a scope or key in a subject: `=` and URL-safe base64.
+fn token(text: &str) -> String {
+    let mut out = String::with_capacity(1 + text.len().div_ceil(3) * 4);
+    out.push('=');
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode_string(text, &mut out);
+    out
+}
+
+/// The text of a subject's token, if it is one [`token`] wrote.
+fn untoken(token: &str) -> Option<String> {
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token.strip_prefix('=')?)
+        .ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+/// The scope and key of a record's subject after the bucket's prefix.
+fn parse_subject(rest: &str) -> Option<(String, String)> {
+    let (scope, key) = rest.split_once('.')?;
+    Some((untoken(scope)?, untoken(key)?))
+}
+
+/// The per-message TTL that keeps a record until `remaining_ms` from now:
+/// whole seconds, rounded up, one more for the error of the clock's
+/// estimate, at least one (the server's minimum).
+fn ttl(remaining_ms: i64) -> String {
+    let seconds = remaining_ms.max(0).div_euclid(1000) + 2;
+    format!("{seconds}s")
+}
+
+impl NatsStore {
+    /// Connects to NATS (`url`: one server, or several separated by commas,
+    /// `nats://host:port` or `host:port`) and opens the KV bucket `bucket`,
+    /// creating it if missing: with 3 replicas when the server is part of a
+    /// cluster, else 1 (see [`NatsStore::connect_with_replicas`]).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when NATS cannot be reached or the
+    /// bucket cannot be opened; [`StoreError::Unsupported`] for a server
+    /// older than 2.11 (no per-message TTL), an invalid bucket name, or an
+    /// existing bucket without per-message TTL.
+    pub async fn connect(url: &str, bucket: &str) -> Result<Self, StoreError> {
+        Self::connect_with_replicas(url, bucket, None).await
+    }
+
+    /// Like [`NatsStore::connect`], the bucket created (if missing) with
+    /// `replicas` replicas (1 to 5; `None`: 3 on a cluster, else 1). An
+    /// existing bucket keeps its own.
+    ///
+    /// # Errors
+    ///
+    /// As [`NatsStore::connect`].
+    pub async fn connect_with_replicas(
+        url: &str,
+        bucket: &str,
+        replicas: Option<usize>,
+    ) -> Result<Self, StoreError> {
+        // async-nats takes a string as one address: split the list.
+        let servers: Vec<&str> = url
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        let client = async_nats::ConnectOptions::new()
+            .name("idempotency-guard")
+            .connection_timeout(REQUEST_TIMEOUT)
+            .request_timeout(Some(REQUEST_TIMEOUT))
+            .connect(servers.as_slice())
+            .await
+            .map_err(unavailable)?;
+        Self::open(client, bucket, replicas).await
+    }
+
+    /// Opens the bucket over a client of your own (its options kept; the
+    /// store's requests time out after [`REQUEST_TIMEOUT`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`NatsStore::connect`].
+    pub async fn open(
+        client: async_nats::Client,
+        bucket: &str,
+        replicas: Option<usize>,
+    ) -> Result<Self, StoreError> {
+        if !valid_bucket(bucket) {
+            return Err(StoreError::Unsupported(
+                "a NATS bucket name outside [A-Za-z0-9_-]",
+            ));
+        }
+        let info = client.server_info();
+        if version(&info.version).is_none_or(|v| v < MIN_SERVER) {
+            return Err(StoreError::Unsupported(
+                "a NATS server older than 2.11 (the store needs per-message TTL)",
+            ));
+        }
+        let replicas = replicas.unwrap_or(if info.cluster.is_some() { 3 } else { 1 });
+        let max_payload = info.max_payload;
+        let mut context = jetstream::new(client.clone());
+        context.set_timeout(REQUEST_TIMEOUT);
+        let stream_name = format!("KV_{bucket}");
+        let prefix = format!("$KV.{bucket}.");
+        let created = context
+            .get_or_create_stream(bucket_config(&stream_name, &prefix, replicas))
+            .await
+            .map_err(unavailable)?;
+        let config = &created.cached_info().config;
+        if !config.allow_message_ttl {
+            return Err(StoreError::Unsupported(
+                "a NATS bucket created without per-message TTL (allow_msg_ttl)",
+            ));
+        }
+        let replicas = config.num_replicas;
+        let stream = context
+            .get_stream_no_info(&stream_name)
+            .await
+            .map_err(unavailable)?;
+        let events = RecordEvents::new();
+        let watcher = watch::Watcher::start(client, stream.clone(), prefix.clone(), events.clone());
+        Ok(Self {
+            inner: Arc::new(Inner {
+                context,
+                stream,
+                stream_name,
+                bucket: bucket.to_owned(),
+                prefix,
+                replicas,
+                max_payload,
+                clock: clock::LeaderClock::default(),
+                _watcher: watcher,
+            }),
+            events,
+        })
+    }
+
+    /// The bucket's name.
+    pub fn bucket(&self) -> &str {
+        &self.inner.bucket
+    }
+
+    /// How many replicas the bucket's stream has.
+    pub fn replicas(&self) -> usize {
+        self.inner.replicas
+    }
+
+    /// The subject of a record.
+    fn subject(&self, scope: &str, key: &str) -> String {
+        format!("{}{}.{}", self.inner.prefix, token(scope), token(key))
+    }
+
+    /// The leader's clock now (a new sample when the last is old).
+    async fn leader_now(&self, deadline: Instant) -> Result<OffsetDateTime, StoreError> {
+        if let Some(now) = self.inner.clock.now() {
+            return Ok(now);
+        }
+        let subject = format!("STREAM.INFO.{}", self.inner.stream_name);
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let sent = Instant::now();
+            let answer: Result<serde_json::Value, _> =
+                self.inner.context.request(subject.clone(), &()).await;
+            let received = Instant::now();
+            let failure = match answer {
+                Ok(value) => {
+                    let ts = value
+                        .get("ts")
+                        .and_then(serde_json::Value::as_str)
+                        .and_then(|ts| {
+                            OffsetDateTime::parse(
+                                ts,
+                                &time::format_description::well_known::Rfc3339,
+                            )
+                            .ok()
+                        });
+                    match ts {
+                        Some(leader) => {
+                            self.inner.clock.record(sent, received, leader);
+                            return Ok(leader + received.saturating_duration_since(sent) / 2);
+                        }
+                        None => StoreError::Unavailable(
+                            format!("the bucket's stream info has no server time: {value}").into(),
+                        ),
+                    }
+                }
+                Err(error) => unavailable(error),
+            };
+            if Instant::now() + pause > deadline {
+                return Err(failure);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Reads a record's subject from the stream's leader, sending the read
+    /// again while it fails, until `deadline`.
+    async fn read(&self, scope: &str, key: &str, deadline: Instant) -> Result<Slot, StoreError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let subject = self.subject(scope, key);
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let answer = self
+                .inner
+                .stream
+                .get_last_raw_message_by_subject(&subject)
+                .await;
+            let failure = match answer {
+                Ok(message) => {
+                    // The leader stored the message before it answered.
+                    let observed_at = self.leader_now(deadline).await?.max(message.time);
+                    let operation = message
+                        .headers
+                        .get("KV-Operation")
+                        .map(|v| v.as_str().to_owned());
+                    if matches!(operation.as_deref(), Some("DEL" | "PURGE")) {
+                        return Ok(Slot::Marker(message.sequence));
+                    }
+                    let stored = codec::decode(
+                        scope,
+                        key,
+                        &message.payload,
+                        message.time,
+                        message.sequence,
+                        observed_at,
+                    )?;
+                    return Ok(Slot::Record(Box::new(stored)));
+                }
+                Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                    return Ok(Slot::Empty);
+                }
+                Err(error) => unavailable(error),
+            };
+            // A failed read may mean a new leader: its clock is sampled anew.
+            self.inner.clock.forget();
+            if Instant::now() + pause > deadline {
+                return Err(failure);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Writes `value` (or a delete marker, `value` empty and `delete`) to
+    /// `subject` if the subject is at `expected` (0: no message), with a
+    /// per-message TTL; sends it again while the bucket answers 503, until
+    /// `deadline`.
+    async fn write(
+        &self,
+        subject: &str,
+        expected: u64,
+        ttl: &str,
+        value: Bytes,
+        delete: bool,
+        deadline: Instant,
+    ) -> Result<Written, StoreError> {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                "Nats-Expected-Last-Subject-Sequence",
+                expected.to_string().as_str(),
+            );
+            headers.insert("Nats-TTL", ttl);
+            if delete {
+                headers.insert("KV-Operation", "DEL");
+            }
+            let sent = self
+                .inner
+                .context
+                .publish_with_headers(subject.to_owned(), headers, value.clone())
+                .await;
+            let acked = match sent {
+                Ok(ack) => ack.await,
+                Err(error) => Err(error),
+            };
+            let error = match acked {
+                Ok(_) => return Ok(Written::Stored),
+                Err(error) => error,
+            };
+            match error.kind() {
+                PublishErrorKind::WrongLastSequence => return Ok(Written::Conflict),
+                PublishErrorKind::MaxPayloadExceeded => {
+                    return Err(StoreError::Unavailable(Box::new(error)));
+                }
+                PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
+                    self.inner.clock.forget();
+                    return Ok(Written::Unknown(unavailable(error)));
+                }
+                // No responders (an election), or refused before it was sent.
+                _ => {
+                    self.inner.clock.forget();
+                    if Instant::now() + pause > deadline {
+                        return Err(unavailable(error));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
+    /// Whether a value of `size` bytes fits in one message.
+    fn fits(&self, subject: &str, size: usize) -> bool {
+        // Headers: the expected revision, the TTL and their names.
+        size + subject.len() + 128 <= self.inner.max_payload
+    }
+}
+
+/// The stream of a bucket: as `nats kv add` makes it (one message per
+/// subject, rollups allowed, direct gets allowed for other tools though
+/// this store never reads through them), with per-message TTL.
+fn bucket_config(name: &str, prefix: &str, replicas: usize) -> jetstream::stream::Config {
+    jetstream::stream::Config {
+        name: name.to_owned(),
+        subjects: vec![format!("{prefix}>")],
+        max_messages_per_subject: 1,
+        discard: jetstream::stream::DiscardPolicy::New,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        num_replicas: replicas,
+        storage: jetstream::stream::StorageType::File,
+        allow_message_ttl: true,
+        description: Some("idempotency-guard records".to_owned()),
+        ..Default::default()
+    }
+}
+
+/// When an operation that starts now gives up.
+fn deadline() -> Instant {
+    Instant::now() + RETRY_BUDGET
+}
+
+impl Store for NatsStore {
+    async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        self.claim_record(new).await
+    }
+
+    async fn take_over(
+        &self,
+        previous: LeaseToken,
+        new: &NewRecord<'_>,
+    ) -> Result<Option<Lease>, StoreError> {
+        self.take_over_record(previous, new).await
+    }
+
+    async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
+        self.complete_record(lease, response).await
+    }
+
+    async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
+        self.renew_lease(lease, duration).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.release_record(lease).await
+    }
+
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        Ok(match self.read(scope, key, deadline()).await? {
+            Slot::Record(stored) if !stored.record.is_expired() => Some(stored.record),
+            _ => None,
+        })
+    }
+
+    fn events(&self) -> &RecordEvents {
+        &self.events
+    }
+}
+
+/// NATS deletes records itself (per-message TTL), and reads treat one past
+/// its retention as gone until then: nothing to purge.
+impl Purge for NatsStore {
+    async fn purge(&self, _limit: u32) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_are_injective_and_parse_back() {
+        let pairs = [
+            ("s", "k"),
+            ("", ""),
+            ("tenant-a:same", "key"),
+            ("tenant-a", "same:key"),
+            ("a.b", "*"),
+            ("s", ">"),
+            ("s", "' or 1=1 --"),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for (scope, key) in pairs {
+            let rest = format!("{}.{}", token(scope), token(key));
+            assert!(
+                rest.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_=.".contains(&b))
+            );
+            assert_eq!(rest.matches('.').count(), 1, "{rest}");
+            assert_eq!(
+                parse_subject(&rest),
+                Some((scope.to_owned(), key.to_owned()))
+            );
+            assert!(seen.insert(rest));
+        }
+        assert_eq!(parse_subject("=czE"), None);
+        assert_eq!(parse_subject("nope.=czE"), None);
+    }
+
+    #[test]
+    fn ttls_cover_the_retention_in_whole_seconds() {
+        assert_eq!(ttl(0), "2s");
+        assert_eq!(ttl(-5), "2s");
+        assert_eq!(ttl(400), "2s");
+        assert_eq!(ttl(1_000), "3s");
+        assert_eq!(ttl(86_400_000), "86402s");
+    }
+
+    #[test]
+    fn versions_and_bucket_names_are_checked() {
+        assert_eq!(version("2.15.1"), Some((2, 15)));
+        assert_eq!(version("v2.9.10"), Some((2, 9)));
+        assert!(version("2.9.10").unwrap() < MIN_SERVER);
+        assert!(version("2.11.0").unwrap() >= MIN_SERVER);
+        assert!(valid_bucket("idem_payments-1"));
+        assert!(!valid_bucket(""));
+        assert!(!valid_bucket("a.b"));
+        assert!(!valid_bucket("a*"));
+    }
+}

@@ -1,0 +1,271 @@
+//! A Jepsen-style storm on the NATS JetStream store (docs/GUARANTEES.md,
+//! "NATS JetStream"): payments whose answers are dropped (the client
+//! sends the same key again), while the node that leads the bucket's
+//! stream is killed with SIGKILL, twice, and restarted. On a 3-replica
+//! bucket every payment runs exactly once and none is lost. The control,
+//! a 1-replica bucket whose node is killed and restarted without its
+//! storage, must show the loss (a payment that runs a second time), so
+//! the storm can fail.
+//!
+//! The CI runs a small storm (`NATS_STORM_PAYMENTS`, 160 by default);
+//! `NATS_STORM_PAYMENTS=5000` runs a long one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle, Settled};
+use idempotency_guard::store::nats::NatsStore;
+use idempotency_guard::{Fingerprint, StoredResponse};
+use idempotency_tests::NatsCluster;
+
+/// Concurrent clients.
+const CLIENTS: usize = 8;
+/// The engine's lease: a completion that an election holds up is retried
+/// well within it.
+const LEASE: Duration = Duration::from_secs(30);
+/// How long one payment may take, elections included.
+const PAYMENT_BOUND: Duration = Duration::from_secs(90);
+/// How long a stream may take to elect a leader with every replica current.
+const HEALTHY_BOUND: Duration = Duration::from_secs(60);
+
+/// Runs of the work per key.
+#[derive(Clone, Default)]
+struct Runs(Arc<Mutex<HashMap<String, usize>>>);
+
+impl Runs {
+    fn of(&self, key: &str) -> usize {
+        self.0.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+}
+
+/// How one payment ended for its client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Ran and stored, or replayed: the client has its answer.
+    Answered,
+    /// The outcome is lost (not stored, or unknown).
+    Lost,
+}
+
+/// What the clients saw.
+#[derive(Debug, Default)]
+struct Counts {
+    dropped: AtomicUsize,
+    unavailable: AtomicUsize,
+    in_flight: AtomicUsize,
+    replays: AtomicUsize,
+}
+
+fn payments() -> usize {
+    std::env::var("NATS_STORM_PAYMENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(160)
+}
+
+fn job(key: &str) -> Job {
+    Job::new(
+        idempotency_guard::Scope::new("storm").expect("a valid scope"),
+        idempotency_guard::IdempotencyKey::from_raw(key).expect("a valid key"),
+        Fingerprint::of_bytes(key.as_bytes()),
+    )
+}
+
+/// One payment, retried until its client has an answer: after a dropped
+/// answer (every third one), a refusal while the store elects, or a run
+/// in flight.
+async fn pay(engine: &Engine<NatsStore>, runs: &Runs, counts: &Counts, key: &str) -> Ending {
+    let deadline = Instant::now() + PAYMENT_BOUND;
+    let mut attempt = 0usize;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "{key} had no answer in {PAYMENT_BOUND:?}"
+        );
+        attempt += 1;
+        let (runs, counted) = (runs.clone(), key.to_owned());
+        let answer = engine
+            .run(job(key), move |_run| async move {
+                *runs.0.lock().unwrap().entry(counted).or_default() += 1;
+                Settle::Complete {
+                    response: StoredResponse::from_bytes("charged"),
+                    reply: (),
+                }
+            })
+            .await;
+        // The answer is lost on its way back: the client sends it again.
+        let dropped = attempt == 1 && key.len() % 3 == 0;
+        match answer {
+            Answer::Ran {
+                settled: Settled::Stored,
+                ..
+            }
+            | Answer::Replay(_)
+                if dropped =>
+            {
+                counts.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Answer::Ran {
+                settled: Settled::Stored,
+                ..
+            } => return Ending::Answered,
+            Answer::Replay(_) => {
+                counts.replays.fetch_add(1, Ordering::Relaxed);
+                return Ending::Answered;
+            }
+            Answer::Ran { .. } | Answer::Refused(Refusal::OutcomeUnknown) => return Ending::Lost,
+            Answer::Refused(Refusal::StoreUnavailable { .. }) => {
+                counts.unavailable.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Answer::Refused(Refusal::InFlight { .. }) => {
+                counts.in_flight.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Answer::Refused(other) => panic!("{key}: unexpected refusal {other:?}"),
+        }
+    }
+}
+
+/// Starts `CLIENTS` clients sharing `total` payments named `<prefix>-<n>`;
+/// each task returns the endings of its payments.
+fn clients(
+    engine: &Engine<NatsStore>,
+    runs: &Runs,
+    counts: &Arc<Counts>,
+    prefix: &str,
+    total: usize,
+) -> Vec<tokio::task::JoinHandle<Vec<(String, Ending)>>> {
+    (0..CLIENTS)
+        .map(|client| {
+            let (engine, runs, counts) = (engine.clone(), runs.clone(), Arc::clone(counts));
+            let keys: Vec<String> = (client..total)
+                .step_by(CLIENTS)
+                .map(|n| format!("{prefix}-{n}"))
+                .collect();
+            tokio::spawn(async move {
+                let mut endings = Vec::with_capacity(keys.len());
+                for key in keys {
+                    let ending = pay(&engine, &runs, &counts, &key).await;
+                    endings.push((key, ending));
+                }
+                endings
+            })
+        })
+        .collect()
+}
+
+async fn start_cluster() -> NatsCluster {
+    tokio::task::spawn_blocking(NatsCluster::start)
+        .await
+        .expect("start the NATS cluster")
+}
+
+async fn open(cluster: &NatsCluster, bucket: &str, replicas: usize) -> NatsStore {
+    let deadline = Instant::now() + HEALTHY_BOUND;
+    loop {
+        // JetStream answers once the cluster's meta group has a leader.
+        match NatsStore::connect_with_replicas(&cluster.url(), bucket, Some(replicas)).await {
+            Ok(store) => return store,
+            Err(error) if Instant::now() < deadline => {
+                tracing::debug!(%error, "the cluster is not ready yet");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(error) => panic!("cannot open the bucket {bucket}: {error:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_storm_with_two_leader_kills_runs_every_payment_once_and_loses_none() {
+    let mut cluster = start_cluster().await;
+    let store = open(&cluster, "storm", 3).await;
+    assert_eq!(store.replicas(), 3);
+    let engine = Engine::new(store).with_lease(LEASE);
+    let (runs, counts) = (Runs::default(), Arc::new(Counts::default()));
+    let total = payments();
+    let started = Instant::now();
+    let tasks = clients(&engine, &runs, &counts, "pay", total);
+
+    for kill in 0..2 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let leader = cluster.wait_until_healthy("KV_storm", HEALTHY_BOUND).await;
+        tokio::task::block_in_place(|| cluster.kill(leader));
+        tracing::info!(kill, leader, "killed the stream's leader");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        tokio::task::block_in_place(|| cluster.restart(leader));
+    }
+
+    let mut endings = Vec::new();
+    for task in tasks {
+        endings.extend(task.await.unwrap());
+    }
+    let lost: Vec<&String> = endings
+        .iter()
+        .filter(|(_, ending)| *ending == Ending::Lost)
+        .map(|(key, _)| key)
+        .collect();
+    let twice: Vec<&String> = endings
+        .iter()
+        .map(|(key, _)| key)
+        .filter(|key| runs.of(key) != 1)
+        .collect();
+    eprintln!(
+        "NATS storm: {total} payments in {:?}; dropped answers {}, 503s while electing {}, \
+         in flight {}, replays {}",
+        started.elapsed(),
+        counts.dropped.load(Ordering::Relaxed),
+        counts.unavailable.load(Ordering::Relaxed),
+        counts.in_flight.load(Ordering::Relaxed),
+        counts.replays.load(Ordering::Relaxed),
+    );
+    assert_eq!(endings.len(), total);
+    assert!(lost.is_empty(), "payments lost: {lost:?}");
+    assert!(twice.is_empty(), "payments not run exactly once: {twice:?}");
+    assert!(
+        counts.replays.load(Ordering::Relaxed) >= counts.dropped.load(Ordering::Relaxed),
+        "every dropped answer was replayed"
+    );
+    // Every answer that was dropped came back as a replay, after the kills too.
+    for (key, _) in &endings {
+        let again: Answer<()> = engine
+            .run(job(key), |_run| async {
+                panic!("a replayed key ran again")
+            })
+            .await;
+        assert!(matches!(again, Answer::Replay(_)), "{key}: {again:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_control_a_one_replica_bucket_restarted_empty_loses_claims() {
+    let mut cluster = start_cluster().await;
+    let store = open(&cluster, "control", 1).await;
+    assert_eq!(store.replicas(), 1);
+    let engine = Engine::new(store).with_lease(LEASE);
+    let (runs, counts) = (Runs::default(), Arc::new(Counts::default()));
+    let total = 40;
+    for task in clients(&engine, &runs, &counts, "ctl", total) {
+        let endings = task.await.unwrap();
+        assert!(endings.iter().all(|(_, e)| *e == Ending::Answered));
+    }
+    // Its only node dies with its disk, and comes back empty.
+    let node = cluster
+        .wait_until_healthy("KV_control", HEALTHY_BOUND)
+        .await;
+    tokio::task::block_in_place(|| cluster.restart_empty(node));
+    let mut endings = Vec::new();
+    for task in clients(&engine, &runs, &counts, "ctl", total) {
+        endings.extend(task.await.unwrap());
+    }
+    let twice = (0..total)
+        .filter(|n| runs.of(&format!("ctl-{n}")) > 1)
+        .count();
+    assert!(
+        twice > 0,
+        "the restarted node lost no acknowledged record: the storm above could not fail"
+    );
+    eprintln!("NATS control: {twice} of {total} acknowledged payments ran a second time");
+}

