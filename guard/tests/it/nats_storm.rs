@@ -11,7 +11,7 @@
 //! `NATS_STORM_PAYMENTS=5000` runs a long one.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,11 @@ const CLIENTS: usize = 8;
 /// The engine's lease: a completion that an election holds up is retried
 /// well within it.
 const LEASE: Duration = Duration::from_secs(30);
+/// How long the store sends its reads and writes again while the stream
+/// elects a leader (an election takes about 5 to 8 s), and the engine's
+/// store timeout above it: a request rides an election out.
+const RETRY_BUDGET: Duration = Duration::from_secs(12);
+const STORE_TIMEOUT: Duration = Duration::from_secs(13);
 /// How long one payment may take, elections included.
 const PAYMENT_BOUND: Duration = Duration::from_secs(90);
 /// How long a stream may take to elect a leader with every replica current.
@@ -96,7 +101,7 @@ async fn pay(engine: &Engine<NatsStore>, runs: &Runs, counts: &Counts, key: &str
             })
             .await;
         // The answer is lost on its way back: the client sends it again.
-        let dropped = attempt == 1 && key.len() % 3 == 0;
+        let dropped = attempt == 1 && key.bytes().map(usize::from).sum::<usize>() % 3 == 0;
         match answer {
             Answer::Ran {
                 settled: Settled::Stored,
@@ -115,7 +120,14 @@ async fn pay(engine: &Engine<NatsStore>, runs: &Runs, counts: &Counts, key: &str
                 counts.replays.fetch_add(1, Ordering::Relaxed);
                 return Ending::Answered;
             }
-            Answer::Ran { .. } | Answer::Refused(Refusal::OutcomeUnknown) => return Ending::Lost,
+            Answer::Ran { settled, .. } => {
+                eprintln!("{key}: ran, its outcome {settled:?}");
+                return Ending::Lost;
+            }
+            Answer::Refused(Refusal::OutcomeUnknown) => {
+                eprintln!("{key}: outcome unknown");
+                return Ending::Lost;
+            }
             Answer::Refused(Refusal::StoreUnavailable { .. }) => {
                 counts.unavailable.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(250)).await;
@@ -129,27 +141,29 @@ async fn pay(engine: &Engine<NatsStore>, runs: &Runs, counts: &Counts, key: &str
     }
 }
 
-/// Starts `CLIENTS` clients sharing `total` payments named `<prefix>-<n>`;
-/// each task returns the endings of its payments.
+/// Starts `CLIENTS` clients sharing at least `total` payments named
+/// `<prefix>-<n>`, and more until `more` turns false; each task returns
+/// the endings of its payments.
 fn clients(
     engine: &Engine<NatsStore>,
     runs: &Runs,
     counts: &Arc<Counts>,
     prefix: &str,
     total: usize,
+    more: &Arc<AtomicBool>,
 ) -> Vec<tokio::task::JoinHandle<Vec<(String, Ending)>>> {
     (0..CLIENTS)
         .map(|client| {
             let (engine, runs, counts) = (engine.clone(), runs.clone(), Arc::clone(counts));
-            let keys: Vec<String> = (client..total)
-                .step_by(CLIENTS)
-                .map(|n| format!("{prefix}-{n}"))
-                .collect();
+            let (prefix, more) = (prefix.to_owned(), Arc::clone(more));
             tokio::spawn(async move {
-                let mut endings = Vec::with_capacity(keys.len());
-                for key in keys {
+                let mut endings = Vec::new();
+                let mut n = client;
+                while n < total || more.load(Ordering::SeqCst) {
+                    let key = format!("{prefix}-{n}");
                     let ending = pay(&engine, &runs, &counts, &key).await;
                     endings.push((key, ending));
+                    n += CLIENTS;
                 }
                 endings
             })
@@ -183,20 +197,27 @@ async fn a_storm_with_two_leader_kills_runs_every_payment_once_and_loses_none() 
     let mut cluster = start_cluster().await;
     let store = open(&cluster, "storm", 3).await;
     assert_eq!(store.replicas(), 3);
-    let engine = Engine::new(store).with_lease(LEASE);
+    let engine = Engine::new(store.with_retry_budget(RETRY_BUDGET))
+        .with_lease(LEASE)
+        .with_store_timeout(STORE_TIMEOUT);
     let (runs, counts) = (Runs::default(), Arc::new(Counts::default()));
     let total = payments();
     let started = Instant::now();
-    let tasks = clients(&engine, &runs, &counts, "pay", total);
-
-    for kill in 0..2 {
+    // The clients go on until both kills are over and the stream is whole.
+    let more = Arc::new(AtomicBool::new(true));
+    let tasks = clients(&engine, &runs, &counts, "pay", total, &more);
+    let mut killed = Vec::new();
+    for _ in 0..2 {
         tokio::time::sleep(Duration::from_millis(700)).await;
         let leader = cluster.wait_until_healthy("KV_storm", HEALTHY_BOUND).await;
         tokio::task::block_in_place(|| cluster.kill(leader));
-        tracing::info!(kill, leader, "killed the stream's leader");
+        killed.push(leader);
         tokio::time::sleep(Duration::from_millis(1500)).await;
         tokio::task::block_in_place(|| cluster.restart(leader));
     }
+    cluster.wait_until_healthy("KV_storm", HEALTHY_BOUND).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    more.store(false, Ordering::SeqCst);
 
     let mut endings = Vec::new();
     for task in tasks {
@@ -213,22 +234,23 @@ async fn a_storm_with_two_leader_kills_runs_every_payment_once_and_loses_none() 
         .filter(|key| runs.of(key) != 1)
         .collect();
     eprintln!(
-        "NATS storm: {total} payments in {:?}; dropped answers {}, 503s while electing {}, \
-         in flight {}, replays {}",
+        "NATS storm: {} payments in {:?}, leaders killed: nodes {killed:?}; dropped answers {}, \
+         503s while electing {}, in flight {}, replays {}",
+        endings.len(),
         started.elapsed(),
         counts.dropped.load(Ordering::Relaxed),
         counts.unavailable.load(Ordering::Relaxed),
         counts.in_flight.load(Ordering::Relaxed),
         counts.replays.load(Ordering::Relaxed),
     );
-    assert_eq!(endings.len(), total);
+    assert!(endings.len() >= total);
     assert!(lost.is_empty(), "payments lost: {lost:?}");
     assert!(twice.is_empty(), "payments not run exactly once: {twice:?}");
     assert!(
         counts.replays.load(Ordering::Relaxed) >= counts.dropped.load(Ordering::Relaxed),
         "every dropped answer was replayed"
     );
-    // Every answer that was dropped came back as a replay, after the kills too.
+    // Every payment is a replay now, on the leader elected last.
     for (key, _) in &endings {
         let again: Answer<()> = engine
             .run(job(key), |_run| async {
@@ -247,7 +269,8 @@ async fn the_control_a_one_replica_bucket_restarted_empty_loses_claims() {
     let engine = Engine::new(store).with_lease(LEASE);
     let (runs, counts) = (Runs::default(), Arc::new(Counts::default()));
     let total = 40;
-    for task in clients(&engine, &runs, &counts, "ctl", total) {
+    let once = Arc::new(AtomicBool::new(false));
+    for task in clients(&engine, &runs, &counts, "ctl", total, &once) {
         let endings = task.await.unwrap();
         assert!(endings.iter().all(|(_, e)| *e == Ending::Answered));
     }
@@ -257,7 +280,7 @@ async fn the_control_a_one_replica_bucket_restarted_empty_loses_claims() {
         .await;
     tokio::task::block_in_place(|| cluster.restart_empty(node));
     let mut endings = Vec::new();
-    for task in clients(&engine, &runs, &counts, "ctl", total) {
+    for task in clients(&engine, &runs, &counts, "ctl", total, &once) {
         endings.extend(task.await.unwrap());
     }
     let twice = (0..total)

@@ -3,7 +3,7 @@
 
 use futures_util::StreamExt as _;
 
-use super::{NatsStore, RACE_ATTEMPTS, Slot, Written, deadline, token, untoken};
+use super::{NatsStore, RACE_ATTEMPTS, Slot, Written, token, untoken};
 use crate::store::StoreError;
 use crate::store::admin::{AdminStore, ForgetRule, Forgotten, Page, PageRequest, StateFilter};
 
@@ -86,7 +86,7 @@ impl AdminStore for NatsStore {
                 continue;
             }
             // Each record from the leader, as every read that decides.
-            if let Slot::Record(stored) = self.read(scope, &key, deadline()).await?
+            if let Slot::Record(stored) = self.read(scope, &key, self.deadline()).await?
                 && filter.accepts(&stored.record)
             {
                 records.push(stored.record);
@@ -104,7 +104,7 @@ impl AdminStore for NatsStore {
         key: &str,
         rule: ForgetRule,
     ) -> Result<Forgotten, StoreError> {
-        let deadline = deadline();
+        let deadline = self.deadline();
         let subject = self.subject(scope, key);
         for _ in 0..RACE_ATTEMPTS {
             let Slot::Record(stored) = self.read(scope, key, deadline).await? else {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::codec::{self, Packed, Time};
-use super::{NatsStore, RACE_ATTEMPTS, Slot, Written, deadline, ttl};
+use super::{NatsStore, RACE_ATTEMPTS, Slot, Written, ttl};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, StoreError};
 use crate::{Fingerprint, RecordState};
 
@@ -32,7 +32,7 @@ fn claimed<'a>(new: &'a NewRecord<'_>) -> Packed<'a> {
 impl NatsStore {
     /// See [`Store::claim`](crate::Store::claim).
     pub(super) async fn claim_record(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
-        let deadline = deadline();
+        let deadline = self.deadline();
         let subject = self.subject(new.scope, new.key);
         let value = codec::encode(&claimed(new));
         let ttl = ttl(ms(new.retention));
@@ -72,7 +72,7 @@ impl NatsStore {
         previous: LeaseToken,
         new: &NewRecord<'_>,
     ) -> Result<Option<Lease>, StoreError> {
-        let deadline = deadline();
+        let deadline = self.deadline();
         let Slot::Record(stored) = self.read(new.scope, new.key, deadline).await? else {
             return Ok(None);
         };

@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use super::claim::ms;
 use super::codec::{self, Packed, Stored, Time, unix_ms};
-use super::{MARKER_TTL, NatsStore, RACE_ATTEMPTS, Slot, Written, deadline, ttl};
+use super::{MARKER_TTL, NatsStore, RACE_ATTEMPTS, Slot, Written, ttl};
 use crate::store::{Lease, StoreError};
 use crate::{Fingerprint, RecordState, StoredResponse};
 
@@ -61,7 +61,7 @@ impl NatsStore {
         lease: &Lease,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
-        let deadline = deadline();
+        let deadline = self.deadline();
         let subject = self.subject(&lease.scope, &lease.key);
         let mut unknown: Option<StoreError> = None;
         for _ in 0..RACE_ATTEMPTS {
@@ -123,7 +123,7 @@ impl NatsStore {
         lease: &Lease,
         duration: Duration,
     ) -> Result<(), StoreError> {
-        let deadline = deadline();
+        let deadline = self.deadline();
         let subject = self.subject(&lease.scope, &lease.key);
         for _ in 0..RACE_ATTEMPTS {
             let slot = self.read(&lease.scope, &lease.key, deadline).await?;
@@ -167,7 +167,7 @@ impl NatsStore {
 
     /// See [`Store::release`](crate::Store::release).
     pub(super) async fn release_record(&self, lease: &Lease) -> Result<(), StoreError> {
-        let deadline = deadline();
+        let deadline = self.deadline();
         let subject = self.subject(&lease.scope, &lease.key);
         let mut unknown: Option<StoreError> = None;
         for _ in 0..RACE_ATTEMPTS {

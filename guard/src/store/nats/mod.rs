@@ -86,9 +86,10 @@ use codec::Stored;
 
 /// How long one request to NATS may take before its outcome is unknown.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long one operation sends a write or read again while the bucket
-/// answers 503 (no responders: its stream is electing a leader). Below
-/// the engine's store timeout (5 s by default).
+/// How long one operation sends a write or read again, by default, while
+/// the bucket answers 503 or not at all (its stream is electing a
+/// leader): below the engine's store timeout (5 s by default). See
+/// [`NatsStore::with_retry_budget`].
 pub const RETRY_BUDGET: Duration = Duration::from_secs(4);
 /// How many times one operation reads and writes again after another
 /// write won the race for the record's revision.
@@ -106,6 +107,9 @@ const MIN_SERVER: (u64, u64) = (2, 11);
 pub struct NatsStore {
     inner: Arc<Inner>,
     events: RecordEvents,
+    /// How long one operation sends its reads and writes again while the
+    /// bucket elects a leader.
+    retry_budget: Duration,
 }
 
 struct Inner {
@@ -304,7 +308,26 @@ impl NatsStore {
                 _watcher: watcher,
             }),
             events,
+            retry_budget: RETRY_BUDGET,
         })
+    }
+
+    /// Sets how long one operation sends its reads and writes again while
+    /// the bucket elects a leader (default [`RETRY_BUDGET`], 4 s). An
+    /// election takes about 5 to 8 s: to ride it out rather than answer
+    /// 503 `store-unavailable`, raise this above it and the engine's store
+    /// timeout above this (`Engine::with_store_timeout`), so that a
+    /// completion the election holds up is stored late rather than lost to
+    /// an unknown outcome.
+    #[must_use]
+    pub fn with_retry_budget(mut self, budget: Duration) -> Self {
+        self.retry_budget = budget;
+        self
+    }
+
+    /// When an operation that starts now gives up.
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.retry_budget
     }
 
     /// The bucket's name.
@@ -500,11 +523,6 @@ fn bucket_config(name: &str, prefix: &str, replicas: usize) -> jetstream::stream
     }
 }
 
-/// When an operation that starts now gives up.
-fn deadline() -> Instant {
-    Instant::now() + RETRY_BUDGET
-}
-
 impl Store for NatsStore {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
         self.claim_record(new).await
@@ -531,7 +549,7 @@ impl Store for NatsStore {
     }
 
     async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        Ok(match self.read(scope, key, deadline()).await? {
+        Ok(match self.read(scope, key, self.deadline()).await? {
             Slot::Record(stored) if !stored.record.is_expired() => Some(stored.record),
             _ => None,
         })
