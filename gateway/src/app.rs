@@ -80,6 +80,7 @@ impl Gateway {
         options.kind = kind;
         options.redis_url = config.redis.as_deref();
         options.redis_prefix = &config.redis_prefix;
+        options.nats = config.nats_options();
         let keys = config.encryption_keys()?;
         options.encryption = keys.as_ref();
         options.require_sealed = config.require_sealed;

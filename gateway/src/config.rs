@@ -91,6 +91,7 @@ const STORE_SETTING_NAMES: idempotency_guard::store::SettingNames =
         kind: "store_kind",
         database_url: "`store` (DATABASE_URL)",
         redis_url: "`redis` (REDIS_URL)",
+        nats_url: "`nats` (NATS_URL)",
     };
 
 /// The whole configuration.
@@ -107,8 +108,8 @@ pub struct Config {
     /// the PostgreSQL of the tiered store). Env override: `DATABASE_URL`.
     #[serde(default = "default_store")]
     pub store: String,
-    /// Which store: `sql` (the database URL), `redis` or `tiered`. Env
-    /// override: `STORE_KIND`.
+    /// Which store: `sql` (the database URL), `redis`, `tiered` or `nats`.
+    /// Env override: `STORE_KIND`.
     #[serde(default = "default_store_kind")]
     pub store_kind: String,
     /// Redis, or Redis Cluster when it lists several comma-separated node
@@ -118,6 +119,13 @@ pub struct Config {
     /// The prefix of every Redis key (several gateways can share a Redis).
     #[serde(default = "default_redis_prefix")]
     pub redis_prefix: String,
+    /// NATS (`store_kind = "nats"`): one server or several comma-separated
+    /// (`host:port`). Env override: `NATS_URL`.
+    #[serde(default)]
+    pub nats: Option<String>,
+    /// The NATS KV bucket of the records (created if missing).
+    #[serde(default = "default_nats_bucket")]
+    pub nats_bucket: String,
     /// Whether to apply the store's migrations on start.
     #[serde(default = "yes")]
     pub migrate: bool,
@@ -280,6 +288,10 @@ fn default_store_kind() -> String {
 fn default_redis_prefix() -> String {
     // The layer's and the service's default: they read the same records.
     "idem".to_owned()
+}
+
+fn default_nats_bucket() -> String {
+    idempotency_guard::store::NatsOptions::DEFAULT_BUCKET.to_owned()
 }
 
 fn yes() -> bool {
@@ -785,9 +797,21 @@ impl Config {
         let mut options = idempotency_guard::store::StoreOptions::sql(&self.store);
         options.kind = self.store_kind.parse().map_err(ConfigError::Invalid)?;
         options.redis_url = self.redis.as_deref();
+        options.nats = self.nats_options();
         options.check(STORE_SETTING_NAMES)?;
         self.encryption_keys()?;
         Ok(())
+    }
+
+    /// The NATS store's settings (`nats`, `nats_bucket`), when `nats` is set.
+    pub fn nats_options(&self) -> Option<idempotency_guard::store::NatsOptions<'_>> {
+        self.nats
+            .as_deref()
+            .map(|url| idempotency_guard::store::NatsOptions {
+                url,
+                bucket: &self.nats_bucket,
+                replicas: None,
+            })
     }
 
     /// Reads a configuration file.

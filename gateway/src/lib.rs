@@ -23,7 +23,7 @@
 //!
 //! then `idempotency-gateway --config gateway.toml`. Flags and environment
 //! variables override the file: `LISTEN`, `UPSTREAM_URL`, `DATABASE_URL`,
-//! `REDIS_URL`, `STORE_KIND`, `IDEMPOTENCY_REQUIRE_SEALED`. See [`config`]
+//! `REDIS_URL`, `NATS_URL`, `STORE_KIND`, `IDEMPOTENCY_REQUIRE_SEALED`. See [`config`]
 //! for every setting.
 //!
 //! # MCP servers and A2A agents

@@ -40,7 +40,10 @@ struct Cli {
     /// Overrides `redis`.
     #[arg(long, env = "REDIS_URL")]
     redis_url: Option<String>,
-    /// Overrides `store_kind` (`sql`, `redis` or `tiered`).
+    /// Overrides `nats`.
+    #[arg(long, env = "NATS_URL")]
+    nats_url: Option<String>,
+    /// Overrides `store_kind` (`sql`, `redis`, `tiered` or `nats`).
     #[arg(long, env = "STORE_KIND")]
     store_kind: Option<String>,
     /// Checks the configuration and exits.
@@ -115,6 +118,9 @@ fn configure(cli: &Cli) -> anyhow::Result<Config> {
     }
     if let Some(url) = &cli.redis_url {
         config.redis = Some(url.clone());
+    }
+    if let Some(url) = &cli.nats_url {
+        config.nats = Some(url.clone());
     }
     if let Some(kind) = &cli.store_kind {
         config.store_kind.clone_from(kind);

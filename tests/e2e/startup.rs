@@ -95,7 +95,7 @@ const STORE_ROWS: [Row; 5] = [
     (&[("STORE", "redis")], &["STORE=redis", "REDIS_URL"]),
     (
         &[("STORE", "mongo")],
-        &["STORE", "mongo", "sql, redis or tiered"],
+        &["STORE", "mongo", "sql, redis, tiered or nats"],
     ),
     (
         &[("DATABASE_URL", "mysql://root:secret@db/app")],

@@ -158,6 +158,12 @@ impl Node {
             child.id().to_string(),
         )
         .expect("write the pid file the watchdog reads");
+        self.wait_until_listening(&mut child);
+        child
+    }
+
+    /// Waits (at most [`START_BOUND`]) until a just-started server listens.
+    fn wait_until_listening(&self, child: &mut Child) {
         let deadline = Instant::now() + START_BOUND;
         while Instant::now() < deadline {
             if let Ok(Some(status)) = child.try_wait() {
@@ -168,7 +174,7 @@ impl Node {
                 );
             }
             if crate::fixtures::answers_on(self.port) {
-                return child;
+                return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }

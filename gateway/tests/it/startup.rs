@@ -109,7 +109,7 @@ fn each_configuration_error_is_one_line_naming_what_to_set() {
             base.clone(),
             None,
             vec![("STORE_KIND", "mongo")],
-            vec!["mongo", "sql, redis or tiered"],
+            vec!["mongo", "sql, redis, tiered or nats"],
         ),
         (
             base.clone(),

@@ -28,6 +28,7 @@ mod cross_process;
 mod encrypted;
 mod metrics_probe;
 mod migrations;
+mod nats_reads;
 mod nats_storm;
 #[cfg(feature = "otel")]
 mod otel;

@@ -292,3 +292,43 @@ async fn the_control_a_one_replica_bucket_restarted_empty_loses_claims() {
     );
     eprintln!("NATS control: {twice} of {total} acknowledged payments ran a second time");
 }
+
+/// The cost of a claim (a fenced create) on 3 replicas and on 1, in one
+/// private cluster, sequential (`-- --ignored --nocapture` prints it; no
+/// figure is asserted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn claim_latency_on_three_replicas_and_on_one() {
+    use idempotency_guard::Store;
+    use idempotency_guard::store::{LeaseToken, NewRecord};
+    let cluster = start_cluster().await;
+    let fingerprint = Fingerprint::from_bytes([5; 32]);
+    for replicas in [3, 1] {
+        let store = open(&cluster, &format!("latency-r{replicas}"), replicas).await;
+        let mut took = Vec::new();
+        for n in 0..1000 {
+            let key = format!("k{n}");
+            let new = NewRecord {
+                scope: "latency",
+                key: &key,
+                fingerprint: &fingerprint,
+                method: "POST",
+                path: "/",
+                token: LeaseToken::new(),
+                lease: LEASE,
+                retention: Duration::from_secs(3600),
+                transactional: false,
+            };
+            let started = Instant::now();
+            store.claim(&new).await.unwrap();
+            took.push(started.elapsed());
+        }
+        took.sort_unstable();
+        eprintln!(
+            "NATS claim on {replicas} replica(s): p50 {:?}, p90 {:?}, p99 {:?}",
+            took[took.len() / 2],
+            took[took.len() * 9 / 10],
+            took[took.len() * 99 / 100]
+        );
+    }
+}

@@ -60,7 +60,7 @@ fn each_configuration_error_is_one_line_naming_what_to_set() {
         ),
         (
             vec![("STORE", "mongo")],
-            &["STORE", "mongo", "sql, redis or tiered"],
+            &["STORE", "mongo", "sql, redis, tiered or nats"],
         ),
         (
             vec![("DATABASE_URL", "mysql://root@localhost/app")],

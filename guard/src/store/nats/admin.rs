@@ -42,10 +42,7 @@ impl NatsStore {
                 .map_err(|_| StoreError::Timeout(KEYS_TIMEOUT))?;
             let Some(message) = next else { break };
             let message = message.map_err(super::unavailable)?;
-            let pending = message
-                .info()
-                .map_err(|e| StoreError::Unavailable(e))?
-                .pending;
+            let pending = message.info().map_err(StoreError::Unavailable)?.pending;
             let deleted = message
                 .headers
                 .as_ref()

@@ -7,7 +7,7 @@
 //! # The scheme
 //!
 //! One bucket (a stream `KV_<bucket>` on `$KV.<bucket>.>`, one message
-//! kept per subject) holds one message per record; [`codec`] gives its
+//! kept per subject) holds one message per record; `codec.rs` gives its
 //! subject and value. Every write names the revision it expects the
 //! record's subject to be at (`Nats-Expected-Last-Subject-Sequence`), which
 //! the stream's leader checks and applies in one step:
@@ -40,7 +40,7 @@
 //! ended at the cap), so a lapsed lease is never revived, whatever the
 //! renewer believed when it sent it. A completion copies its claim's
 //! instants. `observed_at`, what a record's times are compared with, is
-//! the leader's clock too, estimated from a sample ([`clock`]): this
+//! the leader's clock too, estimated from a sample (`clock.rs`): this
 //! host's wall clock is never read.
 //!
 //! Retention: every write carries a per-message TTL (`Nats-TTL`, NATS
@@ -53,7 +53,7 @@
 //!
 //! Each store keeps one ordered consumer on the bucket (headers only, new
 //! messages only): every write to a record, from any process, wakes the
-//! requests of this process that wait for it ([`watch`]).
+//! requests of this process that wait for it (`watch.rs`).
 //!
 //! # Unknown outcomes
 //!

@@ -1,0 +1,97 @@
+//! The NATS store's reads that decide come from the stream's leader
+//! (`STREAM.MSG.GET`, which only the leader answers), never from a direct
+//! get, which any replica may answer from a state that lags the
+//! acknowledged writes (a claim's loser would see no winner). A spy
+//! subscribes to both API subjects of the test's bucket and counts what
+//! the store's operations send.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
+use idempotency_guard::{Fingerprint, Store, StoredResponse};
+
+fn new_record<'a>(key: &'a str, fingerprint: &'a Fingerprint) -> NewRecord<'a> {
+    NewRecord {
+        scope: "reads",
+        key,
+        fingerprint,
+        method: "POST",
+        path: "/",
+        token: LeaseToken::new(),
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+        transactional: false,
+    }
+}
+
+/// How many messages `subscriber` holds now (it waits a moment for the
+/// last ones, then stops).
+async fn count(subscriber: &mut async_nats::Subscriber) -> usize {
+    let mut seen = 0;
+    while let Ok(Some(_)) =
+        tokio::time::timeout(Duration::from_millis(300), subscriber.next()).await
+    {
+        seen += 1;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_deciding_read_goes_to_the_streams_leader_never_to_a_direct_get() {
+    let db = idempotency_tests::nats().await;
+    let stream = format!("KV_{}", db.store.bucket());
+    let url = tokio::task::spawn_blocking(idempotency_tests::nats_server::nats_store_url)
+        .await
+        .unwrap();
+    let spy = async_nats::connect(url).await.unwrap();
+    let mut direct = spy
+        .subscribe(format!("$JS.API.DIRECT.GET.{stream}"))
+        .await
+        .unwrap();
+    let mut direct_by_subject = spy
+        .subscribe(format!("$JS.API.DIRECT.GET.{stream}.>"))
+        .await
+        .unwrap();
+    let mut leader = spy
+        .subscribe(format!("$JS.API.STREAM.MSG.GET.{stream}"))
+        .await
+        .unwrap();
+    spy.flush().await.unwrap();
+
+    let fingerprint = Fingerprint::from_bytes([1; 32]);
+    let Claim::Acquired(lease) = db
+        .store
+        .claim(&new_record("k", &fingerprint))
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is acquired");
+    };
+    // The loser of a claim reads the winner.
+    let Claim::Existing(winner) = db
+        .store
+        .claim(&new_record("k", &fingerprint))
+        .await
+        .unwrap()
+    else {
+        panic!("a second claim loses");
+    };
+    assert_eq!(winner.lease_token, lease.token);
+    // A completion reads before its fenced write; a replay reads.
+    db.store
+        .complete(&lease, &StoredResponse::from_bytes("done"))
+        .await
+        .unwrap();
+    let replay = db.store.get("reads", "k").await.unwrap().unwrap();
+    assert_eq!(replay.response.unwrap().body.unwrap(), "done");
+
+    assert_eq!(
+        count(&mut direct).await + count(&mut direct_by_subject).await,
+        0
+    );
+    assert!(
+        count(&mut leader).await >= 3,
+        "the loser's read, the completion's and the replay's go to the leader"
+    );
+}
