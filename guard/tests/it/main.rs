@@ -117,3 +117,8 @@ encrypted_suite!(
     idempotency_tests::redis,
     crate::encrypted::raw_redis
 );
+encrypted_suite!(
+    nats_encrypted,
+    idempotency_tests::nats,
+    crate::nats_reads::raw_nats
+);

@@ -95,3 +95,73 @@ async fn every_deciding_read_goes_to_the_streams_leader_never_to_a_direct_get() 
         "the loser's read, the completion's and the replay's go to the leader"
     );
 }
+
+/// The raw value of a record in the NATS bucket, as the leader holds it
+/// (for the sealed-records suite: no plaintext in the bucket).
+pub(crate) async fn raw_nats(
+    store: &idempotency_guard::store::nats::NatsStore,
+    scope: &str,
+    key: &str,
+) -> Vec<u8> {
+    use base64::Engine as _;
+    let token = |text: &str| {
+        format!(
+            "={}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
+        )
+    };
+    let url = tokio::task::spawn_blocking(idempotency_tests::nats_server::nats_store_url)
+        .await
+        .unwrap();
+    let client = async_nats::connect(url).await.unwrap();
+    let stream = async_nats::jetstream::new(client)
+        .get_stream(format!("KV_{}", store.bucket()))
+        .await
+        .unwrap();
+    let subject = format!("$KV.{}.{}.{}", store.bucket(), token(scope), token(key));
+    match stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(message) => message.payload.to_vec(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// `AnyStore::open` builds the NATS store from `StoreOptions` (as the
+/// service, the gateway and the example do for `STORE=nats`), sealed
+/// when given keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_store_opens_the_nats_store_from_its_options() {
+    use idempotency_guard::store::{AnyStore, NatsOptions, StoreKind, StoreOptions};
+    let url = tokio::task::spawn_blocking(idempotency_tests::nats_server::nats_store_url)
+        .await
+        .unwrap();
+    let bucket = format!("test-any-{}", uuid::Uuid::new_v4().simple());
+    let keys = idempotency_guard::store::EncryptionKeys::parse(
+        "a:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+    )
+    .unwrap();
+    let mut options = StoreOptions::sql("");
+    options.kind = StoreKind::Nats;
+    options.nats = Some(NatsOptions {
+        url: &url,
+        bucket: &bucket,
+        replicas: None,
+    });
+    let plain = AnyStore::open(&options).await.unwrap();
+    assert_eq!(plain.kind(), "nats");
+    assert!(!plain.is_encrypted());
+    plain.migrate().await.expect("nothing to migrate");
+    options.encryption = Some(&keys);
+    let sealed = AnyStore::open(&options).await.unwrap();
+    assert!(sealed.is_encrypted());
+    let (router, runs) = crate::support::app(idempotency_guard::IdempotencyLayer::new(sealed));
+    let first = crate::support::send(&router, "any-1", r#"{"n":1}"#).await;
+    let replay = crate::support::send(&router, "any-1", r#"{"n":1}"#).await;
+    assert_eq!(runs.get(), 1);
+    assert_eq!(replay.body, first.body);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    let client = async_nats::connect(url).await.unwrap();
+    async_nats::jetstream::new(client)
+        .delete_stream(format!("KV_{bucket}"))
+        .await
+        .unwrap();
+}
