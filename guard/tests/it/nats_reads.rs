@@ -1,9 +1,10 @@
-//! The NATS store's reads that decide come from the stream's leader
-//! (`STREAM.MSG.GET`, which only the leader answers), never from a direct
-//! get, which any replica may answer from a state that lags the
-//! acknowledged writes (a claim's loser would see no winner). A spy
-//! subscribes to both API subjects of the test's bucket and counts what
-//! the store's operations send.
+//! The NATS store beyond the shared suites: its reads that decide come
+//! from the stream's leader (`STREAM.MSG.GET`, which only the leader
+//! answers), never from a direct get, which any replica may answer from a
+//! state that lags the acknowledged writes (a claim's loser would see no
+//! winner): a spy subscribes to both API subjects of the test's bucket and
+//! counts what the store's operations send. And the bucket's watch waking
+//! another process's waiters, and `AnyStore::open` for `STORE=nats`.
 
 use std::time::Duration;
 
@@ -164,4 +165,42 @@ async fn any_store_opens_the_nats_store_from_its_options() {
         .delete_stream(format!("KV_{bucket}"))
         .await
         .unwrap();
+}
+
+/// The bucket's watch wakes waiters of another process: a store opened
+/// apart on the same bucket (as another process would) sees the
+/// completion of this one's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_in_one_process_wakes_the_waiters_of_another() {
+    use idempotency_guard::store::nats::NatsStore;
+    let db = idempotency_tests::nats().await;
+    let url = tokio::task::spawn_blocking(idempotency_tests::nats_server::nats_store_url)
+        .await
+        .unwrap();
+    let other = NatsStore::connect(&url, db.store.bucket()).await.unwrap();
+    let fingerprint = Fingerprint::from_bytes([2; 32]);
+    let Claim::Acquired(lease) = db
+        .store
+        .claim(&new_record("w", &fingerprint))
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is acquired");
+    };
+    // The claim's own event reaches the other process first; then quiet.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let waiter = other.events().subscribe("reads", "w");
+    // Not woken by nothing: the other process's registry stays quiet.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), waiter.changed())
+            .await
+            .is_err()
+    );
+    db.store
+        .complete(&lease, &StoredResponse::from_bytes("done"))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiter.changed())
+        .await
+        .expect("the other process's waiter is woken by the bucket's watch");
 }
