@@ -23,7 +23,7 @@ use idempotency_guard::{
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::config::{Config, ConfigError, RouteKind, seconds};
+use crate::config::{Config, ConfigError, OWN_PATHS, RouteKind, seconds};
 use crate::forward::{RouteMetrics, Upstream};
 use crate::scope::{Scope, ScopeGate, ScopeSource, establish_scope};
 
@@ -230,18 +230,16 @@ impl Gateway {
                 .route_layer(from_fn_with_state(gate, establish_scope));
             app = app.merge(guarded);
         }
+        let [healthz_path, readyz_path, metrics_path] = OWN_PATHS;
         let ops = Router::new()
-            .route("/healthz", get(healthz))
-            .route("/readyz", get(readyz))
-            .route("/metrics", get(render_metrics))
+            .route(healthz_path, get(healthz))
+            .route(readyz_path, get(readyz))
+            .route(metrics_path, get(render_metrics))
             .fallback(pass_through)
             .with_state(self.clone());
         Ok(app.merge(ops))
     }
 }
-
-/// The paths the gateway answers itself; they are not forwarded.
-pub const OWN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
 /// The forwarder of one guarded route.
 #[derive(Clone)]

@@ -93,6 +93,12 @@ const STORE_SETTING_NAMES: idempotency_guard::store::SettingNames =
         redis_url: "`redis` (REDIS_URL)",
     };
 
+/// The paths the gateway answers itself (the router of
+/// [`Gateway`](crate::Gateway) mounts its health, readiness and metrics
+/// endpoints on them, in this order); they are never forwarded, and no
+/// route may name them.
+pub const OWN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -838,7 +844,7 @@ impl Config {
                     route.path
                 )));
             }
-            if crate::OWN_PATHS.contains(&route.path.as_str()) {
+            if OWN_PATHS.contains(&route.path.as_str()) {
                 return Err(ConfigError::Invalid(format!(
                     "route {}: the gateway answers that path itself",
                     route.path

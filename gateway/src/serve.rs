@@ -24,8 +24,8 @@ use idempotency_guard::problem::{ProblemType, types};
 use idempotency_guard::server::{BodyTimeoutLayer, Server};
 use tokio::net::TcpListener;
 
-use crate::app::{Gateway, OWN_PATHS};
-use crate::config::{ConfigError, seconds};
+use crate::app::Gateway;
+use crate::config::{ConfigError, OWN_PATHS, seconds};
 use crate::forward::{ClientAddress, RouteMetrics, Upstream};
 use crate::target;
 
