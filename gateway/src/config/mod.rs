@@ -199,11 +199,14 @@ impl Config {
         keys.map_err(|source| ConfigError::EncryptionKeys { from, source })
     }
 
-    /// Parses a configuration from TOML text.
+    /// Parses a configuration from TOML text, every value typed.
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Parse`] for bad TOML or an unknown field.
+    /// [`ConfigError::Parse`] for bad TOML, an unknown field, or a value
+    /// its setting cannot take (a choice not among its choices, a negative
+    /// duration, a status or method that does not exist), with the line
+    /// and column of the value.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|error: toml::de::Error| {
             // toml's own message spans lines (a snippet with a caret): keep
