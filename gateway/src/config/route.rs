@@ -4,7 +4,8 @@ use http::Method;
 use idempotency_jsonrpc::{KeySource, TOOLS_CALL};
 use serde::Deserialize;
 
-use super::{ConfigError, de};
+use super::de;
+use super::error::ConfigError;
 
 /// The paths the gateway answers itself (the router of
 /// [`Gateway`](crate::Gateway) mounts its health, readiness and metrics
