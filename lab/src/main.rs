@@ -55,7 +55,8 @@ struct IncidentArgs {
     #[arg(long, default_value_t = 0.1)]
     reset: f64,
     /// Where the table (`incident.md`) and the plot (`incident.svg`) go
-    /// (default: the workspace's `docs/lab`).
+    /// (default: the workspace's `docs/lab`, and then the copy of the table
+    /// in the workspace's README is rewritten too).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Leave the guarded run's SQLite file (`guarded.db`) in this
@@ -96,10 +97,11 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = args
         .out
         .clone()
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/lab"));
+        .unwrap_or_else(|| workspace.join("docs/lab"));
     eprintln!(
         "idempotency-lab: two runs of {:.0} s each (naive, then guarded)...",
         config.duration.as_secs_f64()

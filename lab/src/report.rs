@@ -99,6 +99,24 @@ pub fn table(naive: &Summary, guarded: &Summary) -> String {
     out
 }
 
+/// The line before the README's copy of the table.
+pub const README_BEGIN: &str = "<!-- incident-lab: begin -->";
+/// The line after it.
+pub const README_END: &str = "<!-- incident-lab: end -->";
+
+/// `readme` with the text between its [`README_BEGIN`] and [`README_END`]
+/// lines replaced by `table`; `None` when it has no such pair.
+pub fn splice(readme: &str, table: &str) -> Option<String> {
+    let begin = readme.find(README_BEGIN)? + README_BEGIN.len();
+    let end = begin + readme[begin..].find(README_END)?;
+    Some(format!(
+        "{}\n{}\n{}",
+        &readme[..begin],
+        table.trim_end(),
+        &readme[end..]
+    ))
+}
+
 /// The command line that reproduces `config`.
 pub fn command(config: &IncidentConfig) -> String {
     let s = &config.schedule;
@@ -153,4 +171,20 @@ pub fn page(config: &IncidentConfig, naive: &Summary, guarded: &Summary, plot: &
         timeout = config.naive.timeout.as_secs_f64(),
         table = table(naive, guarded),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_table_is_replaced_between_its_markers_only() {
+        let readme = format!("intro\n{README_BEGIN}\n| old |\n{README_END}\nrest\n");
+        assert_eq!(
+            splice(&readme, "| new |\n").as_deref(),
+            Some(format!("intro\n{README_BEGIN}\n| new |\n{README_END}\nrest\n").as_str())
+        );
+        assert_eq!(splice("no markers", "| new |"), None);
+        assert_eq!(splice(&format!("{README_END}\n{README_BEGIN}"), "x"), None);
+    }
 }
