@@ -1,4 +1,4 @@
-//! The plot of both runs over time, as a hand-written SVG: four panels
+//! The plot of both runs over time, as a hand-written SVG: five panels
 //! sharing the time axis, the fault window shaded.
 
 use std::fmt::Write as _;
@@ -49,6 +49,15 @@ impl<'a> Line<'a> {
             colour,
             stroke,
             values: values.iter().map(|v| Some(*v)).collect(),
+        }
+    }
+
+    fn ratios(label: &str, colour: &'a str, stroke: Stroke, values: &[Rate]) -> Self {
+        Self {
+            label: label.to_owned(),
+            colour,
+            stroke,
+            values: values.to_vec(),
         }
     }
 
@@ -108,6 +117,48 @@ pub fn svg(naive: &Series, guarded: &Series, schedule: &FaultSchedule, seconds: 
                     GUARDED,
                     Stroke::Dashed,
                     &guarded.extra_executions,
+                ),
+            ],
+        ),
+        (
+            format!("Amplification: requests per operation started (trailing {SMOOTHING} s)"),
+            None,
+            vec![
+                Line::ratios(
+                    "naive: writes",
+                    NAIVE,
+                    Stroke::Solid,
+                    &naive.write_amplification,
+                ),
+                Line::ratios(
+                    "naive: reads",
+                    NAIVE,
+                    Stroke::Dotted,
+                    &naive.read_amplification,
+                ),
+                Line::ratios(
+                    "naive: blended",
+                    NAIVE,
+                    Stroke::Dashed,
+                    &naive.blended_amplification,
+                ),
+                Line::ratios(
+                    "guarded: writes",
+                    GUARDED,
+                    Stroke::Solid,
+                    &guarded.write_amplification,
+                ),
+                Line::ratios(
+                    "guarded: reads",
+                    GUARDED,
+                    Stroke::Dotted,
+                    &guarded.read_amplification,
+                ),
+                Line::ratios(
+                    "guarded: blended",
+                    GUARDED,
+                    Stroke::Dashed,
+                    &guarded.blended_amplification,
                 ),
             ],
         ),

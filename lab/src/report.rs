@@ -187,4 +187,15 @@ mod tests {
         assert_eq!(splice("no markers", "| new |"), None);
         assert_eq!(splice(&format!("{README_END}\n{README_BEGIN}"), "x"), None);
     }
+
+    #[test]
+    fn the_workspace_readme_has_the_markers_around_its_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+        let readme = std::fs::read_to_string(path).expect("the README");
+        let begin = readme.find(README_BEGIN).expect("the begin marker") + README_BEGIN.len();
+        let end = begin + readme[begin..].find(README_END).expect("the end marker");
+        let table = readme[begin..end].trim();
+        assert!(table.starts_with("| | naive | guarded |"), "{table}");
+        assert_eq!(splice(&readme, table).as_deref(), Some(readme.as_str()));
+    }
 }

@@ -164,7 +164,13 @@ pub struct Series {
     pub executions: Vec<f64>,
     /// Executions beyond a debit's first (double charges made).
     pub extra_executions: Vec<f64>,
-    /// Retry rate of reads, over the trailing [`SMOOTHING`] seconds.
+    /// Requests per read started, over the trailing [`SMOOTHING`] seconds.
+    pub read_amplification: Vec<Rate>,
+    /// Requests per write started, same span.
+    pub write_amplification: Vec<Rate>,
+    /// Requests per operation started, same span.
+    pub blended_amplification: Vec<Rate>,
+    /// Retry rate of reads, same span.
     pub read_retry_rate: Vec<Rate>,
     /// Retry rate of writes, same span.
     pub write_retry_rate: Vec<Rate>,
@@ -222,9 +228,31 @@ impl Series {
                 }
             }
         }
-        for call in record.debits() {
-            series.debits[second(call.operation.at)] += 1.0;
+        let mut started: HashMap<(usize, Kind), u64> = HashMap::new();
+        for call in &record.calls {
+            let s = second(call.operation.at);
+            *started.entry((s, call.operation.kind)).or_default() += 1;
+            if call.operation.kind == Kind::Write {
+                series.debits[s] += 1.0;
+            }
         }
+        let amplification = |kinds: &[Kind]| -> Vec<Rate> {
+            (0..seconds)
+                .map(|s| {
+                    let (mut requests, mut operations) = (0, 0);
+                    for t in s.saturating_sub(SMOOTHING - 1)..=s {
+                        for kind in kinds {
+                            requests += counts.get(&(t, *kind)).map_or(0, |c| c.0);
+                            operations += started.get(&(t, *kind)).copied().unwrap_or(0);
+                        }
+                    }
+                    (operations > 0).then(|| requests as f64 / operations as f64)
+                })
+                .collect()
+        };
+        series.read_amplification = amplification(&[Kind::Read]);
+        series.write_amplification = amplification(&[Kind::Write]);
+        series.blended_amplification = amplification(&[Kind::Read, Kind::Write]);
         let rates = |kinds: &[Kind], success: bool| -> Vec<Rate> {
             (0..seconds)
                 .map(|s| {
@@ -333,5 +361,8 @@ mod tests {
         assert_eq!(series.write_retry_rate[0], None);
         assert_eq!(series.write_retry_rate[2], Some(1.0 / 3.0));
         assert_eq!(series.write_retry_success[2], Some(1.0));
+        // Seconds 0 to 2: 3 write requests for 2 writes started.
+        assert_eq!(series.write_amplification[2], Some(1.5));
+        assert_eq!(series.read_amplification[0], Some(1.0));
     }
 }
