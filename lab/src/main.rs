@@ -116,11 +116,31 @@ async fn main() -> ExitCode {
                 incident.table.display(),
                 incident.plot.display()
             );
+            if args.out.is_none() {
+                update_readme(&workspace.join("README.md"), &table);
+            }
             ExitCode::SUCCESS
         }
         Err(error) => {
             eprintln!("idempotency-lab: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Rewrites the README's copy of the table (between its markers), or says
+/// why not.
+fn update_readme(readme: &std::path::Path, table: &str) {
+    use idempotency_lab::report::{README_BEGIN, README_END, splice};
+    let spliced = std::fs::read_to_string(readme)
+        .ok()
+        .and_then(|text| splice(&text, table));
+    match spliced.map(|text| std::fs::write(readme, text)) {
+        Some(Ok(())) => println!("updated the table in {}", readme.display()),
+        Some(Err(error)) => eprintln!("idempotency-lab: {}: {error}", readme.display()),
+        None => eprintln!(
+            "idempotency-lab: {} has no table to update (between {README_BEGIN} and {README_END})",
+            readme.display()
+        ),
     }
 }
