@@ -111,7 +111,11 @@ impl Caller {
 
 /// A debit's body: its amount is unique to it.
 fn debit(operation: &Operation) -> serde_json::Value {
-    json!({"amount": operation.amount(), "currency": "EUR"})
+    let mut body = json!({"amount": operation.amount(), "currency": "EUR"});
+    if !operation.handler_time.is_zero() {
+        body["delay_ms"] = json!(operation.handler_time.as_millis() as u64);
+    }
+    body
 }
 
 /// The story's SDK: every 5xx, timeout and connection error retried after

@@ -63,7 +63,21 @@ pub struct IncidentConfig {
     pub schedule: FaultSchedule,
     /// The naive run's retries.
     pub naive: NaivePolicy,
+    /// When set, the app is killed (SIGKILL) this far into the traffic,
+    /// while a debit runs in its handler, and started again at once: then
+    /// debits take [`CRASH_HANDLER_TIME`] in their handler and the guard's
+    /// lease is [`CRASH_LEASE`], so the killed debit's key is abandoned
+    /// before the run ends. Off by default.
+    pub crash_at: Option<Duration>,
 }
+
+/// How long a debit's handler takes when the run has a crash (the
+/// example's `delay_ms`), so that one is running when the app is killed.
+pub const CRASH_HANDLER_TIME: Duration = Duration::from_millis(300);
+
+/// The guard's lease when the run has a crash (`LEASE_SECS`), so that the
+/// killed debit's record is abandoned within the run.
+pub const CRASH_LEASE: Duration = Duration::from_secs(5);
 
 impl IncidentConfig {
     /// The default incident of `seed`: 40 operations per second for 70 s,
@@ -77,6 +91,7 @@ impl IncidentConfig {
             clients: 4,
             schedule: FaultSchedule::new(seed),
             naive: NaivePolicy::default(),
+            crash_at: None,
         }
     }
 
@@ -107,6 +122,9 @@ impl IncidentConfig {
         }
         if self.clients == 0 {
             return Err("--clients must be at least 1".into());
+        }
+        if self.crash_at.is_some_and(|at| at >= self.duration) {
+            return Err("--crash-at must fall within --duration".into());
         }
         if s.start + s.window > self.duration {
             return Err(format!(

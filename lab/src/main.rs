@@ -59,6 +59,12 @@ struct IncidentArgs {
     /// in the workspace's README is rewritten too).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Kill the app (SIGKILL) this many seconds into the traffic, while a
+    /// debit runs, and start it again (debits then take 300 ms in their
+    /// handler, and the lease is 5 s): the guarded run is left with an
+    /// abandoned key to reconcile.
+    #[arg(long)]
+    crash_at: Option<f64>,
     /// Leave the guarded run's SQLite file (`guarded.db`) in this
     /// directory, for the status service and its console.
     #[arg(long)]
@@ -81,6 +87,10 @@ impl IncidentArgs {
         config.schedule.delayed = self.delayed;
         config.schedule.dropped = self.dropped;
         config.schedule.reset = self.reset;
+        config.crash_at = self
+            .crash_at
+            .map(|at| seconds("crash-at", at))
+            .transpose()?;
         config.check()?;
         Ok(config)
     }

@@ -13,6 +13,7 @@
 //! delays), its faults follow a window in time and the request's identity,
 //! so the two runs of a seed meet the same ones.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -70,12 +71,36 @@ impl Exchange {
     }
 }
 
+/// The first attempts of writes (a new key: the handler runs) the proxy
+/// has sent on and not yet had answered, by operation, with when each was
+/// sent: a handle that stays valid while the proxy runs.
+#[derive(Debug, Clone, Default)]
+pub struct WritesAtUpstream(Arc<Mutex<HashMap<u64, Instant>>>);
+
+impl WritesAtUpstream {
+    /// How long the oldest of them has been waiting for its answer.
+    pub fn oldest(&self) -> Option<Duration> {
+        let sent = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        sent.values().map(Instant::elapsed).max()
+    }
+
+    fn set(&self, operation: u64, at_upstream: bool) {
+        let mut sent = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if at_upstream {
+            sent.insert(operation, Instant::now());
+        } else {
+            sent.remove(&operation);
+        }
+    }
+}
+
 /// A running proxy; it stops accepting when dropped.
 #[derive(Debug)]
 pub struct FaultProxy {
     /// The address clients connect to.
     pub address: SocketAddr,
     log: Arc<Mutex<Vec<Exchange>>>,
+    at_upstream: WritesAtUpstream,
     accepting: JoinHandle<()>,
 }
 
@@ -95,6 +120,8 @@ impl FaultProxy {
         let address = listener.local_addr()?;
         let log = Arc::new(Mutex::new(Vec::new()));
         let shared = Arc::clone(&log);
+        let at_upstream = WritesAtUpstream::default();
+        let counter = at_upstream.clone();
         let accepting = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -103,9 +130,10 @@ impl FaultProxy {
                     continue;
                 };
                 let log = Arc::clone(&shared);
+                let counter = counter.clone();
                 tokio::spawn(async move {
                     let at = origin.elapsed();
-                    if let Ok(exchange) = relay(client, target, &schedule, at).await {
+                    if let Ok(exchange) = relay(client, target, &schedule, at, &counter).await {
                         log.lock()
                             .unwrap_or_else(PoisonError::into_inner)
                             .push(exchange);
@@ -116,8 +144,15 @@ impl FaultProxy {
         Ok(Self {
             address,
             log,
+            at_upstream,
             accepting,
         })
+    }
+
+    /// A handle on the count of first attempts of writes sent on and not
+    /// yet answered.
+    pub fn writes_at_upstream(&self) -> WritesAtUpstream {
+        self.at_upstream.clone()
     }
 
     /// The exchanges finished so far, in the order they finished.
@@ -142,6 +177,7 @@ async fn relay(
     target: SocketAddr,
     schedule: &FaultSchedule,
     at: Duration,
+    at_upstream: &WritesAtUpstream,
 ) -> io::Result<Exchange> {
     let (head, rest) = read_head(&mut client).await?;
     let request = RequestHead::parse(&head);
@@ -156,7 +192,15 @@ async fn relay(
         replayed: false,
         delivered: false,
     };
-    let answer = match forward(&mut client, target, &head, &rest).await {
+    let write = request.kind == Kind::Write && request.attempt == 0;
+    if write {
+        at_upstream.set(request.operation, true);
+    }
+    let forwarded = forward(&mut client, target, &head, &rest).await;
+    if write {
+        at_upstream.set(request.operation, false);
+    }
+    let answer = match forwarded {
         Ok(answer) => answer,
         Err(_) => {
             reset(client)?;

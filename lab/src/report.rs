@@ -120,16 +120,23 @@ pub fn splice(readme: &str, table: &str) -> Option<String> {
 /// The command line that reproduces `config`.
 pub fn command(config: &IncidentConfig) -> String {
     let s = &config.schedule;
+    let crash = config
+        .crash_at
+        .map(|at| format!(" --crash-at {}", at.as_secs_f64()))
+        .unwrap_or_default();
     format!(
         "cargo run -p idempotency-lab -- incident --seed {} --window {} --window-start {} \
-         --duration {} --rate {} --writes {} --clients {}",
+         --duration {} --rate {} --writes {} --clients {} --delayed {} --dropped {} --reset {}{crash}",
         s.seed,
         s.window.as_secs_f64(),
         s.start.as_secs_f64(),
         config.duration.as_secs_f64(),
         config.rate,
         config.writes,
-        config.clients
+        config.clients,
+        s.delayed,
+        s.dropped,
+        s.reset,
     )
 }
 
@@ -153,7 +160,7 @@ pub fn page(config: &IncidentConfig, naive: &Summary, guarded: &Summary, plot: &
          {timeout} s per attempt, the app without its guard. Guarded: the app behind the guard, \
          the retry client's defaults, the status service asked before a write is resent. \
          Counted at the proxy (requests, retries, whether the client got the answer) and \
-         at the ledger (executions per debit).\n\n{table}\n![Both runs over time]({plot})\n",
+         at the ledger (executions per debit).{crash}\n\n{table}\n![Both runs over time]({plot})\n",
         command = command(config),
         operations = naive.reads.operations + naive.writes.operations,
         duration = config.duration.as_secs_f64(),
@@ -170,6 +177,16 @@ pub fn page(config: &IncidentConfig, naive: &Summary, guarded: &Summary, plot: &
         pauses = naive_pauses.join(", "),
         timeout = config.naive.timeout.as_secs_f64(),
         table = table(naive, guarded),
+        crash = config
+            .crash_at
+            .map(|at| format!(
+                " The app was killed (SIGKILL) {} s into the traffic, while a debit ran, \
+                 and started again (debits took {} ms in their handler, the lease was {} s).",
+                at.as_secs_f64(),
+                crate::config::CRASH_HANDLER_TIME.as_millis(),
+                crate::config::CRASH_LEASE.as_secs()
+            ))
+            .unwrap_or_default(),
     )
 }
 

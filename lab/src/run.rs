@@ -12,7 +12,7 @@ use idempotency_tests::Process;
 use tokio::task::JoinSet;
 
 use crate::callers::{CallOutcome, Caller};
-use crate::config::{IncidentConfig, Mode};
+use crate::config::{CRASH_HANDLER_TIME, CRASH_LEASE, IncidentConfig, Mode};
 use crate::proxy::{Exchange, FaultProxy};
 use crate::schedule::FaultSchedule;
 use crate::traffic::{self, Kind, Operation, SEEDED_AMOUNT, SEEDED_PAYMENTS};
@@ -105,12 +105,19 @@ pub async fn run(
         Mode::Naive => "off",
         Mode::Guarded => "on",
     };
+    let lease = match config.crash_at {
+        Some(_) => CRASH_LEASE,
+        None => Duration::from_secs(60),
+    }
+    .as_secs()
+    .to_string();
     let app_env = [
-        ("DATABASE_URL", url.as_str()),
-        ("IDEMPOTENCY_GUARD", guard),
-        ("RUST_LOG", "off"),
+        ("DATABASE_URL", url.clone()),
+        ("IDEMPOTENCY_GUARD", guard.to_owned()),
+        ("LEASE_SECS", lease),
+        ("RUST_LOG", "off".to_owned()),
     ];
-    let app = Process::start(&programs.payments, &app_env, "/metrics").await;
+    let app = start_app(&programs.payments, None, &app_env).await;
     seed_payments(app.address).await?;
     let service = match mode {
         Mode::Naive => None,
@@ -129,13 +136,18 @@ pub async fn run(
     };
 
     let schedule = config.schedule;
-    let operations = traffic::plan(
+    let mut operations = traffic::plan(
         schedule.seed,
         config.rate,
         config.duration,
         config.writes,
         config.clients,
     );
+    if config.crash_at.is_some() {
+        for operation in operations.iter_mut().filter(|o| o.kind == Kind::Write) {
+            operation.handler_time = CRASH_HANDLER_TIME;
+        }
+    }
     let origin = Instant::now();
     let proxy = FaultProxy::start(app.address, schedule, origin).await?;
     // The status service's traffic, counted and never faulted.
@@ -146,6 +158,32 @@ pub async fn run(
     let status_proxy = match &service {
         Some(service) => Some(FaultProxy::start(service.address, calm, origin).await?),
         None => None,
+    };
+    let app_address = app.address;
+    let (app, crash) = match config.crash_at {
+        None => (Some(app), None),
+        Some(at) => {
+            let writes = proxy.writes_at_upstream();
+            let program = programs.payments.clone();
+            let crash = tokio::spawn(async move {
+                tokio::time::sleep_until((origin + at).into()).await;
+                // Kill while a debit runs in its handler: once the first
+                // attempt of one (a new key: it runs) has been at the app
+                // for half its handler time, its key is claimed and its
+                // handler asleep (waiting up to 5 s for one).
+                let waiting = Instant::now();
+                while writes
+                    .oldest()
+                    .is_none_or(|age| age < CRASH_HANDLER_TIME / 2)
+                    && waiting.elapsed() < Duration::from_secs(5)
+                {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                app.kill().await;
+                start_app(&program, Some(app_address), &app_env).await
+            });
+            (None, Some(crash))
+        }
     };
     let caller = match &status_proxy {
         None => Caller::naive(config.naive.clone())?,
@@ -169,6 +207,11 @@ pub async fn run(
         calls.push(call.context("a client task")?);
     }
     let elapsed = origin.elapsed();
+    // The app started again after the crash stays up until the end.
+    let _app = match crash {
+        Some(restarted) => Some(restarted.await.context("the crash task")?),
+        None => app,
+    };
     calls.sort_by_key(|call| call.operation.index);
     // The proxy logs an exchange once its client has gone: give the last
     // ones a moment.
@@ -191,6 +234,20 @@ pub async fn run(
         unsettled,
         elapsed,
     })
+}
+
+/// Starts the payments example (on `address`, when it restarts where it
+/// was) with `env`.
+async fn start_app(
+    program: &str,
+    address: Option<std::net::SocketAddr>,
+    env: &[(&str, String)],
+) -> Process {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    match address {
+        Some(address) => Process::start_at(program, address, &env, "/metrics").await,
+        None => Process::start(program, &env, "/metrics").await,
+    }
 }
 
 /// Writes the payments reads read, straight to the app.

@@ -312,6 +312,7 @@ mod tests {
                 kind,
                 client: 0,
                 payment: 1,
+                handler_time: Duration::ZERO,
             },
             outcome,
         }

@@ -45,6 +45,9 @@ pub struct Operation {
     pub client: usize,
     /// For a read, the payment it reads (1 to [`SEEDED_PAYMENTS`]).
     pub payment: u64,
+    /// For a write, how long its handler is asked to take (the example's
+    /// `delay_ms`; zero: as long as it takes).
+    pub handler_time: Duration,
 }
 
 impl Operation {
@@ -81,6 +84,7 @@ pub fn plan(
                 kind,
                 client: (index % clients.max(1) as u64) as usize,
                 payment: 1 + splitmix64(&mut state) % SEEDED_PAYMENTS,
+                handler_time: Duration::ZERO,
             }
         })
         .collect()
