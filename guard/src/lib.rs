@@ -206,7 +206,7 @@ pub mod telemetry;
 pub mod transaction {
     //! Transactional mode (PostgreSQL): the handler's writes and its stored
     //! response commit in one transaction (see [`Tx`]). The engine's half is
-    //! `engine/transaction.rs`, the axum extractor's `layer/tx.rs`.
+    //! `engine/transaction/`, the axum extractor's `layer/tx.rs`.
 
     pub use crate::engine::transaction::{Tx, TxRejection};
 }

@@ -51,9 +51,9 @@ use base64::Engine as _;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::record::CorruptRecord;
-use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
-use crate::{Record, RecordEvents, StoredResponse};
+use crate::events::RecordEvents;
+use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
+use crate::store::{Claim, Lease, NewRecord, Store, StoreError};
 
 /// Sealed records that could not be opened, by `reason` (`unknown-key`,
 /// `invalid`).
@@ -547,7 +547,7 @@ impl<S: crate::store::Purge> crate::store::Purge for EncryptedStore<S> {
     }
 }
 
-impl<S: crate::store::admin::AdminStore> crate::store::admin::AdminStore for EncryptedStore<S> {
+impl<S: crate::store::AdminStore> crate::store::AdminStore for EncryptedStore<S> {
     async fn list(
         &self,
         scope: &str,
