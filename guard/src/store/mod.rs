@@ -11,10 +11,10 @@
 //! |---|---|---|
 //! | [`Store`] | each backend's direct store and every wrapper | the engine |
 //! | [`Purge`] | every store | [`purge_expired`](crate::purge_expired) |
-//! | [`TransactionalStore`] | the stores with PostgreSQL behind them | the engine, in transactional mode |
+//! | `TransactionalStore` (PostgreSQL) | the stores with PostgreSQL behind them | the engine, in transactional mode |
 //! | [`AdminStore`] | every store | the key-status service's admin API |
 //! | [`BatchedStore`] (+ [`ClaimItem`]) | each backend's direct store | [`Batched`](batch::Batched) alone |
-//! | [`RecordCache`] | the Redis store | [`TieredStore`](tiered::TieredStore) alone |
+//! | `RecordCache` (Redis) | the Redis store | `TieredStore` alone |
 //!
 //! Each trait's own documentation says more on both sides. The record they
 //! trade in, and the [`LeaseToken`] that fences its writes, live in
@@ -220,7 +220,7 @@ impl StoreError {
 /// Implemented by each backend's direct store (`PostgresRecords`,
 /// `SqliteRecords`, `RedisRecords`) and by every store that wraps another
 /// ([`Batched`](batch::Batched), [`EncryptedStore`],
-/// [`TieredStore`](tiered::TieredStore), [`AnyStore`]). Called by the
+/// `TieredStore`, [`AnyStore`]). Called by the
 /// engine: the claim and take-over (`engine/claim.rs`), renewals
 /// (`engine/supervise.rs`), the completion or release (`engine/settle.rs`,
 /// `engine/release.rs`) and the reads of a waiting request; the status
@@ -320,7 +320,7 @@ pub trait Purge: Store {
 /// A store with PostgreSQL behind it, for transactional mode.
 ///
 /// Implemented by [`PostgresStore`](postgres::PostgresStore),
-/// [`TieredStore`](tiered::TieredStore) and [`AnyStore`] (which answers
+/// `TieredStore` and [`AnyStore`] (which answers
 /// `None` when its backend has no PostgreSQL). Called by the engine's
 /// transactional half (`engine/transaction/postgres.rs`) and by
 /// `IdempotencyLayer::with_transactional_mode`, which requires it.
