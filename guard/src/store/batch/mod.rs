@@ -28,20 +28,23 @@
 //!
 //! The folder: this file holds [`Batched`] and the pair of batchers it
 //! builds; `batcher.rs` the queue of one operation, `worker.rs` the task
-//! that sends it, `limits.rs` the limits and counts a user sees. The
-//! contract a store implements to be batched, [`BatchedStore`] (with
-//! [`ClaimItem`]), is declared with the others in `store/mod.rs`. The
-//! batcher and its worker are private to this folder.
+//! that sends it, `queue.rs` what the two share, `limits.rs` the limits
+//! and counts a user sees. The contract a store implements to be batched,
+//! [`BatchedStore`] (with [`ClaimItem`]), is declared with the others in
+//! `store/mod.rs`. The batcher, its worker and their queue are private to
+//! this folder.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 mod batcher;
 mod limits;
+mod queue;
 mod worker;
 
-use batcher::{BatchFuture, Batcher};
+use batcher::Batcher;
 pub use limits::{BATCH_SIZE, BatchCounts, BatchLimits, BatchStats};
+use queue::BatchFuture;
 
 use crate::events::RecordEvents;
 use crate::record::{LeaseToken, Record, StoredResponse};

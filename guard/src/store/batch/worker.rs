@@ -8,8 +8,8 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 
-use super::batcher::{Queued, Send_, Slots, Undelivered};
 use super::limits::{BatchLimits, Counters};
+use super::queue::{Queued, Send_, Slots, Undelivered};
 use crate::store::StoreError;
 
 /// The worker: sends what is queued as soon as a batch may go, delivers each
