@@ -38,14 +38,15 @@
 //!   listing and forgetting) and what only it sends.
 //! - a file for each piece of the backend's own: the record's layout
 //!   (`redis/codec.rs`), scripts (`redis/scripts.rs`, `redis/lua/`), the
-//!   single-claim path (`redis/claim.rs`), replica acknowledgements
+//!   single-claim path (`redis/claim.rs`), the connection
+//!   (`redis/connection.rs`), replica acknowledgements
 //!   (`redis/replicas.rs`), the tiered store's side (`redis/cache.rs`),
 //!   single-commit mode (`postgres/single_commit.rs`).
 //!
 //! A store imports the contracts from this file and the record from
 //! `crate::record`, never another backend; what the two SQL stores share
 //! is in `sql.rs`. No file here is over about 600 lines unless its first
-//! lines say why. A new backend also joins [`AnyStore`] (`any.rs`: its
+//! lines say why. A new backend also joins [`AnyStore`] (`any/mod.rs`: its
 //! [`Backend`] variant) and the conformance suites in `guard/tests/it/`.
 
 use std::future::Future;
