@@ -15,6 +15,7 @@ pub mod fixtures;
 pub mod mcp_sdk;
 pub mod nats_server;
 pub mod partition;
+pub mod postgres_replication;
 pub mod postgres_server;
 pub mod process;
 pub mod programs;
@@ -33,6 +34,7 @@ pub use fixtures::{
 };
 pub use nats_server::NatsCluster;
 pub use partition::Partition;
+pub use postgres_replication::{Commit, ReplicatedPostgres};
 pub use postgres_server::PostgresServer;
 pub use process::Process;
 pub use proxy::{Faults, FaultyProxy, ProxyCounts};

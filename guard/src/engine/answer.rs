@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use crate::StoredResponse;
+use crate::record::StoredResponse;
 use crate::telemetry::Outcome;
 
 /// How the work ended, as the work tells the engine.

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::Engine;
-use crate::StoredResponse;
+use crate::record::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 
 /// How a run ended, as far as its record is concerned.
@@ -118,7 +118,7 @@ impl<S: Store> Engine<S> {
                     {
                         Ok(Some(record))
                             if record.lease_token == lease.token
-                                && record.state() == crate::RecordState::Completed =>
+                                && record.state() == crate::record::RecordState::Completed =>
                         {
                             Ok(())
                         }

@@ -96,6 +96,10 @@ impl ProblemType {
 /// `status`, `detail`, and extension members (`key`, `advice`, …) in a
 /// fixed (sorted) order. Every problem of the product (the guard's, the
 /// service's, the gateway's) has this shape.
+///
+/// **Feature `openapi`:** `Problem` implements `utoipa::ToSchema` (the
+/// derive is generated only with the feature, so docs.rs cannot label the
+/// impl itself; this line does).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Problem {

@@ -32,6 +32,7 @@ mod nats_reads;
 mod nats_storm;
 #[cfg(feature = "otel")]
 mod otel;
+mod postgres_failover;
 mod postgres_faults;
 mod redis_failover;
 mod redis_faults;
