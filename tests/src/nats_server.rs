@@ -173,7 +173,7 @@ impl Node {
                     self.dir.display()
                 );
             }
-            if crate::fixtures::answers_on(self.port) {
+            if listening(self.port) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -318,4 +318,10 @@ impl Drop for NatsCluster {
             self.kill(index);
         }
     }
+}
+
+/// Whether something accepts TCP connections on `127.0.0.1:port`.
+fn listening(port: u16) -> bool {
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500)).is_ok()
 }
