@@ -353,11 +353,7 @@ impl<S: Store> Engine<S> {
                     lease: None,
                     slot: None,
                 };
-                let reply = match work(context).await {
-                    Settle::Complete { reply, .. }
-                    | Settle::Release { reply, .. }
-                    | Settle::Abandon { reply } => reply,
-                };
+                let reply = work(context).await.into_reply();
                 Answer::Ran {
                     reply,
                     settled: Settled::Unguarded,

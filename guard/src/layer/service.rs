@@ -18,7 +18,7 @@ use http_body::Body as HttpBody;
 use tower::{Service, ServiceExt};
 
 use super::body::{capture_response, read_body};
-use super::classify::{Verdict, classify};
+use super::classify::classify;
 use super::future::ResponseFuture;
 use super::layer::Config;
 use crate::engine::{Answer, Engine, Job, RunContext, Settle};
@@ -270,14 +270,14 @@ where
     };
     let (parts, body) = response.into_parts();
     match classify(&parts, config.stored_statuses) {
-        Verdict::Keep => {}
-        Verdict::Release { keep_writes } => {
+        Settle::Complete { .. } => {}
+        Settle::Release { keep_writes, .. } => {
             return Settle::Release {
                 reply: Ok(Response::from_parts(parts, Body::new(body))),
                 keep_writes,
             };
         }
-        Verdict::Abandon => {
+        Settle::Abandon { .. } => {
             return Settle::Abandon {
                 reply: Ok(Response::from_parts(parts, Body::new(body))),
             };
