@@ -108,34 +108,6 @@ where
     }
 }
 
-/// Counts one guarded call in `idempotency_requests_total` exactly once:
-/// when its answer is ready, or as `caller-gone` when the caller went away
-/// first (a run that had started goes on to its end and settles its key).
-struct Tally<'a, S: Store> {
-    engine: &'a idempotency_guard::Engine<S>,
-    /// The tool, or the method (for A2A `message/send`).
-    route: String,
-    attempt: &'static str,
-    counted: bool,
-}
-
-impl<S: Store> Tally<'_, S> {
-    fn count(mut self, outcome: Outcome) {
-        self.counted = true;
-        self.engine
-            .count_request(&self.route, outcome, self.attempt);
-    }
-}
-
-impl<S: Store> Drop for Tally<'_, S> {
-    fn drop(&mut self) {
-        if !self.counted {
-            self.engine
-                .count_request(&self.route, Outcome::CallerGone, self.attempt);
-        }
-    }
-}
-
 impl<S, I, B> JsonRpcService<S, I>
 where
     S: Store,
@@ -202,12 +174,12 @@ where
             }
             Envelope::Call(call) => call,
         };
-        let tally = Tally {
-            engine: &engine,
-            route: call.tool.clone().unwrap_or_else(|| call.method.clone()),
+        // Counted once: when answered, or as `caller-gone` when the caller
+        // went away first (a run that had started goes on to its end).
+        let tally = engine.tally(
+            call.tool.clone().unwrap_or_else(|| call.method.clone()),
             attempt,
-            counted: false,
-        };
+        );
         let request = Request::from_parts(parts, Body::from(body));
         let (outcome, result) = guard(&engine, &config, inner, request, call, accept).await;
         tally.count(outcome);

@@ -80,33 +80,6 @@ impl<E> std::fmt::Debug for ResponseFuture<E> {
     }
 }
 
-/// Counts one guarded call in `idempotency_requests_total` exactly once,
-/// through the engine: when its answer is ready, or as `caller-gone` when
-/// its future is dropped first (a run that had started goes on to its end).
-struct Tally<S: Store> {
-    engine: Engine<S>,
-    method: String,
-    attempt: &'static str,
-    counted: bool,
-}
-
-impl<S: Store> Tally<S> {
-    fn count(mut self, outcome: Outcome) {
-        self.counted = true;
-        self.engine
-            .count_request(&self.method, outcome, self.attempt);
-    }
-}
-
-impl<S: Store> Drop for Tally<S> {
-    fn drop(&mut self) {
-        if !self.counted {
-            self.engine
-                .count_request(&self.method, Outcome::CallerGone, self.attempt);
-        }
-    }
-}
-
 impl<S, I, B> Service<Request<tonic::body::Body>> for GrpcIdempotencyService<S, I>
 where
     S: Store,
@@ -147,12 +120,11 @@ where
                 }),
             };
         }
-        let tally = Tally {
-            engine: service.engine.clone(),
-            method: method.clone(),
-            attempt: attempt_label(request.headers()),
-            counted: false,
-        };
+        // Counted once: when answered, or as `caller-gone` when the caller
+        // went away first (a run that had started goes on to its end).
+        let tally = service
+            .engine
+            .tally(method.clone(), attempt_label(request.headers()));
         let guarded = service
             .guard(request, scope, method)
             .map(move |(outcome, result)| {

@@ -374,11 +374,6 @@ impl<S: Store> Engine<S> {
         timed(&self.metrics, operation, self.config.store_timeout, future)
     }
 
-    /// The handles of the engine's per-request metrics.
-    pub(crate) fn metrics(&self) -> &Arc<MetricHandles> {
-        &self.metrics
-    }
-
     /// The `Retry-After` hint of the engine's refusals (see
     /// [`Engine::with_retry_after`]).
     pub fn retry_after(&self) -> std::time::Duration {
@@ -404,5 +399,17 @@ impl<S: Store> Engine<S> {
         attempt: &'static str,
     ) {
         self.metrics.count_request(route, outcome, attempt);
+    }
+
+    /// A [`Tally`](crate::telemetry::Tally) of one request of an adapter
+    /// over this engine: counted once in `idempotency_requests_total`, when
+    /// its answer is ready or as `caller-gone` when it is dropped first.
+    /// `route` and `attempt` as for [`Engine::count_request`].
+    pub fn tally(
+        &self,
+        route: impl Into<String>,
+        attempt: &'static str,
+    ) -> crate::telemetry::Tally {
+        crate::telemetry::Tally::new(Arc::clone(&self.metrics), route.into(), attempt)
     }
 }
