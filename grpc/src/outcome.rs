@@ -9,9 +9,8 @@
 //! | any code the handler marked final ([`mark_final`]) | stored | the handler says this answer is its decision |
 //! | no `grpc-status` at all (a broken answer) | released | not an answer |
 //!
-//! [`settle`] answers with the guard's engine's own
-//! [`Settle`](idempotency_guard::engine::Settle) without payload: the one
-//! name every adapter uses for "keep, release or abandon".
+//! [`settle`] answers with the guard's engine's own [`Settle`] without
+//! payload: the one name every adapter uses for "keep, release or abandon".
 //!
 //! A handler cut off by the guard's own bound (the engine's maximum handler
 //! time) is not in this table: its record is abandoned and later calls get

@@ -30,6 +30,8 @@ pub enum DeliveryIdError {
 /// Where a delivery's key (its `Idempotency-Key`) comes from. It must be
 /// covered by the signature: [`WebhookLayer::with_delivery_id`] refuses a
 /// source the scheme does not sign.
+///
+/// [`WebhookLayer::with_delivery_id`]: super::WebhookLayer::with_delivery_id
 #[derive(Clone)]
 #[non_exhaustive]
 pub enum DeliveryId {
