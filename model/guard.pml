@@ -13,7 +13,10 @@
  * NO_FENCE, NO_RELEASE_ON_CANCEL, EARLY_RENEW_STOP, UNTRACKED_RELEASE,
  * NO_OWN_TOKEN, NEW_TOKEN_PER_ROUND. FAILOVER (its own section, below
  * the store's operations): an asynchronous replica promoted once, with
- * REPLICA_ACKS or, as a negative control, without.
+ * REPLICA_ACKS or, as a negative control, without; with CONSENSUS, a
+ * group of three (a leader and two followers) whose claims are acknowledged
+ * by a majority, and a leader change; MINORITY_ACK and NO_VOTE_CHECK are
+ * its negative controls.
  */
 
 #ifndef F
@@ -197,7 +200,72 @@ bool rtxl;
 bool promoted;       /* the failover happened (at most once) */
 bool survived;       /* at the promotion, the replica held a live holder's claim */
 
-#ifdef WAIT_ELSEWHERE
+#ifdef CONSENSUS
+/* ---- CONSENSUS: a store replicated by consensus (NATS JetStream KV,
+ * Raft, three replicas) ----
+ * The primary is the group's leader, with two followers. Each follower
+ * applies the leader's log in order, so its copy is the record after some
+ * prefix of the writes, caught up at any moment, as the replica above. A
+ * claim is answered only once a majority holds it (the leader and one
+ * follower): the publish acknowledgement comes after the entry is
+ * committed. Once per execution the leader dies and a follower is
+ * elected: Raft's vote goes only to a candidate whose log is at least as
+ * up to date as the voter's, and with the leader dead both followers must
+ * vote, so the follower with the later copy wins (either, when both hold
+ * the same). What the new leader lacks is lost, as in the section above.
+ *
+ * The followers are alike, so the model names them by their order (a
+ * symmetry reduction): r* is always the follower with the later copy (or
+ * the same), s* the other. When the other catches up past it, the two
+ * swap names: s* takes r*'s copy and r* the leader's.
+ *
+ * Negative controls: MINORITY_ACK, the claim is answered when the leader
+ * alone has it (one of three); NO_VOTE_CHECK, the follower with the
+ * earlier copy may win the election. */
+#define REPLICA_ACKS
+byte sst = ABSENT;   /* the other follower's copy of the record */
+byte stok;
+byte sleft;
+bool stxl;
+#define R_CURRENT (rst == st && rtok == tok && rleft == left && rtxl == txl)
+#define S_CURRENT (sst == st && stok == tok && sleft == left && stxl == txl)
+#ifdef MINORITY_ACK
+#define HOLDS_CLAIM(i) true
+#else
+#define HOLDS_CLAIM(i) ((rst == IN_FLIGHT && rtok == i) || (sst == IN_FLIGHT && stok == i))
+#endif
+#ifdef NO_VOTE_CHECK
+#define EARLIER_ELECTED \
+  :: atomic { !promoted && !(sst == rst && stok == rtok && sleft == rleft && stxl == rtxl) -> \
+       rst = sst; rtok = stok; rleft = sleft; rtxl = stxl; \
+       printf("P leader dies; the follower with the earlier copy is elected\n"); \
+       PROMOTE }
+#else
+#define EARLIER_ELECTED
+#endif
+#define SECOND_FOLLOWER_TICK \
+  if :: !promoted && sst == IN_FLIGHT && sleft > 0 -> sleft-- :: else -> skip fi;
+#define SECOND_FOLLOWER_STEPS \
+  :: atomic { !promoted && !S_CURRENT -> \
+       if \
+       :: R_CURRENT -> sst = st; stok = tok; sleft = left; stxl = txl \
+       :: else -> sst = rst; stok = rtok; sleft = rleft; stxl = rtxl; \
+                  rst = st; rtok = tok; rleft = left; rtxl = txl \
+       fi; \
+       printf("P the other follower caught up: state %d token %d\n", rst, rtok) } \
+  EARLIER_ELECTED
+#else
+#define SECOND_FOLLOWER_TICK
+#define SECOND_FOLLOWER_STEPS
+#endif
+
+#ifdef CONSENSUS
+/* HOLDS_CLAIM above: a majority. After the leader change the new leader
+ * and the follower left are a majority, and no second change is modelled:
+ * a claim the new leader holds is acknowledged (one made on the old leader
+ * that it lacks never is: its request times out). */
+#define ACKNOWLEDGED(i) (promoted -> (st == IN_FLIGHT && tok == i) : HOLDS_CLAIM(i))
+#elif defined(WAIT_ELSEWHERE)
 /* Negative control: the WAIT goes on another connection than the claim
  * (or on a fresh one after a reconnect), whose last write is not the
  * claim: it answers at once, whatever the replica holds. */
@@ -205,10 +273,14 @@ bool survived;       /* at the promotion, the replica held a live holder's claim
 #else
 #define HOLDS_CLAIM(i) (rst == IN_FLIGHT && rtok == i)
 #endif
+#ifndef CONSENSUS
+/* A promoted replica has no replica of its own: its WAIT times out. */
+#define ACKNOWLEDGED(i) (!promoted && HOLDS_CLAIM(i))
+#endif
 #ifdef REPLICA_ACKS
 #define REPLICA_ACK_CLAIM(i) \
   if \
-  :: atomic { !promoted && HOLDS_CLAIM(i) -> printf("R%d: WAIT acknowledged\n", i) } \
+  :: atomic { ACKNOWLEDGED(i) -> printf("R%d: WAIT acknowledged\n", i) } \
   :: atomic { printf("R%d: WAIT timed out (or its primary died): NotReplicated\n", i); goto cancel } \
   fi;
 #else
@@ -217,20 +289,25 @@ bool survived;       /* at the promotion, the replica held a live holder's claim
 
 /* Time passes on the replica too: a lease end is a point in time. */
 #define REPLICA_TICK \
-  if :: !promoted && rst == IN_FLIGHT && rleft > 0 -> rleft-- :: else -> skip fi;
+  if :: !promoted && rst == IN_FLIGHT && rleft > 0 -> rleft-- :: else -> skip fi; \
+  SECOND_FOLLOWER_TICK
 
-#define FAILOVER_STEPS \
-  :: atomic { !promoted && (rst != st || rtok != tok || rleft != left || rtxl != txl) -> \
-       rst = st; rtok = tok; rleft = left; rtxl = txl; \
-       printf("P replica caught up: state %d token %d\n", rst, rtok) } \
-  :: atomic { !promoted -> \
+/* The promotion of the copy in r*: the record becomes it. */
+#define PROMOTE \
        promoted = true; \
        if :: rst == IN_FLIGHT && live[rtok] -> survived = true :: else -> skip fi; \
        if :: rst == IN_FLIGHT && rtok == tok && rleft < left -> missed[tok] = true :: else -> skip fi; \
        if :: rst != st || rtok != tok || rtxl != txl -> excused = true :: else -> skip fi; \
        st = rst; tok = rtok; left = rleft; txl = rtxl; \
        done_tok = (st == COMPLETED -> tok : 0); \
-       printf("P primary dies; replica promoted: state %d token %d\n", st, tok) }
+       printf("P primary dies; replica promoted: state %d token %d\n", st, tok)
+
+#define FAILOVER_STEPS \
+  :: atomic { !promoted && (rst != st || rtok != tok || rleft != left || rtxl != txl) -> \
+       rst = st; rtok = tok; rleft = left; rtxl = txl; \
+       printf("P replica caught up: state %d token %d\n", rst, rtok) } \
+  :: atomic { !promoted -> PROMOTE } \
+  SECOND_FOLLOWER_STEPS
 
 #if defined(WITNESS) && WITNESS == 4
 /* an acknowledged claim of a live holder survived the failover, and its run completed once */
@@ -419,6 +496,14 @@ end:
 #else
 #define RUNS_ONCE (effects <= 1)                                    /* (1) */
 #define STATUS_TRUE ((st != COMPLETED || effects > 0) && (st != ABSENT || effects == 0))   /* (5) */
+#endif
+
+#ifdef DOUBLE_RUN
+/* For a negative control: property 5 unchecked, so that spin goes on to
+ * the double run it announces (a key read as absent after its work ran is
+ * one claim away from running again) and reports that. */
+#undef STATUS_TRUE
+#define STATUS_TRUE true
 #endif
 
 active proctype Invariants() {

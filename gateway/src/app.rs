@@ -13,17 +13,17 @@ use axum::extract::{Request, State};
 use axum::middleware::from_fn_with_state;
 use axum::response::IntoResponse;
 use axum::routing::{any, get};
-use http::{Method, Response, StatusCode, header};
+use http::{Method, Response, header};
 use idempotency_guard::layer::BodyBudget;
 use idempotency_guard::problem::types;
-use idempotency_guard::store::{AnyStore, StoreKind, StoreOptions};
+use idempotency_guard::store::{AnyStore, StoreOptions};
 use idempotency_guard::{
     AbandonedPolicy, Drain, Engine, FinalResponse, IDEMPOTENCY_KEY, IdempotencyLayer,
     InFlightPolicy, Store,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::config::{Config, ConfigError, RouteKind, seconds};
+use crate::config::{Abandoned, Config, ConfigError, InFlight, OWN_PATHS, RouteKind};
 use crate::forward::{RouteMetrics, Upstream};
 use crate::scope::{Scope, ScopeGate, ScopeSource, establish_scope};
 
@@ -75,9 +75,8 @@ impl Gateway {
         metrics: Option<PrometheusHandle>,
     ) -> Result<Self, GatewayError> {
         Self::check(&config)?;
-        let kind: StoreKind = config.store_kind.parse().map_err(ConfigError::Invalid)?;
         let mut options = StoreOptions::sql(&config.store);
-        options.kind = kind;
+        options.kind = config.store_kind;
         options.redis_url = config.redis.as_deref();
         options.redis_prefix = &config.redis_prefix;
         let keys = config.encryption_keys()?;
@@ -117,27 +116,21 @@ impl Gateway {
     ) -> Result<Self, GatewayError> {
         config.validate()?;
         let p = &config.policy;
-        let in_flight = match p.in_flight.as_str() {
-            "wait" => InFlightPolicy::Wait(seconds("", p.in_flight_wait_seconds)?),
-            _ => InFlightPolicy::Reject,
+        let in_flight = match p.in_flight {
+            InFlight::Wait => InFlightPolicy::Wait(p.in_flight_wait),
+            InFlight::Reject => InFlightPolicy::Reject,
         };
-        let abandoned = match p.abandoned.as_str() {
-            "run-again" => AbandonedPolicy::RunAgain,
-            _ => AbandonedPolicy::Reject,
+        let abandoned = match p.abandoned {
+            Abandoned::RunAgain => AbandonedPolicy::RunAgain,
+            Abandoned::Reject => AbandonedPolicy::Reject,
         };
         let engine = Engine::new(store)
-            .with_lease(seconds("policy.lease_seconds", p.lease_seconds)?)
-            .with_retention(seconds("policy.retention_seconds", p.retention_seconds)?)
-            .with_max_handler_time(seconds(
-                "policy.max_handler_seconds",
-                p.max_handler_seconds,
-            )?)
+            .with_lease(p.lease)
+            .with_retention(p.retention)
+            .with_max_handler_time(p.max_handler_time)
             .with_in_flight(in_flight)
             .with_abandoned(abandoned)
-            .with_retry_after(seconds(
-                "policy.retry_after_seconds",
-                p.retry_after_seconds,
-            )?);
+            .with_retry_after(p.retry_after);
         Ok(Self {
             upstream: Upstream::new(&config)?,
             scope: Arc::new(ScopeSource::from_config(&config.scope)?),
@@ -172,17 +165,11 @@ impl Gateway {
 
     /// The gateway's router. Tests call it with `oneshot`; `serve` binds it
     /// (with `ConnectInfo`, for `X-Forwarded-For`).
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::Invalid`] for a route whose methods do not parse.
-    pub fn router(&self) -> Result<Router, ConfigError> {
+    pub fn router(&self) -> Router {
         let mut app = Router::new();
         let limits = &self.config.limits;
         // One budget for every guarded route's buffered bodies.
         let budget = BodyBudget::new(limits.buffered_body_bytes);
-        let mismatch = StatusCode::from_u16(self.config.policy.mismatch_status)
-            .map_err(|_| ConfigError::Invalid("policy.mismatch_status".to_owned()))?;
         for route in &self.config.routes {
             if route.kind == RouteKind::Jsonrpc {
                 let guarded = crate::jsonrpc::router(
@@ -192,11 +179,11 @@ impl Gateway {
                     &self.scope,
                     limits,
                     &budget,
-                )?;
+                );
                 app = app.merge(guarded);
                 continue;
             }
-            let methods: Arc<[Method]> = route.parsed_methods()?.into();
+            let methods: Arc<[Method]> = route.guarded_methods().into();
             let layer = IdempotencyLayer::with_engine(self.engine.clone())
                 .with_methods(methods.iter().cloned())
                 .with_key_required(route.key_required)
@@ -212,7 +199,7 @@ impl Gateway {
                 .with_body_limit(limits.body_bytes)
                 .with_body_budget(budget.clone())
                 .with_stored_response_limit(limits.stored_response_bytes)
-                .with_mismatch_status(mismatch);
+                .with_mismatch_status(self.config.policy.mismatch_status);
             let proxy = GuardedProxy {
                 metrics: RouteMetrics::new(&route.path),
                 upstream: self.upstream.clone(),
@@ -230,18 +217,16 @@ impl Gateway {
                 .route_layer(from_fn_with_state(gate, establish_scope));
             app = app.merge(guarded);
         }
+        let [healthz_path, readyz_path, metrics_path] = OWN_PATHS;
         let ops = Router::new()
-            .route("/healthz", get(healthz))
-            .route("/readyz", get(readyz))
-            .route("/metrics", get(render_metrics))
+            .route(healthz_path, get(healthz))
+            .route(readyz_path, get(readyz))
+            .route(metrics_path, get(render_metrics))
             .fallback(pass_through)
             .with_state(self.clone());
-        Ok(app.merge(ops))
+        app.merge(ops)
     }
 }
-
-/// The paths the gateway answers itself; they are not forwarded.
-pub const OWN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
 /// The forwarder of one guarded route.
 #[derive(Clone)]

@@ -32,7 +32,7 @@ use hyper_util::rt::TokioExecutor;
 use idempotency_guard::OutcomeUnknown;
 use idempotency_guard::problem::{ProblemType, types};
 
-use crate::config::{Config, ConfigError, HostHeader, seconds};
+use crate::config::{Config, ConfigError, HostHeader};
 use crate::pool::{Http1Pool, SendError};
 
 /// The proxy metrics' names.
@@ -162,15 +162,12 @@ impl Upstream {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Invalid`] for a bad upstream URL or duration.
+    /// [`ConfigError::Invalid`] for a bad upstream URL.
     pub fn new(config: &Config) -> Result<Self, ConfigError> {
         let uri = config.upstream_uri()?;
         let proxy = &config.proxy;
-        let connect_timeout = seconds(
-            "proxy.connect_timeout_seconds",
-            proxy.connect_timeout_seconds,
-        )?;
-        let idle_timeout = seconds("proxy.pool_idle_seconds", proxy.pool_idle_seconds)?;
+        let connect_timeout = proxy.connect_timeout;
+        let idle_timeout = proxy.pool_idle;
         let (scheme, authority) = match (uri.scheme(), uri.authority()) {
             (Some(s), Some(a)) => (s.clone(), a.clone()),
             _ => return Err(ConfigError::Invalid("upstream".to_owned())),
@@ -191,7 +188,7 @@ impl Upstream {
                 proxy.pool_max_idle,
                 idle_timeout,
                 connect_timeout,
-                seconds("proxy.timeout_seconds", proxy.timeout_seconds)?,
+                proxy.timeout,
             )))
         };
         Ok(Self {
@@ -202,7 +199,7 @@ impl Upstream {
             prefix: uri.path().trim_end_matches('/').to_owned(),
             host: proxy.host,
             http2: proxy.http2,
-            timeout: seconds("proxy.timeout_seconds", proxy.timeout_seconds)?,
+            timeout: proxy.timeout,
             connect_timeout,
         })
     }

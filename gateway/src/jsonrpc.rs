@@ -51,7 +51,7 @@ use idempotency_guard::layer::BodyBudget;
 use idempotency_guard::store::AnyStore;
 use idempotency_jsonrpc::{JsonRpcLayer, MissingKey};
 
-use crate::config::{ConfigError, LimitsConfig, RouteConfig};
+use crate::config::{LimitsConfig, RouteConfig};
 use crate::forward::{RouteMetrics, Upstream};
 use crate::scope::{Scope, ScopeGate, ScopeSource, establish_scope};
 
@@ -85,10 +85,6 @@ fn scope_of(parts: &http::request::Parts) -> String {
 
 /// The router of one `jsonrpc` route: scope middleware, then the
 /// [`JsonRpcLayer`] configured from the route, then the forwarder.
-///
-/// # Errors
-///
-/// [`ConfigError::Invalid`] for key sources that do not parse.
 pub(crate) fn router(
     route: &RouteConfig,
     engine: &Engine<AnyStore>,
@@ -96,14 +92,14 @@ pub(crate) fn router(
     scope: &Arc<ScopeSource>,
     limits: &LimitsConfig,
     budget: &BodyBudget,
-) -> Result<Router, ConfigError> {
+) -> Router {
     let missing_key = if route.key_required {
         MissingKey::Refuse
     } else {
         MissingKey::PassThrough
     };
     let mut layer = JsonRpcLayer::new(engine.clone())
-        .with_key_sources(route.parsed_key_sources()?)
+        .with_key_sources(route.key_sources_or_default())
         .with_missing_key(missing_key)
         .with_scope(scope_of)
         .with_body_limit(limits.body_bytes)
@@ -124,8 +120,8 @@ pub(crate) fn router(
         source: Arc::clone(scope),
         methods: Arc::from([Method::POST]),
     };
-    Ok(Router::new()
+    Router::new()
         .route(&route.path, any(forward).with_state(proxy))
         .route_layer(layer)
-        .route_layer(from_fn_with_state(gate, establish_scope)))
+        .route_layer(from_fn_with_state(gate, establish_scope))
 }

@@ -105,8 +105,8 @@ pub mod scope;
 pub mod serve;
 pub mod target;
 
-pub use app::{Gateway, GatewayError, OWN_PATHS};
-pub use config::{Config, ConfigError};
+pub use app::{Gateway, GatewayError};
+pub use config::{Config, ConfigError, OWN_PATHS};
 pub use serve::{serve, shutdown_signal};
 
 /// Describes the proxy's metrics for exporters that show help text (the

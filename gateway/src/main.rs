@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use idempotency_gateway::config::Config;
+use idempotency_gateway::config::{Config, ConfigError};
 use idempotency_gateway::{Gateway, GatewayError, serve, shutdown_signal};
 use idempotency_guard::store::encrypted::{
     REQUIRE_SEALED_VARIABLE, require_sealed_from_environment,
@@ -117,7 +117,12 @@ fn configure(cli: &Cli) -> anyhow::Result<Config> {
         config.redis = Some(url.clone());
     }
     if let Some(kind) = &cli.store_kind {
-        config.store_kind.clone_from(kind);
+        // Parsed here, not by clap, so a bad value is one line, as in the
+        // file.
+        config.store_kind = kind
+            .parse()
+            .map_err(ConfigError::Invalid)
+            .with_context(|| format!("{path}"))?;
     }
     if std::env::var_os(REQUIRE_SEALED_VARIABLE).is_some() {
         config.require_sealed = require_sealed_from_environment()?;

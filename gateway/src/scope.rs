@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderName, Method, Response, header};
 use idempotency_guard::problem::types;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
-use crate::config::{ConfigError, ScopeConfig};
+use crate::config::{ConfigError, ScopeConfig, ScopeFrom};
 
 /// The scope established for a request, put in its extensions for the
 /// guard's scope function.
@@ -128,22 +128,19 @@ impl ScopeSource {
     ///
     /// [`ConfigError::Invalid`] or [`ConfigError::JwtKey`].
     pub fn from_config(config: &ScopeConfig) -> Result<Self, ConfigError> {
-        match config.from.as_str() {
-            "fixed" if valid_scope(&config.value) => Ok(Self::Fixed(config.value.clone())),
-            "fixed" => Err(ConfigError::Invalid(
+        match config.from {
+            ScopeFrom::Fixed if valid_scope(&config.value) => Ok(Self::Fixed(config.value.clone())),
+            ScopeFrom::Fixed => Err(ConfigError::Invalid(
                 "scope.value: 1 to 255 bytes".to_owned(),
             )),
-            "header" => {
-                let name = config.header.as_deref().ok_or_else(|| {
+            ScopeFrom::Header => {
+                let name = config.header.clone().ok_or_else(|| {
                     ConfigError::Invalid("scope.from = header needs scope.header".to_owned())
                 })?;
-                let name = HeaderName::try_from(name)
-                    .map_err(|_| ConfigError::Invalid(format!("scope.header {name:?}")))?;
                 Ok(Self::Header(name))
             }
-            "jwt" => {
-                let algorithm: Algorithm =
-                    config.jwt_algorithm.parse().map_err(ConfigError::JwtKey)?;
+            ScopeFrom::Jwt => {
+                let algorithm = config.jwt_algorithm;
                 let key = jwt_key(config, algorithm)?;
                 let mut verifier = JwtVerifier::new(key, algorithm);
                 if let Some(issuer) = &config.jwt_issuer {
@@ -154,9 +151,6 @@ impl ScopeSource {
                 }
                 Ok(Self::Jwt(Box::new(verifier)))
             }
-            other => Err(ConfigError::Invalid(format!(
-                "scope.from {other:?}: fixed, header or jwt"
-            ))),
         }
     }
 

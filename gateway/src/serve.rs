@@ -24,8 +24,8 @@ use idempotency_guard::problem::{ProblemType, types};
 use idempotency_guard::server::{BodyTimeoutLayer, Server};
 use tokio::net::TcpListener;
 
-use crate::app::{Gateway, OWN_PATHS};
-use crate::config::{ConfigError, seconds};
+use crate::app::Gateway;
+use crate::config::{ConfigError, OWN_PATHS, RouteNotGuarded};
 use crate::forward::{ClientAddress, RouteMetrics, Upstream};
 use crate::target;
 
@@ -168,11 +168,7 @@ pub async fn serve(
     let invalid = |error: ConfigError| std::io::Error::new(std::io::ErrorKind::InvalidInput, error);
     let config = gateway.config();
     let server = &config.server;
-    let body_deadline = seconds("server.body_seconds", server.body_seconds).map_err(invalid)?;
-    let router = gateway
-        .router()
-        .map_err(invalid)?
-        .layer(BodyTimeoutLayer::new(body_deadline));
+    let router = gateway.router().layer(BodyTimeoutLayer::new(server.body));
     let mut guarded = matchit::Router::new();
     for route in &config.routes {
         guarded.insert(route.path.as_str(), ()).map_err(|error| {
@@ -185,25 +181,16 @@ pub async fn serve(
     let (upstream, unguarded) = gateway.pass_through();
     let mut guarded_methods: Vec<Method> = Vec::new();
     for route in &config.routes {
-        for method in route.parsed_methods().map_err(invalid)? {
+        for method in route.guarded_methods() {
             if !guarded_methods.contains(&method) {
                 guarded_methods.push(method);
             }
         }
     }
     let bounds = Server::new()
-        .with_header_read_timeout(
-            seconds("server.header_read_seconds", server.header_read_seconds).map_err(invalid)?,
-        )
-        .with_idle_timeout(seconds("server.idle_seconds", server.idle_seconds).map_err(invalid)?)
-        .with_http2_keep_alive(
-            seconds("server.http2_ping_seconds", server.http2_ping_seconds).map_err(invalid)?,
-            seconds(
-                "server.http2_ping_timeout_seconds",
-                server.http2_ping_timeout_seconds,
-            )
-            .map_err(invalid)?,
-        )
+        .with_header_read_timeout(server.header_read)
+        .with_idle_timeout(server.idle)
+        .with_http2_keep_alive(server.http2_ping, server.http2_ping_timeout)
         .with_max_connections(server.max_connections.max(1))
         .with_max_uri_bytes(server.max_uri_bytes)
         .with_max_header_bytes(server.max_header_bytes);
@@ -211,7 +198,7 @@ pub async fn serve(
         router,
         guarded,
         guarded_methods,
-        refuse_unguarded_keys: config.policy.route_not_guarded == "refuse",
+        refuse_unguarded_keys: config.policy.route_not_guarded == RouteNotGuarded::Refuse,
         upstream,
         unguarded,
     });

@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use crate::{Fingerprint, Record, RecordState};
+use crate::fingerprint::Fingerprint;
+use crate::record::{Record, RecordState};
 
 /// What to do when a key's earlier run was abandoned (its lease ended
 /// before it completed, or the guard cut it off).
@@ -111,7 +112,7 @@ pub(crate) fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{LeaseToken, StoredResponse};
+    use crate::record::{LeaseToken, StoredResponse};
     use bytes::Bytes;
     use http::{HeaderMap, StatusCode};
     use time::OffsetDateTime;

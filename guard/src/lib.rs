@@ -206,7 +206,7 @@ pub mod telemetry;
 pub mod transaction {
     //! Transactional mode (PostgreSQL): the handler's writes and its stored
     //! response commit in one transaction (see [`Tx`]). The engine's half is
-    //! `engine/transaction.rs`, the axum extractor's `layer/tx.rs`.
+    //! `engine/transaction/`, the axum extractor's `layer/tx.rs`.
 
     pub use crate::engine::transaction::{Tx, TxRejection};
 }
@@ -222,10 +222,10 @@ pub use layer::{FinalResponse, IdempotencyLayer, IdempotencyService, OutcomeUnkn
 pub use migrate::{MIGRATIONS_TABLE, MigrationError};
 pub use problem::Rejection;
 pub use purge::{purge_expired, purge_periodically};
-pub use record::{CorruptRecord, Record, RecordState, StoredResponse};
+pub use record::{CorruptRecord, LeaseToken, Record, RecordState, StoredResponse};
 pub use replay::{RedactFn, ReplayPolicy};
 pub use response::{IDEMPOTENT_REPLAYED, default_stored_status};
-pub use store::{AnyStore, LeaseToken, Purge, Store, StoreError};
+pub use store::{AnyStore, Purge, Store, StoreError};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use transaction::Tx;

@@ -1,11 +1,47 @@
-//! What a store holds for one `(scope, key)`: [`Record`], its [`RecordState`]
-//! and the [`StoredResponse`] replayed to retries.
+//! What a store holds for one `(scope, key)`: [`Record`], its [`RecordState`],
+//! the [`LeaseToken`] that fences its writes and the [`StoredResponse`]
+//! replayed to retries.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use time::OffsetDateTime;
 
-use crate::{Fingerprint, LeaseToken};
+use std::fmt;
+
+use crate::fingerprint::Fingerprint;
+
+/// The random token that identifies one lease on a record.
+///
+/// Every write after the claim (complete, renew, release, take over) names
+/// the token it holds; a store refuses the write when the record's token is
+/// another one. That fence is what keeps a holder that lost its lease from
+/// overwriting the record of the request that took over.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseToken(uuid::Uuid);
+
+impl LeaseToken {
+    /// Draws a new random token.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        Self(uuid::Uuid::new_v4())
+    }
+
+    /// Wraps a token read from a store.
+    pub fn from_uuid(uuid: uuid::Uuid) -> Self {
+        Self(uuid)
+    }
+
+    /// The token as a UUID.
+    pub fn as_uuid(&self) -> uuid::Uuid {
+        self.0
+    }
+}
+
+impl fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeaseToken({})", self.0)
+    }
+}
 
 /// The state of a record, as the status service reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

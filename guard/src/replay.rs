@@ -40,8 +40,8 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 
-use crate::StoredResponse;
 use crate::problem::types;
+use crate::record::StoredResponse;
 use axum::response::IntoResponse;
 
 /// The stored header that marks a status-only response (a store keeps it
@@ -250,7 +250,7 @@ impl ReplayPolicy {
             response
         };
         response.headers_mut().insert(
-            crate::IDEMPOTENT_REPLAYED.clone(),
+            crate::response::IDEMPOTENT_REPLAYED.clone(),
             HeaderValue::from_static("true"),
         );
         response

@@ -14,6 +14,7 @@ pub mod broker_server;
 pub mod fixtures;
 pub mod mcp_sdk;
 pub mod partition;
+pub mod postgres_replication;
 pub mod postgres_server;
 pub mod process;
 pub mod programs;
@@ -31,6 +32,7 @@ pub use fixtures::{
     sqlite, sqlite_memory, tiered, valkey,
 };
 pub use partition::Partition;
+pub use postgres_replication::{Commit, ReplicatedPostgres};
 pub use postgres_server::PostgresServer;
 pub use process::Process;
 pub use proxy::{Faults, FaultyProxy, ProxyCounts};

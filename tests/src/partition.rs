@@ -18,6 +18,7 @@ pub struct Partition {
     pub address: SocketAddr,
     cut: Arc<AtomicBool>,
     reply_delay_ms: Arc<AtomicU64>,
+    target: Arc<Mutex<SocketAddr>>,
     connections: Arc<Mutex<Vec<AbortHandle>>>,
     accept: AbortHandle,
 }
@@ -35,9 +36,11 @@ impl Partition {
         let address = listener.local_addr().expect("a local address");
         let cut = Arc::new(AtomicBool::new(false));
         let reply_delay_ms = Arc::new(AtomicU64::new(0));
+        let target = Arc::new(Mutex::new(target));
         let connections: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
         let accept = tokio::spawn({
             let cut = Arc::clone(&cut);
+            let target = Arc::clone(&target);
             let connections = Arc::clone(&connections);
             let reply_delay_ms = Arc::clone(&reply_delay_ms);
             async move {
@@ -46,6 +49,7 @@ impl Partition {
                         continue; // dropped: the connection is refused
                     }
                     let delay = Arc::clone(&reply_delay_ms);
+                    let target = *target.lock().unwrap_or_else(PoisonError::into_inner);
                     let forward = tokio::spawn(async move {
                         if let Ok(outbound) = TcpStream::connect(target).await {
                             forward(inbound, outbound, delay).await;
@@ -63,9 +67,17 @@ impl Partition {
             address,
             cut,
             reply_delay_ms,
+            target,
             connections,
             accept,
         }
+    }
+
+    /// Sends new connections to `target` from now on (a virtual IP or a
+    /// DNS name moved to another server, a proxy that follows a failover);
+    /// connections already open stay where they are.
+    pub fn redirect(&self, target: SocketAddr) {
+        *self.target.lock().unwrap_or_else(PoisonError::into_inner) = target;
     }
 
     /// Holds every reply from the server back by `delay` before passing it

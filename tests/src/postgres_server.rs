@@ -82,6 +82,41 @@ fn run(program: &Path, args: &[&str]) -> std::process::Output {
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()))
 }
 
+/// Has a watchdog stop the server whose data directory is `dir/data` and
+/// remove `dir` once the test process exits, however it exits (a server
+/// dropped before then is already stopped and its directory gone).
+fn watch(dir: &Path) {
+    // Immediate shutdown (SIGQUIT), then SIGKILL if it lingers.
+    let pid_file = crate::watchdog::shell_quote(&format!("{}/data/postmaster.pid", dir.display()));
+    let quoted = crate::watchdog::shell_quote(&dir.display().to_string());
+    crate::watchdog::run_at_exit(&format!(
+        "pid=$(head -n 1 {pid_file} 2>/dev/null)\n\
+         if [ -n \"$pid\" ]; then\n\
+           kill -QUIT \"$pid\" 2>/dev/null\n\
+           for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 \"$pid\" 2>/dev/null || break; sleep 0.3; done\n\
+           kill -9 \"$pid\" 2>/dev/null\n\
+         fi\n\
+         rm -rf {quoted}"
+    ));
+}
+
+/// Gives `dir` to the `postgres` user, who must own what the server writes.
+fn own(dir: &Path) {
+    let _ = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(dir)
+        .status();
+    let _ = Command::new("chmod").args(["755"]).arg(dir).status();
+}
+
+/// A fresh temporary directory for one server.
+fn server_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("idempotency-pg-")
+        .tempdir()
+        .expect("a temporary directory")
+}
+
 impl PostgresServer {
     /// Creates a cluster (trust auth) and starts it on a free port.
     ///
@@ -113,37 +148,109 @@ impl PostgresServer {
         server.port
     }
 
+    /// Creates a cluster (trust auth) with extra `postgres` settings
+    /// (`"-c name=value"` each) and starts it on a free port.
+    ///
+    /// # Panics
+    ///
+    /// When the binaries are missing or the server does not start.
+    pub fn start_with_settings(settings: &[&str]) -> Self {
+        Self::start_with(settings, false)
+    }
+
+    /// A streaming standby of the server at `primary` (a hot standby,
+    /// trust auth): a base backup taken over the replication protocol
+    /// (`pg_basebackup -R`, which writes `standby.signal` and a
+    /// `primary_conninfo` with `application_name=name`, the name
+    /// `synchronous_standby_names` lists), started on a free port with
+    /// extra `settings`.
+    ///
+    /// # Panics
+    ///
+    /// When the base backup fails or the standby does not start.
+    pub fn standby_of(primary: std::net::SocketAddr, name: &str, settings: &[&str]) -> Self {
+        let bin = binaries();
+        let dir = server_dir();
+        watch(dir.path());
+        own(dir.path());
+        let data = dir.path().join("data");
+        let connection = format!("application_name={name}");
+        let port = primary.port().to_string();
+        let host = primary.ip().to_string();
+        let backup = run(
+            &bin.join("pg_basebackup"),
+            &[
+                "-h",
+                &host,
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                data.to_str().unwrap_or_default(),
+                "-X",
+                "stream",
+                "-R",
+                "-d",
+                &connection,
+            ],
+        );
+        assert!(
+            backup.status.success(),
+            "pg_basebackup failed: {}",
+            String::from_utf8_lossy(&backup.stderr)
+        );
+        let server = Self {
+            port: crate::process::free_address().port(),
+            bin,
+            data,
+            settings: settings.join(" "),
+            detached: false,
+            _dir: Some(dir),
+        };
+        server.start_again();
+        server
+    }
+
+    /// Its address (127.0.0.1 and its port).
+    pub fn address(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// Promotes a standby to a primary (`pg_ctl promote`): it replays
+    /// every write it has received, then takes writes itself.
+    ///
+    /// # Panics
+    ///
+    /// When the promotion fails or does not finish within 30 s.
+    pub fn promote(&self) {
+        let promoted = run(
+            &self.bin.join("pg_ctl"),
+            &[
+                "-D",
+                self.data.to_str().unwrap_or_default(),
+                "-w",
+                "-t",
+                "30",
+                "promote",
+            ],
+        );
+        assert!(
+            promoted.status.success(),
+            "pg_ctl promote failed: {}",
+            String::from_utf8_lossy(&promoted.stderr)
+        );
+    }
+
     /// Creates and starts a cluster with extra `settings`; `until_exit`
-    /// leaves stopping it and removing its directory to a watchdog that
-    /// acts when the test process exits.
+    /// leaves stopping it to the watchdog that acts when the test process
+    /// exits (every server has one: it also stops a server whose process
+    /// ended without dropping it).
     fn start_with(settings: &[&str], until_exit: bool) -> Self {
         let bin = binaries();
-        let dir = tempfile::Builder::new()
-            .prefix("idempotency-pg-")
-            .tempdir()
-            .expect("a temporary directory");
-        if until_exit {
-            // Immediate shutdown (SIGQUIT), then SIGKILL if it lingers.
-            let data = dir.path().join("data");
-            let pid_file =
-                crate::watchdog::shell_quote(&format!("{}/postmaster.pid", data.display()));
-            let quoted = crate::watchdog::shell_quote(&dir.path().display().to_string());
-            crate::watchdog::run_at_exit(&format!(
-                "pid=$(head -n 1 {pid_file} 2>/dev/null)\n\
-                 if [ -n \"$pid\" ]; then\n\
-                   kill -QUIT \"$pid\" 2>/dev/null\n\
-                   for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 \"$pid\" 2>/dev/null || break; sleep 0.3; done\n\
-                   kill -9 \"$pid\" 2>/dev/null\n\
-                 fi\n\
-                 rm -rf {quoted}"
-            ));
-        }
-        // The postgres user must own the directory it writes to.
-        let _ = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(dir.path())
-            .status();
-        let _ = Command::new("chmod").args(["755"]).arg(dir.path()).status();
+        let dir = server_dir();
+        watch(dir.path());
+        own(dir.path());
         let data = dir.path().join("data");
         let init = run(
             &bin.join("initdb"),

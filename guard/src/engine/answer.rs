@@ -25,7 +25,7 @@
 
 use std::time::Duration;
 
-use crate::StoredResponse;
+use crate::record::StoredResponse;
 use crate::telemetry::Outcome;
 
 /// How the work ended, as the work tells the engine: keep its outcome

@@ -25,7 +25,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Fingerprint, StoredResponse};
+use crate::fingerprint::Fingerprint;
+use crate::record::StoredResponse;
 
 /// How long a copy of a record read from the store may live: what is left
 /// of its retention, on the store's clock when it was read (the cache's

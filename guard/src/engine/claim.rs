@@ -14,8 +14,8 @@ use super::cache::{Hit, lives};
 use super::release::PendingClaim;
 use super::{Answer, Engine, Job, Refusal};
 use crate::decision::{Decision, InFlightPolicy, decide};
-use crate::store::{Claim, Lease, LeaseToken, NewRecord, Store, StoreError};
-use crate::{Record, RecordState};
+use crate::record::{LeaseToken, Record, RecordState};
+use crate::store::{Claim, Lease, NewRecord, Store, StoreError};
 
 /// How many times one run claims again after losing a race (the record
 /// changed between two reads) before it answers in-flight.

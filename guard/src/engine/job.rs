@@ -2,7 +2,8 @@
 //! scope and key it runs under, the request's fingerprint, and what the
 //! status service and the metrics show).
 
-use crate::{Fingerprint, IdempotencyKey, Scope};
+use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
 
 /// One request to run some work once: the key it runs under and what
 /// identifies the request (so a reuse of the key for another request is

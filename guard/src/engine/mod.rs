@@ -96,7 +96,7 @@ pub(crate) use timed::timed;
 #[cfg_attr(not(feature = "postgres"), allow(unused_imports))]
 pub(crate) use transaction::transactional_settings;
 
-use crate::StoredResponse;
+use crate::record::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 use crate::telemetry::MetricHandles;
 

@@ -108,7 +108,7 @@ impl<S: Store> Engine<S> {
                     {
                         Ok(Some(record))
                             if record.lease_token == lease.token
-                                && record.state() == crate::RecordState::Completed =>
+                                && record.state() == crate::record::RecordState::Completed =>
                         {
                             Ok(())
                         }

@@ -41,7 +41,7 @@
 //! works as it always did; but they are not copied here. The engine writes
 //! each builder once, docs included, in a list its macro hands to a
 //! callback (`engine_settings!` in `engine/config.rs`,
-//! `transactional_settings!` in `engine/transaction.rs`), and the layer
+//! `transactional_settings!` in `engine/transaction/`), and the layer
 //! expands that list into forwarders. A new engine setting is one edit, in
 //! the engine, and the layer has it with the engine's docs. (A closure, as
 //! in `layer.map_engine(|e| e.with_lease(..))`, would have needed every

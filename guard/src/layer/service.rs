@@ -22,11 +22,13 @@ use super::classify::classify;
 use super::future::ResponseFuture;
 use super::layer::Config;
 use crate::engine::{Answer, Engine, Job, RunContext, Settle};
+use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, KeyError, Scope};
 use crate::problem::Rejection;
+use crate::record::StoredResponse;
 use crate::response::{BoxError, headers_to_store};
 use crate::store::Store;
 use crate::telemetry::{Outcome, Tally, attempt_label};
-use crate::{Fingerprint, IdempotencyKey, KeyError, Scope, StoredResponse};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a route.
 pub struct IdempotencyService<S, I> {
@@ -311,7 +313,7 @@ fn path_and_query(parts: &Parts) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::IdempotencyLayer;
+    use crate::layer::IdempotencyLayer;
     use tower::Layer as _;
 
     /// The bytes a request's futures take: the layer's (the guarded path

@@ -1,6 +1,6 @@
 //! Transactional mode, the axum half: the [`Tx`] extractor (the run's
 //! transaction, from the request's extensions) and the problem+json answer
-//! of a [`TxRejection`]. The engine's half is `engine/transaction.rs`.
+//! of a [`TxRejection`]. The engine's half is `engine/transaction/`.
 
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
 use super::{ProblemType, types};
-use crate::KeyError;
+use crate::key::KeyError;
 
 /// Why the guard answered instead of the handler.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,21 +1,15 @@
-//! [`AdminStore`]: what an operator may do to one record, beside the
-//! guard's own operations (a sub-trait, so the core [`Store`] stays small).
+//! What [`AdminStore`] trades in: which records a listing returns
+//! ([`StateFilter`], [`PageRequest`], [`Page`]) and which a forget may
+//! delete ([`ForgetRule`], [`Forgotten`]).
 //!
-//! The key-status service's admin API (`/v1/admin/keys`) is built on it:
-//! list a scope's records (to find stuck, abandoned keys), and forget one
-//! record so that its key may run again.
-//!
-//! Every operation is one atomic step, like the core trait's: a forget
-//! decides and deletes in one statement (SQL) or one script (Redis), so a
-//! record that a request claims, renews or completes at the same moment is
-//! never deleted on the strength of a state it no longer has. A record
-//! whose lease is live is never forgotten, whatever the rule: its handler
-//! is running, and deleting the record would let a retry run beside it.
+//! The trait itself is declared with the store's other contracts, in
+//! `store/mod.rs` (a sub-trait, so the core [`Store`](crate::store::Store)
+//! stays small); it is named here too, the path the admin API imports.
 
-use std::future::Future;
+use crate::record::{Record, RecordState};
 
-use crate::store::{Store, StoreError};
-use crate::{Record, RecordState};
+/// Operators' operations on records (declared in `store/mod.rs`).
+pub use crate::store::AdminStore;
 
 /// The most records one page of [`AdminStore::list`] holds.
 pub const MAX_PAGE: u32 = 1000;
@@ -162,58 +156,6 @@ pub enum Forgotten {
     Refused(RecordState),
     /// There is no record of that key in that scope.
     Missing,
-}
-
-/// Operators' operations on records: listing and forgetting.
-///
-/// Implemented by every store (and by [`AnyStore`](crate::store::AnyStore));
-/// the conformance suite in `tests/it/admin_suite.rs` holds each to the
-/// same behaviour.
-pub trait AdminStore: Store {
-    /// Lists the records of `scope` that pass `filter` and are not past
-    /// their retention, by key in byte order, one page at a time.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] when the store fails.
-    fn list(
-        &self,
-        scope: &str,
-        filter: StateFilter,
-        page: PageRequest<'_>,
-    ) -> impl Future<Output = Result<Page, StoreError>> + Send;
-
-    /// Deletes the record of `(scope, key)` if `rule` allows its state, in
-    /// one atomic step, and wakes requests waiting for it.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] when the store fails.
-    fn forget(
-        &self,
-        scope: &str,
-        key: &str,
-        rule: ForgetRule,
-    ) -> impl Future<Output = Result<Forgotten, StoreError>> + Send;
-
-    /// Which of `keys` of `scope` a run holds without any committed record,
-    /// one answer per key in order: PostgreSQL's single-commit mode holds a
-    /// running key by an advisory lock alone, so a key without a record
-    /// may still be in flight. Stores without such runs answer `false`
-    /// for every key (the default).
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] when the store fails.
-    fn held_without_record(
-        &self,
-        scope: &str,
-        keys: &[&str],
-    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
-        let _ = scope;
-        let held = vec![false; keys.len()];
-        async move { Ok(held) }
-    }
 }
 
 #[cfg(test)]

@@ -1,15 +1,60 @@
-//! The [`Store`] trait: a small set of atomic operations on records, and
-//! the types they trade in. One file per backend lives under `store/`.
+//! Where records live: the contracts every store implements, in this file,
+//! and the stores, one folder or file each.
 //!
 //! Every operation is one atomic step in its store. None of them decides
-//! policy: the layer reads what [`Store::claim`] returns and asks
+//! policy: the engine reads what [`Store::claim`] returns and asks
 //! `decision::decide` (a pure function) what to do.
+//!
+//! # The contracts
+//!
+//! | trait | implemented by | called by |
+//! |---|---|---|
+//! | [`Store`] | each backend's direct store and every wrapper | the engine |
+//! | [`Purge`] | every store | [`purge_expired`](crate::purge_expired) |
+//! | `TransactionalStore` (PostgreSQL) | the stores with PostgreSQL behind them | the engine, in transactional mode |
+//! | [`AdminStore`] | every store | the key-status service's admin API |
+//! | [`BatchedStore`] (+ [`ClaimItem`]) | each backend's direct store | [`Batched`](batch::Batched) alone |
+//! | `RecordCache` (Redis) | the Redis store | `TieredStore` alone |
+//!
+//! Each trait's own documentation says more on both sides. The record they
+//! trade in, and the [`LeaseToken`] that fences its writes, live in
+//! `record.rs`.
+//!
+//! # How a store is laid out
+//!
+//! A backend is a folder, one file per role, each with its tests
+//! (`postgres/`, `sqlite/` and `redis/` are the models):
+//!
+//! - `mod.rs`: the module documentation (the data model, what one
+//!   operation costs, durability); the direct store (`PostgresRecords`),
+//!   the public alias that batches it (`pub type PostgresStore =
+//!   Batched<PostgresRecords>`) and the builders on that alias; the
+//!   [`Store`] and [`Purge`] implementations, with the statements or
+//!   scripts they send.
+//! - `batch.rs`: the [`BatchedStore`] implementation (many claims or
+//!   completions in one statement, transaction or pipeline) and what only
+//!   it sends.
+//! - `admin.rs`: the [`AdminStore`] implementation (the operators'
+//!   listing and forgetting) and what only it sends.
+//! - a file for each piece of the backend's own: the record's layout
+//!   (`redis/codec.rs`), scripts (`redis/scripts.rs`, `redis/lua/`), the
+//!   single-claim path (`redis/claim.rs`), the connection
+//!   (`redis/connection.rs`), replica acknowledgements
+//!   (`redis/replicas.rs`), the tiered store's side (`redis/cache.rs`),
+//!   single-commit mode (`postgres/single_commit.rs`).
+//!
+//! A store imports the contracts from this file and the record from
+//! `crate::record`, never another backend; what the two SQL stores share
+//! is in `sql.rs`. No file here is over about 600 lines unless its first
+//! lines say why. A new backend also joins [`AnyStore`] (`any/mod.rs`: its
+//! [`Backend`] variant) and the conformance suites in `guard/tests/it/`.
 
-use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
+use crate::events::RecordEvents;
+use crate::fingerprint::Fingerprint;
+use crate::record::{Record, StoredResponse};
 
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -33,7 +78,7 @@ mod settings;
 pub use settings::{SettingNames, SettingsError};
 
 pub mod admin;
-pub use admin::AdminStore;
+use admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter};
 
 pub mod batch;
 pub use batch::{BatchCounts, BatchLimits, BatchStats};
@@ -41,38 +86,9 @@ pub use batch::{BatchCounts, BatchLimits, BatchStats};
 pub mod encrypted;
 pub use encrypted::{EncryptedStore, EncryptionKeys};
 
-/// The random token that identifies one lease on a record.
-///
-/// Every write after the claim (complete, renew, release, take over) names
-/// the token it holds; a store refuses the write when the record's token is
-/// another one. That fence is what keeps a holder that lost its lease from
-/// overwriting the record of the request that took over.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LeaseToken(uuid::Uuid);
-
-impl LeaseToken {
-    /// Draws a new random token.
-    #[allow(clippy::new_without_default)]
-    pub fn new() -> Self {
-        Self(uuid::Uuid::new_v4())
-    }
-
-    /// Wraps a token read from a store.
-    pub fn from_uuid(uuid: uuid::Uuid) -> Self {
-        Self(uuid)
-    }
-
-    /// The token as a UUID.
-    pub fn as_uuid(&self) -> uuid::Uuid {
-        self.0
-    }
-}
-
-impl fmt::Debug for LeaseToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LeaseToken({})", self.0)
-    }
-}
+/// The token that fences a lease's writes (declared with the record it
+/// belongs to; here for the path `store::LeaseToken`).
+pub use crate::record::LeaseToken;
 
 /// A held lease: the right to complete, renew or release one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,6 +187,26 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+impl StoreError {
+    /// The same error for every item of a failed batch (a store's source
+    /// error is not `Clone`: its message is kept).
+    pub(crate) fn for_each_item(&self) -> StoreError {
+        match self {
+            StoreError::LeaseLost => StoreError::LeaseLost,
+            StoreError::Timeout(bound) => StoreError::Timeout(*bound),
+            StoreError::Corrupt(corrupt) => StoreError::Corrupt(*corrupt),
+            StoreError::Unsupported(what) => StoreError::Unsupported(what),
+            StoreError::NotReplicated { wanted, acked } => StoreError::NotReplicated {
+                wanted: *wanted,
+                acked: *acked,
+            },
+            StoreError::Unavailable(source) => {
+                StoreError::Unavailable(format!("the batch failed: {source}").into())
+            }
+        }
+    }
+}
+
 /// The atomic operations the engine needs from a place that keeps records.
 ///
 /// Capabilities that not every caller needs are traits of their own:
@@ -181,6 +217,15 @@ impl From<sqlx::Error> for StoreError {
 /// `take_over`, `complete`, `renew` and `release` change the record only
 /// when it still carries the named lease token. The conformance suite in
 /// `tests/it/store_suite.rs` holds every implementation to this.
+///
+/// Implemented by each backend's direct store (`PostgresRecords`,
+/// `SqliteRecords`, `RedisRecords`) and by every store that wraps another
+/// ([`Batched`](batch::Batched), [`EncryptedStore`],
+/// `TieredStore`, [`AnyStore`]). Called by the
+/// engine: the claim and take-over (`engine/claim.rs`), renewals
+/// (`engine/supervise.rs`), the completion or release (`engine/settle.rs`,
+/// `engine/release.rs`) and the reads of a waiting request; the status
+/// service reads through [`Store::get`] and [`Store::get_many`].
 pub trait Store: Clone + Send + Sync + 'static {
     /// Creates the record for `new` if `(scope, key)` has none, and returns
     /// the lease; otherwise returns the existing record untouched.
@@ -261,14 +306,25 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn events(&self) -> &RecordEvents;
 }
 
-/// A store that can delete the records past their retention (every store
-/// here; Redis does it by itself and answers 0). See [`purge_periodically`](crate::purge_periodically).
+/// A store that can delete the records past their retention.
+///
+/// Implemented by every store here (Redis expires records by itself and
+/// answers 0; the wrappers pass it to the store they wrap). Called by
+/// [`purge_expired`](crate::purge_expired) and
+/// [`purge_periodically`](crate::purge_periodically), which the app or the
+/// status service runs.
 pub trait Purge: Store {
     /// Deletes up to `limit` records past their retention; returns how many.
     fn purge(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
 
 /// A store with PostgreSQL behind it, for transactional mode.
+///
+/// Implemented by [`PostgresStore`](postgres::PostgresStore),
+/// `TieredStore` and [`AnyStore`] (which answers
+/// `None` when its backend has no PostgreSQL). Called by the engine's
+/// transactional half (`engine/transaction/postgres.rs`) and by
+/// `IdempotencyLayer::with_transactional_mode`, which requires it.
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub trait TransactionalStore: Store {
@@ -285,4 +341,190 @@ pub trait TransactionalStore: Store {
         let _ = lease;
         async {}
     }
+}
+
+/// Operators' operations on records: listing and forgetting.
+///
+/// Implemented by every store: each backend's direct store (its
+/// `admin.rs`), the wrappers, which pass it on (the tiered store also
+/// deletes the cached copy), and [`AnyStore`]; the conformance suite in
+/// `tests/it/admin_suite.rs` holds each to the same behaviour. Called by
+/// the key-status service's admin API (`/v1/admin/keys`): list a scope's
+/// records (to find stuck, abandoned keys), and forget one record so that
+/// its key may run again. The types it trades in are in [`admin`].
+///
+/// Every operation is one atomic step, like the core trait's: a forget
+/// decides and deletes in one statement (SQL) or one script (Redis), so a
+/// record that a request claims, renews or completes at the same moment is
+/// never deleted on the strength of a state it no longer has. A record
+/// whose lease is live is never forgotten, whatever the rule: its handler
+/// is running, and deleting the record would let a retry run beside it.
+pub trait AdminStore: Store {
+    /// Lists the records of `scope` that pass `filter` and are not past
+    /// their retention, by key in byte order, one page at a time.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the store fails.
+    fn list(
+        &self,
+        scope: &str,
+        filter: StateFilter,
+        page: PageRequest<'_>,
+    ) -> impl Future<Output = Result<Page, StoreError>> + Send;
+
+    /// Deletes the record of `(scope, key)` if `rule` allows its state, in
+    /// one atomic step, and wakes requests waiting for it.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the store fails.
+    fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        rule: ForgetRule,
+    ) -> impl Future<Output = Result<Forgotten, StoreError>> + Send;
+
+    /// Which of `keys` of `scope` a run holds without any committed record,
+    /// one answer per key in order: PostgreSQL's single-commit mode holds a
+    /// running key by an advisory lock alone, so a key without a record
+    /// may still be in flight. Stores without such runs answer `false`
+    /// for every key (the default).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the store fails.
+    fn held_without_record(
+        &self,
+        scope: &str,
+        keys: &[&str],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
+        let _ = scope;
+        let held = vec![false; keys.len()];
+        async move { Ok(held) }
+    }
+}
+
+/// A store that can send many claims, or many completions, at once: one
+/// result per item, in the order of the items.
+///
+/// Implemented by each backend's direct store, the one that sends every
+/// call on its own (`PostgresRecords`, `SqliteRecords`, `RedisRecords`,
+/// in their `batch.rs`). Called by [`Batched`](batch::Batched) alone,
+/// which wraps such a store and feeds it the batches its batchers gather
+/// (`store/batch/`); nothing else sends a batch. A backend's public store
+/// is `Batched` over its direct store (`pub type PostgresStore =
+/// Batched<PostgresRecords>`).
+///
+/// Each item gets the answer it would get alone, fencing included; when the
+/// whole batch fails (the store is unreachable, the statement failed), the
+/// method answers one error and nothing was written for any item.
+pub trait BatchedStore: Store {
+    /// A completion waiting in a batch, in the store's own encoding.
+    type Completion: Send + 'static;
+
+    /// The completion of `lease` with `response`, as a batch carries it.
+    fn completion(&self, lease: &Lease, response: &StoredResponse) -> Self::Completion;
+
+    /// Claims every item: the batch's one statement, script or transaction.
+    fn claim_batch(
+        &self,
+        items: Vec<ClaimItem>,
+    ) -> impl Future<Output = Result<Vec<Result<Claim, StoreError>>, StoreError>> + Send;
+
+    /// Completes every item, fenced per item.
+    fn complete_batch(
+        &self,
+        items: Vec<Self::Completion>,
+    ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send;
+}
+
+/// A claim waiting in a batch: an owned [`NewRecord`].
+///
+/// Made by [`Batched`](batch::Batched) when a claim queues for the next
+/// batch (the caller's [`NewRecord`] borrows from its request); read by a
+/// backend's [`BatchedStore::claim_batch`], through its fields inside the
+/// crate or as a [`NewRecord`] again ([`ClaimItem::as_new`]).
+#[derive(Debug, Clone)]
+pub struct ClaimItem {
+    pub(crate) scope: String,
+    pub(crate) key: String,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) token: LeaseToken,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) transactional: bool,
+}
+
+impl ClaimItem {
+    /// An owned copy of `new`.
+    pub fn new(new: &NewRecord<'_>) -> Self {
+        Self {
+            scope: new.scope.to_owned(),
+            key: new.key.to_owned(),
+            fingerprint: *new.fingerprint,
+            method: new.method.to_owned(),
+            path: new.path.to_owned(),
+            token: new.token,
+            lease: new.lease,
+            retention: new.retention,
+            transactional: new.transactional,
+        }
+    }
+
+    /// The claim as the store's [`Store::claim`] takes it.
+    pub fn as_new(&self) -> NewRecord<'_> {
+        NewRecord {
+            scope: &self.scope,
+            key: &self.key,
+            fingerprint: &self.fingerprint,
+            method: &self.method,
+            path: &self.path,
+            token: self.token,
+            lease: self.lease,
+            retention: self.retention,
+            transactional: self.transactional,
+        }
+    }
+}
+
+/// What the tiered store asks of its cache: copies of completed records,
+/// and a way to wake waiters in every process.
+///
+/// Implemented by the Redis store (`redis/cache.rs`; a [`Batched`](batch::Batched)
+/// cache is its direct store's). Called by [`TieredStore`](tiered::TieredStore)
+/// alone, which touches nothing else of its cache.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub trait RecordCache: Clone + Send + Sync + 'static {
+    /// The cached copy of a completed record, with the time it has left.
+    fn get_completed(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Caches a completed record for `ttl`, counted down by the cache.
+    fn put_completed(
+        &self,
+        record: &Record,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Deletes the cached copy of a record, if any.
+    fn forget(&self, scope: &str, key: &str)
+    -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Announces that a record changed, waking waiters in every process.
+    fn announce(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The waiters of this process (shared with the PostgreSQL store).
+    fn events(&self) -> &RecordEvents;
 }

@@ -29,13 +29,17 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 
-use crate::store::batch::{Batched, BatchedStore};
+use crate::events::RecordEvents;
+use crate::record::{LeaseToken, Record, RecordState, StoredResponse};
+/// What the tiered store asks of its cache (declared with the store's
+/// other contracts, in `store/mod.rs`).
+pub use crate::store::RecordCache;
+use crate::store::admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter};
 use crate::store::postgres::PostgresStore;
 use crate::store::redis::RedisStore;
 use crate::store::{
-    Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError, TransactionalStore,
+    AdminStore, Claim, Lease, NewRecord, Purge, Store, StoreError, TransactionalStore,
 };
-use crate::{Record, RecordEvents, RecordState, StoredResponse};
 
 /// Redis calls that fell back to PostgreSQL, by operation.
 pub const FALLBACKS_TOTAL: &str = "idempotency_tiered_fallbacks_total";
@@ -47,63 +51,6 @@ const COOL_DOWN: Duration = Duration::from_secs(1);
 /// How much earlier than its record a cached copy expires (covers clock
 /// skew between PostgreSQL and Redis).
 const EXPIRY_MARGIN: time::Duration = time::Duration::seconds(1);
-
-/// What the tiered store asks of its cache: copies of completed records,
-/// and a way to wake waiters in every process. [`RedisStore`] implements
-/// it; the tiered store touches nothing else of it.
-pub trait RecordCache: Clone + Send + Sync + 'static {
-    /// The cached copy of a completed record, with the time it has left.
-    fn get_completed(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
-
-    /// Caches a completed record for `ttl`, counted down by the cache.
-    fn put_completed(
-        &self,
-        record: &Record,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Deletes the cached copy of a record, if any.
-    fn forget(&self, scope: &str, key: &str)
-    -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Announces that a record changed, waking waiters in every process.
-    fn announce(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// The waiters of this process (shared with the PostgreSQL store).
-    fn events(&self) -> &RecordEvents;
-}
-
-/// A batched cache is its direct store's cache (none of these calls is
-/// batched).
-impl<S: BatchedStore + RecordCache> RecordCache for Batched<S> {
-    async fn get_completed(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        self.direct().get_completed(scope, key).await
-    }
-
-    async fn put_completed(&self, record: &Record, ttl: Duration) -> Result<(), StoreError> {
-        self.direct().put_completed(record, ttl).await
-    }
-
-    async fn forget(&self, scope: &str, key: &str) -> Result<(), StoreError> {
-        RecordCache::forget(self.direct(), scope, key).await
-    }
-
-    async fn announce(&self, scope: &str, key: &str) -> Result<(), StoreError> {
-        self.direct().announce(scope, key).await
-    }
-
-    fn events(&self) -> &RecordEvents {
-        RecordCache::events(self.direct())
-    }
-}
 
 /// PostgreSQL (the truth) with a cache, Redis by default, serving
 /// completed records.
@@ -293,13 +240,13 @@ impl<C: RecordCache> TransactionalStore for TieredStore<C> {
 // filled by a read that raced the delete does not outlive it.
 // ---------------------------------------------------------------------------
 
-impl<C: RecordCache> crate::store::admin::AdminStore for TieredStore<C> {
+impl<C: RecordCache> AdminStore for TieredStore<C> {
     async fn list(
         &self,
         scope: &str,
-        filter: crate::store::admin::StateFilter,
-        page: crate::store::admin::PageRequest<'_>,
-    ) -> Result<crate::store::admin::Page, StoreError> {
+        filter: StateFilter,
+        page: PageRequest<'_>,
+    ) -> Result<Page, StoreError> {
         self.postgres.list(scope, filter, page).await
     }
 
@@ -307,9 +254,8 @@ impl<C: RecordCache> crate::store::admin::AdminStore for TieredStore<C> {
         &self,
         scope: &str,
         key: &str,
-        rule: crate::store::admin::ForgetRule,
-    ) -> Result<crate::store::admin::Forgotten, StoreError> {
-        use crate::store::admin::Forgotten;
+        rule: ForgetRule,
+    ) -> Result<Forgotten, StoreError> {
         // The cache must not answer for a record PostgreSQL no longer has:
         // here a Redis failure fails the operation (unlike reads, which
         // fall back), so the operator can try again.

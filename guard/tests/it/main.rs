@@ -30,6 +30,7 @@ mod metrics_probe;
 mod migrations;
 #[cfg(feature = "otel")]
 mod otel;
+mod postgres_failover;
 mod postgres_faults;
 mod redis_failover;
 mod redis_faults;

@@ -432,18 +432,17 @@ async fn a_cluster_shard_failover_runs_twice_without_replica_acks_and_never_with
 /// claims that found another's record answer as without replicas.
 #[tokio::test]
 async fn a_batch_that_too_few_replicas_acknowledge_fails_each_write() {
+    use crate::batching::{Gate, Gated, behind_the_lead};
     use futures_util::future::join_all;
     use idempotency_guard::StoreError;
-    use idempotency_guard::store::{BatchLimits, Claim, LeaseToken, NewRecord};
+    use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
 
     let pair = ReplicatedRedis::start(1).await;
-    let store = connect(&pair.primary.url(), "failover-batch")
+    let acked = connect(&pair.primary.url(), "failover-batch")
         .await
-        .with_replica_acks(1, ACK_TIMEOUT)
-        .with_batching(BatchLimits {
-            max_batch: 64,
-            max_in_flight: 1,
-        });
+        .with_replica_acks(1, ACK_TIMEOUT);
+    let gate = Gate::default();
+    let (store, _) = Gated::batched(acked.direct().clone(), &gate);
     let fingerprint = Fingerprint::of_bytes(b"charge 100");
     let new = |key: &'static str| NewRecord {
         scope: "failover",
@@ -462,13 +461,20 @@ async fn a_batch_that_too_few_replicas_acknowledge_fails_each_write() {
     };
     pair.cut_link(0);
     // The lead goes by itself; the others queue behind it, in one batch.
-    let records: Vec<NewRecord<'_>> = ["lead", "a", "b", "c", "taken"].map(new).to_vec();
-    let claims = join_all(records.iter().map(|record| store.claim(record))).await;
+    let lead = new("lead");
+    let records: Vec<NewRecord<'_>> = ["a", "b", "c", "taken"].map(new).to_vec();
+    let (lead, mut claims) = behind_the_lead(
+        &gate,
+        store.claim(&lead),
+        join_all(records.iter().map(|record| store.claim(record))),
+    )
+    .await;
     assert_eq!(
         store.batch_stats().claims.largest,
         4,
         "one batch behind the lead"
     );
+    claims.insert(0, lead);
     for claim in &claims[..4] {
         assert!(
             matches!(
@@ -493,12 +499,16 @@ async fn a_batch_that_too_few_replicas_acknowledge_fails_each_write() {
         ..lease.clone()
     };
     let response = StoredResponse::from_bytes("charged");
-    let completions = join_all([
+    let (first, mut completions) = behind_the_lead(
+        &gate,
         store.complete(&stranger, &response),
-        store.complete(&lease, &response),
-        store.complete(&stranger, &response),
-    ])
+        join_all([
+            store.complete(&lease, &response),
+            store.complete(&stranger, &response),
+        ]),
+    )
     .await;
+    completions.insert(0, first);
     assert!(matches!(completions[0], Err(StoreError::LeaseLost)));
     assert!(matches!(
         completions[1],

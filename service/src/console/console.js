@@ -195,15 +195,25 @@ async function showList() {
 async function exportCsv() {
   const base = filters();
   if (!base.scope) return say("Choose a scope.", true);
-  const response = await api("GET", "/v1/admin/keys.csv", { ...base, needs_decision: "true" }, true);
-  const blob = await response.blob();
+  // One export holds at most EXPORT_MAX_ROWS rows; `x-next-after` names
+  // where the rest starts: follow it, keeping the header row once.
+  const parts = [];
+  let after;
+  do {
+    const response = await api("GET", "/v1/admin/keys.csv", { ...base, needs_decision: "true", after }, true);
+    let text = await response.text();
+    if (parts.length) text = text.slice(text.indexOf("\n") + 1);
+    parts.push(text);
+    after = response.headers.get("x-next-after");
+  } while (after);
+  const csv = parts.join("");
   const link = el("a", { download: `needs-decision.csv` });
-  link.href = URL.createObjectURL(blob);
+  link.href = URL.createObjectURL(new Blob([csv], { type: "text/csv" }));
   document.body.append(link);
   link.click();
   link.remove();
   setTimeout(() => URL.revokeObjectURL(link.href), 10000);
-  say(`Exported ${Math.max(0, (await blob.text()).trim().split("\n").length - 1)} records that need a decision.`);
+  say(`Exported ${Math.max(0, csv.trim().split("\n").length - 1)} records that need a decision.`);
 }
 
 // ---- one key

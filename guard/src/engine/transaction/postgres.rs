@@ -81,7 +81,7 @@ pub enum TxRejection {
     /// The record could not be marked transactional (the store failed, or
     /// the run no longer holds its lease).
     #[error("the record could not be marked transactional")]
-    Mark(#[source] crate::StoreError),
+    Mark(#[source] crate::store::StoreError),
 }
 
 /// The transaction of one run, begun on first use by the work (or, in
@@ -288,7 +288,7 @@ pub(super) enum LockedStep {
     /// transaction.
     Held(Lease, Transaction<'static, Postgres>),
     /// A committed record to decide about.
-    Record(Box<crate::Record>),
+    Record(Box<crate::record::Record>),
     /// Another run holds the key (and the wait, if any, ran out).
     InFlight,
     /// The store failed: nothing was committed.

@@ -11,6 +11,13 @@
 //! answer per claim), and completions likewise (`update … from unnest(…)`,
 //! fenced per row). One statement and one commit then serve many requests.
 //! [`Batched::with_batching`] tunes or turns it off.
+//!
+//! The folder: this file holds the store's types, its builders, the
+//! statements of one call and [`Store`]; `batch.rs` the batch statements
+//! ([`BatchedStore`](crate::store::BatchedStore)); `admin.rs` the
+//! operators' listing and forgetting
+//! ([`AdminStore`](crate::store::AdminStore)); `single_commit.rs` the
+//! store's half of single-commit transactional mode.
 
 use std::time::Duration;
 
@@ -18,12 +25,13 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Row};
 use time::OffsetDateTime;
 
-use crate::store::batch::{BatchLimits, Batched, BatchedStore, ClaimItem};
+use crate::events::RecordEvents;
+use crate::fingerprint::Fingerprint;
+use crate::migrate::MigrationError;
+use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
+use crate::store::batch::{BatchLimits, Batched};
 use crate::store::sql::{CLAIM_ATTEMPTS, fenced, millis};
-use crate::store::{
-    Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError, TransactionalStore,
-};
-use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
+use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError, TransactionalStore};
 
 /// The columns every read returns, `observed_at` being the database's clock.
 macro_rules! record_columns {
@@ -34,6 +42,8 @@ macro_rules! record_columns {
     };
 }
 
+mod admin;
+mod batch;
 mod single_commit;
 
 pub use single_commit::{LockedClaim, lock_key};
@@ -61,62 +71,6 @@ const CLAIM: &str = concat!(
     from (values (1)) as one
     left join existing on true"
 );
-
-/// The claims of a batch, one statement: like [`CLAIM`], per row of the
-/// input arrays, answering one row per claim in input order (`n`). Rows are
-/// inserted in key order, so two batches never wait on each other's keys in
-/// opposite orders.
-const CLAIM_BATCH: &str = "with input as (
-        select * from unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[],
-                             $6::uuid[], $7::int8[], $8::bool[], $9::int8[])
-            with ordinality as input(scope, key, fingerprint, method, path, token,
-                                     lease_ms, transactional, retention_ms, n)
-    ), existing as (
-        select input.n, r.fingerprint, r.method, r.path, r.lease_token, r.lease_expires_at,
-               r.transactional, r.response_status, r.response_headers, r.response_body,
-               r.created_at, r.completed_at, r.expires_at
-        from input join idempotency_records r on r.scope = input.scope and r.key = input.key
-    ), inserted as (
-        insert into idempotency_records
-            (scope, key, fingerprint, method, path, state, lease_token, lease_expires_at,
-             transactional, created_at, expires_at)
-        select scope, key, fingerprint, method, path, 'in_flight', token,
-               now() + lease_ms * interval '1 millisecond', transactional, now(),
-               now() + retention_ms * interval '1 millisecond'
-        from input
-        where not exists (select 1 from existing where existing.n = input.n)
-        order by scope, key, n
-        on conflict (scope, key) do nothing
-        returning lease_token
-    )
-    select input.n,
-           exists (select 1 from inserted where inserted.lease_token = input.token) as acquired,
-           existing.fingerprint, existing.method, existing.path, existing.lease_token,
-           existing.lease_expires_at, existing.transactional, existing.response_status,
-           existing.response_headers, existing.response_body, existing.created_at,
-           existing.completed_at, existing.expires_at, now() as observed_at
-    from input left join existing on existing.n = input.n
-    order by input.n";
-
-/// The completions of a batch, one statement, fenced per row: answers the
-/// input positions (`n`) of the rows it completed.
-const COMPLETE_BATCH: &str = "with input as (
-        select * from unnest($1::text[], $2::text[], $3::uuid[], $4::int2[], $5::bytea[],
-                             $6::bytea[])
-            with ordinality as input(scope, key, token, status, headers, body, n)
-    ), updated as (
-        update idempotency_records r set
-            state = 'completed', response_status = input.status,
-            response_headers = input.headers, response_body = input.body,
-            completed_at = clock_timestamp()
-        from input
-        where r.scope = input.scope and r.key = input.key and r.lease_token = input.token
-          and r.state = 'in_flight'
-        returning input.n, r.scope, r.key
-    )
-    select n, case when $7 then pg_notify($8, octet_length(scope)::text || ':' || scope || key)
-              end::text as notified
-    from updated";
 
 const TAKE_OVER: &str = "update idempotency_records set
         fingerprint = $4, method = $5, path = $6, state = 'in_flight', lease_token = $7,
@@ -187,9 +141,6 @@ pub const DEFAULT_BATCHING: BatchLimits = BatchLimits {
     max_batch: 256,
     max_in_flight: 2,
 };
-
-/// A completion waiting in a batch.
-type CompleteItem = (Lease, StoredResponse);
 
 /// Records in PostgreSQL, in the table `idempotency_records`, with claims
 /// and completions batched ([`DEFAULT_BATCHING`]): [`PostgresRecords`]
@@ -304,7 +255,7 @@ impl PostgresStore {
     /// # Errors
     ///
     /// Returns the migration that failed, or the connection error.
-    pub async fn migrate(&self) -> Result<(), crate::MigrationError> {
+    pub async fn migrate(&self) -> Result<(), MigrationError> {
         crate::migrate::run_postgres(self.pool()).await
     }
 
@@ -361,180 +312,6 @@ impl PostgresStore {
     }
 }
 
-impl BatchedStore for PostgresRecords {
-    type Completion = CompleteItem;
-
-    fn completion(&self, lease: &Lease, response: &StoredResponse) -> CompleteItem {
-        (lease.clone(), response.clone())
-    }
-
-    /// Claims a batch: one statement, then again for the rows that raced a
-    /// concurrent insert committed after its snapshot.
-    async fn claim_batch(
-        &self,
-        items: Vec<ClaimItem>,
-    ) -> Result<Vec<Result<Claim, StoreError>>, StoreError> {
-        // A batch of one (no load): the single-claim statement, which is
-        // cheaper to run than the batch's.
-        if let [item] = items.as_slice() {
-            return Ok(vec![self.claim(&item.as_new()).await]);
-        }
-        let mut results: Vec<Option<Result<Claim, StoreError>>> =
-            (0..items.len()).map(|_| None).collect();
-        let mut pending: Vec<usize> = (0..items.len()).collect();
-        for _ in 0..CLAIM_ATTEMPTS {
-            if pending.is_empty() {
-                break;
-            }
-            let column = |f: &dyn Fn(&ClaimItem) -> String| -> Vec<String> {
-                pending.iter().map(|&i| f(&items[i])).collect()
-            };
-            let rows = sqlx::query(CLAIM_BATCH)
-                .bind(column(&|item| item.scope.clone()))
-                .bind(column(&|item| item.key.clone()))
-                .bind(
-                    pending
-                        .iter()
-                        .map(|&i| items[i].fingerprint.as_bytes().to_vec())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(column(&|item| item.method.clone()))
-                .bind(column(&|item| item.path.clone()))
-                .bind(
-                    pending
-                        .iter()
-                        .map(|&i| items[i].token.as_uuid())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    pending
-                        .iter()
-                        .map(|&i| millis(items[i].lease))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    pending
-                        .iter()
-                        .map(|&i| items[i].transactional)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    pending
-                        .iter()
-                        .map(|&i| millis(items[i].retention))
-                        .collect::<Vec<_>>(),
-                )
-                .fetch_all(&self.pool)
-                .await?;
-            if rows.len() != pending.len() {
-                return Err(StoreError::Unavailable(
-                    "the batch claim answered the wrong number of rows".into(),
-                ));
-            }
-            let mut again = Vec::new();
-            for (row, &index) in rows.iter().zip(&pending) {
-                let item = &items[index];
-                if row.try_get::<bool, _>("acquired")? {
-                    results[index] = Some(Ok(Claim::Acquired(item.as_new().lease())));
-                } else if row.try_get::<Option<Vec<u8>>, _>("fingerprint")?.is_some() {
-                    results[index] = Some(
-                        record_from_row(row, &item.scope, &item.key)
-                            .map(|record| Claim::Existing(Box::new(record))),
-                    );
-                } else {
-                    // Raced an insert committed after the snapshot (or one
-                    // of this batch's own rows for the same key): again.
-                    again.push(index);
-                }
-            }
-            pending = again;
-        }
-        Ok(results
-            .into_iter()
-            .map(|result| {
-                result.unwrap_or_else(|| {
-                    Err(StoreError::Unavailable(
-                        "the claim kept racing a concurrent insert".into(),
-                    ))
-                })
-            })
-            .collect())
-    }
-
-    /// Completes a batch: one statement, fenced per row.
-    async fn complete_batch(
-        &self,
-        items: Vec<CompleteItem>,
-    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        if let [(lease, response)] = items.as_slice() {
-            return Ok(vec![self.complete(lease, response).await]);
-        }
-        let rows = sqlx::query(COMPLETE_BATCH)
-            .bind(
-                items
-                    .iter()
-                    .map(|(lease, _)| lease.scope.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                items
-                    .iter()
-                    .map(|(lease, _)| lease.key.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                items
-                    .iter()
-                    .map(|(lease, _)| lease.token.as_uuid())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                items
-                    .iter()
-                    .map(|(_, response)| {
-                        i16::try_from(response.status.as_u16()).unwrap_or(i16::MAX)
-                    })
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                items
-                    .iter()
-                    .map(|(_, response)| response.encode_headers())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                items
-                    .iter()
-                    .map(|(_, response)| response.body.as_ref().map(|b| b.to_vec()))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(self.listener.is_some())
-            .bind(NOTIFY_CHANNEL)
-            .fetch_all(&self.pool)
-            .await?;
-        let mut completed = vec![false; items.len()];
-        for row in &rows {
-            let n: i64 = row.try_get("n")?;
-            if let Some(slot) = usize::try_from(n - 1)
-                .ok()
-                .and_then(|i| completed.get_mut(i))
-            {
-                *slot = true;
-            }
-        }
-        Ok(completed
-            .into_iter()
-            .map(|done| {
-                if done {
-                    Ok(())
-                } else {
-                    Err(StoreError::LeaseLost)
-                }
-            })
-            .collect())
-    }
-}
-
 impl PostgresRecords {
     /// Sends the `NOTIFY` for a changed record, when notifications are on.
     async fn notify<'c>(
@@ -588,7 +365,7 @@ fn record_from_row(row: &PgRow, scope: &str, key: &str) -> Result<Record, StoreE
     let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
     let fingerprint: [u8; 32] = fingerprint
         .try_into()
-        .map_err(|_| crate::record::CorruptRecord("the fingerprint is not 32 bytes"))?;
+        .map_err(|_| CorruptRecord("the fingerprint is not 32 bytes"))?;
     let status: Option<i16> = row.try_get("response_status")?;
     let response = match status {
         Some(status) => {
@@ -741,108 +518,6 @@ impl Purge for PostgresRecords {
 impl TransactionalStore for PostgresStore {
     fn postgres(&self) -> Option<&PostgresStore> {
         Some(self)
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Operators' operations (`AdminStore`): listing and forgetting records.
-// ---------------------------------------------------------------------------
-
-/// One page of a scope's records (keyset pagination by key, byte order).
-/// `$3` is the state filter's name; expired records are left out.
-const ADMIN_LIST: &str = concat!(
-    "select key, ",
-    record_columns!(),
-    " from idempotency_records
-    where scope = $1 and key collate \"C\" > $2 and expires_at > now()
-      and ($3 = 'any'
-        or ($3 = 'completed' and state = 'completed')
-        or ($3 = 'in_flight' and state = 'in_flight' and lease_expires_at > now())
-        or ($3 = 'abandoned' and state = 'in_flight' and lease_expires_at <= now()
-            and not transactional))
-    order by key collate \"C\"
-    limit $4"
-);
-
-/// Deletes the record when the rule allows its state (`$3`: completed ones,
-/// `$4`: abandoned ones), deciding and deleting in one statement; a live
-/// lease always keeps it.
-const ADMIN_FORGET: &str = "delete from idempotency_records
-    where scope = $1 and key = $2
-      and ((state = 'completed' and $3)
-        or (state = 'in_flight' and lease_expires_at <= now() and $4))
-    returning state";
-
-impl crate::store::admin::AdminStore for PostgresRecords {
-    async fn list(
-        &self,
-        scope: &str,
-        filter: crate::store::admin::StateFilter,
-        page: crate::store::admin::PageRequest<'_>,
-    ) -> Result<crate::store::admin::Page, StoreError> {
-        let limit = page.clamped_limit();
-        let rows = sqlx::query(ADMIN_LIST)
-            .bind(scope)
-            .bind(page.after.unwrap_or(""))
-            .bind(filter.as_str())
-            .bind(i64::from(limit) + 1)
-            .fetch_all(&self.pool)
-            .await?;
-        let records = rows
-            .iter()
-            .map(|row| {
-                let key: String = row.try_get("key")?;
-                record_from_row(row, scope, &key)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(crate::store::admin::Page::from_overfetch(records, limit))
-    }
-
-    async fn forget(
-        &self,
-        scope: &str,
-        key: &str,
-        rule: crate::store::admin::ForgetRule,
-    ) -> Result<crate::store::admin::Forgotten, StoreError> {
-        use crate::RecordState;
-        use crate::store::admin::Forgotten;
-        let deleted = sqlx::query(ADMIN_FORGET)
-            .bind(scope)
-            .bind(key)
-            .bind(rule.allows(RecordState::Completed))
-            .bind(rule.allows(RecordState::Abandoned))
-            .fetch_optional(&self.pool)
-            .await?;
-        if let Some(row) = deleted {
-            let state: String = row.try_get("state")?;
-            self.events.publish(scope, key);
-            return Ok(Forgotten::Deleted(if state == "completed" {
-                RecordState::Completed
-            } else {
-                RecordState::Abandoned
-            }));
-        }
-        // Nothing deleted: say why (a read after the decision, for the
-        // answer only).
-        Ok(match self.get(scope, key).await? {
-            Some(record) => Forgotten::Refused(record.state()),
-            None => Forgotten::Missing,
-        })
-    }
-
-    async fn held_without_record(
-        &self,
-        scope: &str,
-        keys: &[&str],
-    ) -> Result<Vec<bool>, StoreError> {
-        let locks: Vec<i64> = keys.iter().map(|key| lock_key(scope, key)).collect();
-        let rows = sqlx::query(single_commit::LOCKS_HELD)
-            .bind(locks)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|row| row.try_get::<bool, _>("held").map_err(StoreError::from))
-            .collect()
     }
 }
 

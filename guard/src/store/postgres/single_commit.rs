@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 use sqlx::{Postgres, Row, Transaction};
 
 use super::{GET, PostgresStore, millis, record_from_row};
-use crate::Record;
+use crate::record::Record;
 use crate::store::{Lease, NewRecord, StoreError};
 
 /// The lock, the read and the claim of one key, in one statement. `$10` is
@@ -187,7 +187,7 @@ impl PostgresStore {
     ///
     /// [`StoreError::Unavailable`] when the store fails.
     pub async fn locks_held(&self, scope: &str, keys: &[&str]) -> Result<Vec<bool>, StoreError> {
-        use crate::store::admin::AdminStore;
+        use crate::store::AdminStore;
         self.direct().held_without_record(scope, keys).await
     }
 

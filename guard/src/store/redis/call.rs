@@ -67,7 +67,7 @@ impl RecordKey<'_> {
 
     fn write_into(&self, writer: &mut impl Write) {
         let mut length = [0; 20];
-        let length = super::decimal(self.scope.len(), &mut length);
+        let length = decimal(self.scope.len(), &mut length);
         for part in [
             self.prefix.as_bytes(),
             b":",
@@ -92,6 +92,21 @@ impl ToRedisArgs for RecordKey<'_> {
     {
         self.write_into(&mut out.writer_for_next_arg());
     }
+}
+
+/// `n` in decimal, written at the end of `digits`.
+fn decimal(n: usize, digits: &mut [u8; 20]) -> &[u8] {
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    &digits[at..]
 }
 
 #[cfg(test)]

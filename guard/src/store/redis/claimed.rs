@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::store::LeaseToken;
+use crate::record::LeaseToken;
 
 /// How many in-flight values the table holds at most.
 pub(super) const MAX_VALUES: usize = 65_536;

@@ -55,9 +55,10 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 
+use crate::fingerprint::Fingerprint;
 use crate::record::CorruptRecord;
-use crate::store::LeaseToken;
-use crate::{Fingerprint, Record, StoredResponse};
+use crate::record::LeaseToken;
+use crate::record::{Record, StoredResponse};
 
 /// The layout's mark, the value's first bytes.
 pub(super) const MARK: &[u8; 2] = b"I2";
@@ -499,7 +500,7 @@ mod tests {
                 i64::try_from(lease).unwrap()
             );
             assert_eq!(
-                record.state() == crate::RecordState::Abandoned,
+                record.state() == crate::record::RecordState::Abandoned,
                 lease <= elapsed
             );
 
@@ -575,7 +576,7 @@ mod tests {
         assert!(record.is_expired());
         let record = decode("s", "k", &value, 90_000, OffsetDateTime::now_utc()).unwrap();
         assert!(!record.is_expired());
-        assert_eq!(record.state(), crate::RecordState::InFlight);
+        assert_eq!(record.state(), crate::record::RecordState::InFlight);
     }
 
     #[test]

@@ -6,9 +6,10 @@
 use time::OffsetDateTime;
 
 use super::codec::{decode_request, decode_response};
-use crate::Record;
 use crate::record::CorruptRecord;
-use crate::store::{LeaseToken, StoreError};
+use crate::record::LeaseToken;
+use crate::record::Record;
+use crate::store::StoreError;
 
 /// The fields of a release 1 hash, one letter each: `t` lease token, `s`
 /// state (`f` in flight, `c` completed), `l` lease end, `e` expiry, `n`
@@ -127,8 +128,9 @@ fn record_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fingerprint::Fingerprint;
+    use crate::record::StoredResponse;
     use crate::store::redis::codec::{encode_request, encode_response};
-    use crate::{Fingerprint, StoredResponse};
 
     #[test]
     fn decimal_values_parse_as_str_parse_does() {
@@ -208,11 +210,11 @@ mod tests {
         let record = record_from_packed("s", "k", &pack(&in_flight), 1_700_000_002_000)
             .unwrap()
             .unwrap();
-        assert_eq!(record.state(), crate::RecordState::InFlight);
+        assert_eq!(record.state(), crate::record::RecordState::InFlight);
         let record = record_from_packed("s", "k", &pack(&in_flight), 1_700_000_060_000)
             .unwrap()
             .unwrap();
-        assert_eq!(record.state(), crate::RecordState::Abandoned);
+        assert_eq!(record.state(), crate::record::RecordState::Abandoned);
         // No token: no record.
         assert_eq!(
             record_from_packed("s", "k", &pack(&[None; 8]), 0).unwrap(),

@@ -48,51 +48,52 @@
 //! claim, take-over and completion wait for replicas (`WAIT`) and fail
 //! closed when too few acknowledge it (`store/redis/replicas.rs`; what it
 //! still cannot promise is in docs/GUARANTEES.md).
+//!
+//! The folder, a file per role (each with its tests): this file holds the
+//! store's types, its builders, the record keys and [`Store`];
+//! `connection.rs` the connection (one Redis or a cluster), how a command
+//! or script is sent, the slot map's refresh and the event subscriber;
+//! `claim.rs` the claim and completion of one record; `batch.rs` the
+//! pipelines of [`BatchedStore`](crate::store::BatchedStore); `admin.rs`
+//! the operators' listing and forgetting
+//! ([`AdminStore`](crate::store::AdminStore)); `cache.rs` the tiered
+//! store's side ([`RecordCache`](crate::store::RecordCache)); `replicas.rs`
+//! the `WAIT` behind each write; `scripts.rs` the Lua scripts
+//! (`lua/*.lua`); `codec.rs` the record's layout; `call.rs` how a script
+//! call or a record key is written; `claimed.rs` the values `IFEQ`
+//! compares; `slots.rs` the cluster's slot map; `legacy.rs` release 1's
+//! records.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
-use redis::{Script, Value};
+use redis::Value;
+use redis::aio::ConnectionManagerConfig;
 
+mod admin;
+mod batch;
+mod cache;
 mod call;
+mod claim;
 mod claimed;
 mod codec;
+mod connection;
 mod legacy;
 mod replicas;
+mod scripts;
 mod slots;
 
 use call::{RecordKey, ScriptCall};
 use claimed::ClaimedValues;
-use replicas::{Acked, ReplicaAcks};
+use connection::{CONNECTION_TIMEOUT, Connection, RESPONSE_TIMEOUT, Subscriber, forward_events};
+use replicas::ReplicaAcks;
+use scripts::{GET, RELEASE, RENEW, TAKE_OVER};
 use slots::SlotMap;
 
-use crate::record::CorruptRecord;
-use crate::store::batch::{BatchLimits, Batched, BatchedStore, ClaimItem};
-use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
-use crate::{Record, RecordEvents, StoredResponse};
-
-/// A script: the codec's positions (`codec::lua_layout`) first, then the
-/// files under `store/redis/lua/`, in order (shared pieces first).
-macro_rules! script {
-    ($($file:literal),+) => {
-        LazyLock::new(|| {
-            let mut source = codec::lua_layout();
-            $(source.push_str(include_str!(concat!("lua/", $file)));)+
-            Script::new(&source)
-        })
-    };
-}
-
-static COMPLETE: LazyLock<Script> = script!("fence.lua", "complete.lua");
-static RENEW: LazyLock<Script> = script!("fence.lua", "renew.lua");
-static RELEASE: LazyLock<Script> = script!("fence.lua", "release.lua");
-static GET: LazyLock<Script> = script!("legacy_pack.lua", "legacy.lua", "get.lua");
-static TAKE_OVER: LazyLock<Script> = script!("legacy_pack.lua", "legacy.lua", "take_over.lua");
-static ADMIN_FORGET: LazyLock<Script> =
-    script!("legacy_pack.lua", "legacy.lua", "admin_forget.lua");
+use crate::events::RecordEvents;
+use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
+use crate::store::batch::{BatchLimits, Batched};
+use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError};
 
 /// The default batching on Redis: none. Each claim and completion goes
 /// from the caller's task onto the multiplexed connection, which pipelines
@@ -111,9 +112,6 @@ pub const PIPELINED_BATCHING: BatchLimits = BatchLimits {
     max_in_flight: 2,
 };
 
-/// A completion waiting in a batch: the lease and the packed response.
-type CompleteItem = (Lease, Vec<u8>);
-
 /// Whether a server error is Redis's `WRONGTYPE`: the key holds a hash, a
 /// record of release 1.
 fn wrong_type(error: &redis::ServerError) -> bool {
@@ -123,22 +121,6 @@ fn wrong_type(error: &redis::ServerError) -> bool {
 /// A server error answered inside a pipeline, as a store error.
 fn server_error(error: &redis::ServerError) -> StoreError {
     redis::RedisError::from(error.clone()).into()
-}
-
-/// The connection: one Redis (reconnecting by itself), or a cluster.
-#[derive(Clone)]
-enum Connection {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-/// Aborts the event subscriber when the last clone of the store is dropped.
-struct Subscriber(tokio::task::AbortHandle);
-
-impl Drop for Subscriber {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Records in Redis or Redis Cluster: [`RedisRecords`] wrapped in
@@ -179,11 +161,6 @@ impl std::fmt::Debug for RedisRecords {
             .finish_non_exhaustive()
     }
 }
-
-/// How long one Redis command may take before it fails.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long connecting may take.
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl From<redis::RedisError> for StoreError {
     fn from(error: redis::RedisError) -> Self {
@@ -321,66 +298,6 @@ impl RedisRecords {
         Ok(Batched::wrap(store, DEFAULT_BATCHING))
     }
 
-    /// Whether the server takes `SET … IFEQ` (Valkey 8.1, Redis 8.4): a
-    /// probe on a key of the store's own that never exists, so it never
-    /// writes; an older server answers a syntax error.
-    async fn has_ifeq(&self) -> Result<bool, StoreError> {
-        let mut probe = redis::cmd("SET");
-        probe
-            .arg(format!("{}:probe:ifeq", self.prefix))
-            .arg("")
-            .arg("IFEQ")
-            .arg("never")
-            .arg("PX")
-            .arg(1);
-        match self.query(&probe).await {
-            Ok(_) => Ok(true),
-            Err(error)
-                if error.kind()
-                    == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
-            {
-                Ok(false)
-            }
-            Err(error) if error.code().is_some() => Ok(false),
-            Err(error) => Err(error.into()),
-        }
-    }
-
-    async fn invoke(&self, call: &ScriptCall) -> Result<Value, StoreError> {
-        match self.query(call.command()).await {
-            Err(error)
-                if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-            {
-                // Redis does not know the script yet (or forgot it: a
-                // restart, `SCRIPT FLUSH`): load it and send the call again.
-                self.load(call).await?;
-                Ok(self.query(call.command()).await?)
-            }
-            answer => Ok(answer?),
-        }
-    }
-
-    /// Loads a call's script into Redis (on a cluster: every primary).
-    async fn load(&self, call: &ScriptCall) -> redis::RedisResult<()> {
-        match &self.connection {
-            Connection::Single(connection) => {
-                call.script().load_async(&mut connection.clone()).await?
-            }
-            Connection::Cluster(connection) => {
-                call.script().load_async(&mut connection.clone()).await?
-            }
-        };
-        Ok(())
-    }
-
-    /// Sends one command.
-    async fn query(&self, command: &redis::Cmd) -> redis::RedisResult<Value> {
-        match &self.connection {
-            Connection::Single(connection) => command.query_async(&mut connection.clone()).await,
-            Connection::Cluster(connection) => command.query_async(&mut connection.clone()).await,
-        }
-    }
-
     /// A record's key, to write into a script call.
     fn key_arg<'a>(&'a self, namespace: &'a str, scope: &'a str, key: &'a str) -> RecordKey<'a> {
         RecordKey {
@@ -391,224 +308,9 @@ impl RedisRecords {
         }
     }
 
-    /// Reads a cached completed record (tiered store): the value and its
-    /// `PTTL`, native. A release 1 hash there reads as a miss (the
-    /// PostgreSQL record behind it is the truth).
-    async fn cache_get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        let at = self.key_arg(CACHED, scope, key);
-        let mut pipe = redis::pipe();
-        pipe.cmd("GET").arg(&at).cmd("PTTL").arg(&at);
-        let sent = self.send(pipe, &at, false).await?;
-        match sent.values.as_slice() {
-            [Value::Nil, _] => Ok(None),
-            [Value::ServerError(error), _] if wrong_type(error) => Ok(None),
-            [Value::BulkString(value), Value::Int(left)] => Ok(Some(codec::decode(
-                scope,
-                key,
-                value,
-                *left,
-                time::OffsetDateTime::now_utc(),
-            )?)),
-            [Value::ServerError(error), _] | [_, Value::ServerError(error)] => {
-                Err(server_error(error))
-            }
-            _ => Err(CorruptRecord("GET and PTTL answered an unexpected shape").into()),
-        }
-    }
-
-    /// Caches a completed record for `ttl` (tiered store), one native `SET`.
-    async fn cache_put(&self, record: &Record, ttl: Duration) -> Result<(), StoreError> {
-        let Some(response) = &record.response else {
-            return Ok(());
-        };
-        let ttl = ttl.max(Duration::from_millis(1));
-        let value = codec::cached(record, &codec::encode_response(response), ttl);
-        let mut command = redis::cmd("SET");
-        command
-            .arg(self.key_arg(CACHED, &record.scope, &record.key))
-            .arg(value)
-            .arg("PX")
-            .arg(codec::millis(ttl));
-        self.query(&command).await?;
-        Ok(())
-    }
-
-    /// Announces that a record changed (tiered store), waking waiters in
-    /// every process.
-    async fn announce(&self, scope: &str, key: &str) -> Result<(), StoreError> {
-        let mut command = redis::cmd("PUBLISH");
-        command
-            .arg(&*self.channel)
-            .arg(self.key_arg(RECORDS, scope, key));
-        self.query(&command).await?;
-        Ok(())
-    }
-
-    /// Reads the cluster's slot map again (`CLUSTER SLOTS`); on failure the
-    /// old map stays (a stale one costs round trips, never a result).
-    async fn refresh_slots(&self) {
-        let Some(slots) = &self.slots else { return };
-        match self
-            .query(&redis::cmd("CLUSTER").arg("SLOTS").clone())
-            .await
-        {
-            Ok(answer) => slots.update(&answer),
-            Err(error) => tracing::debug!(%error, "CLUSTER SLOTS failed; the slot map stays"),
-        }
-    }
-
-    /// The indices of `keys`, grouped per node that serves them: one group
-    /// on one Redis, one per primary on a cluster.
-    /// (`keys` is evaluated only on a cluster.)
-    fn groups(&self, keys: impl ExactSizeIterator<Item = Vec<u8>>) -> Vec<Vec<usize>> {
-        match &self.slots {
-            Some(slots) => slots.groups(keys),
-            None if keys.len() == 0 => Vec::new(),
-            None => vec![(0..keys.len()).collect()],
-        }
-    }
-
     async fn fenced(&self, call: &ScriptCall) -> Result<(), StoreError> {
         match self.invoke(call).await? {
             Value::Int(1) => Ok(()),
-            _ => Err(StoreError::LeaseLost),
-        }
-    }
-
-    /// The claim's pipeline: `SET key <in flight> NX PX <retention> GET`,
-    /// then `PTTL key`.
-    fn claim_commands(
-        pipe: &mut redis::Pipeline,
-        at: &RecordKey<'_>,
-        value: &[u8],
-        retention: Duration,
-    ) {
-        // Sized up front: a command that grows its buffers argument by
-        // argument reallocates several times per claim.
-        let key = at.prefix.len() + at.namespace.len() + at.scope.len() + at.key.len() + 24;
-        let mut set = redis::Cmd::with_capacity(7, key + value.len() + 32);
-        set.arg("SET")
-            .arg(at)
-            .arg(value)
-            .arg("NX")
-            .arg("PX")
-            .arg(codec::millis(retention).max(1))
-            .arg("GET");
-        let mut pttl = redis::Cmd::with_capacity(2, key + 4);
-        pttl.arg("PTTL").arg(at);
-        pipe.add_command(set).add_command(pttl);
-    }
-
-    /// A native fenced completion: `SET key <completed> IFEQ <claimed>
-    /// KEEPTTL`, its buffers sized up front.
-    fn ifeq_command(at: &RecordKey<'_>, done: &[u8], claimed: &[u8]) -> redis::Cmd {
-        let key = at.prefix.len() + at.namespace.len() + at.scope.len() + at.key.len() + 24;
-        let mut set = redis::Cmd::with_capacity(6, key + done.len() + claimed.len() + 32);
-        set.arg("SET")
-            .arg(at)
-            .arg(done)
-            .arg("IFEQ")
-            .arg(claimed)
-            .arg("KEEPTTL");
-        set
-    }
-
-    /// What one claim's `SET … NX GET` and `PTTL` answered: acquired, the
-    /// existing record, or `None` when a release 1 record vanished between
-    /// the claim and its read (the caller claims again).
-    async fn claim_answer(
-        &self,
-        new: &NewRecord<'_>,
-        value: Vec<u8>,
-        sent_at: std::time::Instant,
-        answers: &[Value],
-        acked: &Acked,
-    ) -> Result<Option<Claim>, StoreError> {
-        match answers {
-            [Value::Nil, _] => {
-                acked.replicated()?;
-                if self.native_fence {
-                    self.claimed.remember(new.token, value, sent_at);
-                }
-                Ok(Some(Claim::Acquired(new.lease())))
-            }
-            [Value::BulkString(existing), Value::Int(left)] => {
-                let record = codec::decode(
-                    new.scope,
-                    new.key,
-                    existing,
-                    *left,
-                    time::OffsetDateTime::now_utc(),
-                )?;
-                if record.lease_token == new.token {
-                    // Its own claim, landed by an earlier attempt: the
-                    // engine runs on it as if acquired.
-                    acked.replicated()?;
-                }
-                Ok(Some(Claim::Existing(Box::new(record))))
-            }
-            [Value::ServerError(error), _] if wrong_type(error) => Ok(self
-                .get(new.scope, new.key)
-                .await?
-                .map(|record| Claim::Existing(Box::new(record)))),
-            [Value::ServerError(error), _] | [_, Value::ServerError(error)] => {
-                Err(server_error(error))
-            }
-            _ => Err(CorruptRecord("the claim answered an unexpected shape").into()),
-        }
-    }
-
-    /// One claim on its own.
-    async fn claim_alone(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
-        let at = self.key_arg(RECORDS, new.scope, new.key);
-        let request =
-            codec::encode_request(new.fingerprint, new.transactional, new.method, new.path);
-        let value = codec::in_flight(new.token, new.lease, new.retention, &request);
-        // A release 1 record that is deleted between the claim and its read
-        // leaves the key free: claim again (twice at most, then fail).
-        for _ in 0..3 {
-            let mut pipe = redis::pipe();
-            Self::claim_commands(&mut pipe, &at, &value, new.retention);
-            let sent_at = std::time::Instant::now();
-            let acked = self.send(pipe, &at, true).await?;
-            if let Some(claim) = self
-                .claim_answer(new, value.clone(), sent_at, &acked.values, &acked)
-                .await?
-            {
-                return Ok(claim);
-            }
-        }
-        Err(CorruptRecord("a release 1 record kept vanishing under its claim").into())
-    }
-
-    /// One completion on its own: native `IFEQ` when this store remembers
-    /// the claim's value, else (or when the value changed) the script.
-    async fn complete_alone(&self, lease: &Lease, response: Vec<u8>) -> Result<(), StoreError> {
-        let at = self.key_arg(RECORDS, &lease.scope, &lease.key);
-        if let Some(claimed) = self
-            .native_fence
-            .then(|| self.claimed.take(lease.token))
-            .flatten()
-        {
-            let done = codec::completed(&claimed.value, claimed.at.elapsed(), &response)?;
-            let mut pipe = redis::pipe();
-            pipe.add_command(Self::ifeq_command(&at, &done, &claimed.value));
-            let acked = self.send(pipe, &at, true).await?;
-            match acked.values.first() {
-                Some(Value::Okay) => return acked.replicated(),
-                // Another value: watched, renewed, or another's lease.
-                Some(Value::Nil) => {}
-                Some(Value::ServerError(error)) => return Err(server_error(error)),
-                _ => return Err(CorruptRecord("SET IFEQ answered an unexpected shape").into()),
-            }
-        }
-        let mut call = ScriptCall::new(&COMPLETE, 1, 80 + response.len());
-        call.arg(&at)
-            .arg(lease.token.as_uuid().as_bytes().as_slice())
-            .arg(response)
-            .arg(&*self.channel);
-        match self.invoke_acked(&call, &at).await? {
-            (Value::Int(1), acked) => acked.replicated(),
             _ => Err(StoreError::LeaseLost),
         }
     }
@@ -618,21 +320,6 @@ impl RedisRecords {
 /// completed records (`c`).
 const RECORDS: &str = "r";
 const CACHED: &str = "c";
-
-/// `n` in decimal, written at the end of `digits`.
-fn decimal(n: usize, digits: &mut [u8; 20]) -> &[u8] {
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    &digits[at..]
-}
 
 /// The scope and key of a record (or cache) key, if it is one of `prefix`.
 fn parse_record_key(prefix: &str, raw: &[u8]) -> Option<(String, String)> {
@@ -647,246 +334,10 @@ fn parse_record_key(prefix: &str, raw: &[u8]) -> Option<(String, String)> {
     Some((scope.to_owned(), key.to_owned()))
 }
 
-/// Forwards the store's published events into `events`, reconnecting after
-/// failures, until aborted.
-async fn forward_events(
-    client: redis::Client,
-    channel: Arc<str>,
-    prefix: Arc<str>,
-    events: RecordEvents,
-) {
-    loop {
-        if let Ok(mut pubsub) = client.get_async_pubsub().await
-            && pubsub.subscribe(&*channel).await.is_ok()
-        {
-            let mut messages = pubsub.on_message();
-            while let Some(message) = messages.next().await {
-                if let Some((scope, key)) = parse_record_key(&prefix, message.get_payload_bytes()) {
-                    events.publish(&scope, &key);
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
 fn int(value: &Value) -> Result<i64, CorruptRecord> {
     match value {
         Value::Int(n) => Ok(*n),
         _ => Err(CorruptRecord("a script returned a non-integer")),
-    }
-}
-
-impl BatchedStore for RedisRecords {
-    type Completion = CompleteItem;
-
-    fn completion(&self, lease: &Lease, response: &StoredResponse) -> CompleteItem {
-        (lease.clone(), codec::encode_response(response))
-    }
-
-    async fn claim_batch(
-        &self,
-        items: Vec<ClaimItem>,
-    ) -> Result<Vec<Result<Claim, StoreError>>, StoreError> {
-        if let [item] = items.as_slice() {
-            return Ok(vec![self.claim_alone(&item.as_new()).await]);
-        }
-        // One pipeline per node: each claim's `SET … NX GET` and `PTTL`,
-        // answered per key.
-        let groups = self.groups(items.iter().map(|item| {
-            let new = item.as_new();
-            self.key_arg(RECORDS, new.scope, new.key).to_bytes()
-        }));
-        let sent = futures_util::future::join_all(
-            groups.iter().map(|group| self.claim_group(&items, group)),
-        )
-        .await;
-        let mut claims: Vec<Option<Result<Claim, StoreError>>> =
-            (0..items.len()).map(|_| None).collect();
-        let mut moved = false;
-        let single = groups.len() == 1;
-        for (group, sent) in groups.into_iter().zip(sent) {
-            match sent {
-                Ok((answers, redirected)) => {
-                    moved |= redirected;
-                    for (index, claim) in group.into_iter().zip(answers) {
-                        claims[index] = Some(claim);
-                    }
-                }
-                Err(error) if single => return Err(error),
-                // One primary failed: its claims go on their own (one that
-                // landed is found as its own, by its token).
-                Err(_) => {
-                    for index in group {
-                        claims[index] = Some(self.claim_alone(&items[index].as_new()).await);
-                    }
-                }
-            }
-        }
-        if moved {
-            self.refresh_slots().await;
-        }
-        Ok(claims
-            .into_iter()
-            .map(|claim| claim.unwrap_or(Err(StoreError::Unsupported("a lost claim"))))
-            .collect())
-    }
-
-    async fn complete_batch(
-        &self,
-        items: Vec<CompleteItem>,
-    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        // Completions whose claim's value this store remembers go as
-        // `SET … IFEQ`, one pipeline per node; the others (and those whose
-        // value changed) by script, concurrently.
-        let mut native: Vec<(usize, Vec<u8>, Vec<u8>)> = Vec::new();
-        let mut results: Vec<Option<Result<(), StoreError>>> = Vec::with_capacity(items.len());
-        for (index, (lease, response)) in items.iter().enumerate() {
-            results.push(None);
-            if !self.native_fence {
-                continue;
-            }
-            let Some(claimed) = self.claimed.take(lease.token) else {
-                continue;
-            };
-            match codec::completed(&claimed.value, claimed.at.elapsed(), response) {
-                Ok(done) => native.push((index, done, claimed.value)),
-                Err(error) => results[index] = Some(Err(error.into())),
-            }
-        }
-        let record_key = |index: usize| {
-            let lease = &items[index].0;
-            self.key_arg(RECORDS, &lease.scope, &lease.key)
-        };
-        let groups = self.groups(
-            native
-                .iter()
-                .map(|(index, ..)| record_key(*index).to_bytes()),
-        );
-        let sent = futures_util::future::join_all(groups.iter().map(|group| {
-            let mut pipe = redis::pipe();
-            for &n in group {
-                let (index, done, claimed) = &native[n];
-                pipe.add_command(Self::ifeq_command(&record_key(*index), done, claimed));
-            }
-            let route = record_key(native[group[0]].0);
-            async move { self.send(pipe, &route, true).await }
-        }))
-        .await;
-        let mut moved = false;
-        let single = groups.len() == 1;
-        for (group, sent) in groups.iter().zip(sent) {
-            let acked = match sent {
-                Ok(acked) => acked,
-                Err(error) if single => return Err(error),
-                // One primary failed: the script decides these.
-                Err(_) => continue,
-            };
-            for (&n, answer) in group.iter().zip(&acked.values) {
-                let index = native[n].0;
-                results[index] = match answer {
-                    Value::Okay => Some(acked.replicated()),
-                    // Another value: watched, renewed, or another's lease.
-                    Value::Nil => None,
-                    Value::ServerError(error) if redirected(error) => {
-                        moved = true;
-                        None
-                    }
-                    Value::ServerError(error) => Some(Err(server_error(error))),
-                    _ => Some(Err(
-                        CorruptRecord("SET IFEQ answered an unexpected shape").into()
-                    )),
-                };
-            }
-        }
-        if moved {
-            self.refresh_slots().await;
-        }
-        let scripted = futures_util::future::join_all(
-            items
-                .iter()
-                .zip(&results)
-                .filter(|(_, result)| result.is_none())
-                .map(|((lease, response), _)| self.complete_alone(lease, response.clone())),
-        )
-        .await;
-        let mut scripted = scripted.into_iter();
-        Ok(results
-            .into_iter()
-            .map(|result| {
-                result.unwrap_or_else(|| {
-                    scripted
-                        .next()
-                        .unwrap_or(Err(StoreError::Unsupported("a lost completion")))
-                })
-            })
-            .collect())
-    }
-}
-
-/// Whether a command answered `MOVED` or `ASK`: its slot is served by
-/// another node now, and it did not run.
-fn redirected(error: &redis::ServerError) -> bool {
-    matches!(
-        error.kind(),
-        Some(redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask)
-    )
-}
-
-impl RedisRecords {
-    /// The claims of `group` (indices into `items`, keys one node serves)
-    /// in one pipeline, answered in its order; and whether one answered
-    /// `MOVED` or `ASK` (it was sent again on its own).
-    async fn claim_group(
-        &self,
-        items: &[ClaimItem],
-        group: &[usize],
-    ) -> Result<(Vec<Result<Claim, StoreError>>, bool), StoreError> {
-        let mut pipe = redis::pipe();
-        let mut values = Vec::with_capacity(group.len());
-        for &index in group {
-            let new = items[index].as_new();
-            let request =
-                codec::encode_request(new.fingerprint, new.transactional, new.method, new.path);
-            let value = codec::in_flight(new.token, new.lease, new.retention, &request);
-            Self::claim_commands(
-                &mut pipe,
-                &self.key_arg(RECORDS, new.scope, new.key),
-                &value,
-                new.retention,
-            );
-            values.push(value);
-        }
-        let first = items[group[0]].as_new();
-        let sent_at = std::time::Instant::now();
-        let acked = self
-            .send(pipe, &self.key_arg(RECORDS, first.scope, first.key), true)
-            .await?;
-        if acked.values.len() != 2 * group.len() {
-            return Err(CorruptRecord("the batch claim answered too few keys").into());
-        }
-        let mut claims = Vec::with_capacity(group.len());
-        let mut moved = false;
-        for ((&index, value), answers) in group.iter().zip(values).zip(acked.values.chunks(2)) {
-            let new = items[index].as_new();
-            if matches!(&answers[0], Value::ServerError(error) if redirected(error)) {
-                moved = true;
-                claims.push(self.claim_alone(&new).await);
-                continue;
-            }
-            claims.push(
-                match self
-                    .claim_answer(&new, value, sent_at, answers, &acked)
-                    .await
-                {
-                    Ok(Some(claim)) => Ok(claim),
-                    // A release 1 record vanished under it: on its own again.
-                    Ok(None) => self.claim_alone(&new).await,
-                    Err(error) => Err(error),
-                },
-            );
-        }
-        Ok((claims, moved))
     }
 }
 
@@ -987,223 +438,6 @@ impl Purge for RedisRecords {
     }
 }
 
-// ---------------------------------------------------------------------------
-// Operators' operations (`AdminStore`): listing and forgetting records.
-// ---------------------------------------------------------------------------
-
-/// How many records a listing reads per round of scripts.
-const ADMIN_READ_CHUNK: usize = 100;
-
-/// Escapes the glob characters of `text` for `SCAN ... MATCH`.
-fn glob_escape(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
-}
-
-impl RedisRecords {
-    /// Every Redis key matching `pattern`: `SCAN` on one Redis; on a
-    /// cluster, `SCAN` on every primary in turn (the primaries named by
-    /// `CLUSTER NODES`), never `KEYS`, so no node is blocked while it
-    /// walks its keys.
-    async fn admin_keys(&self, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
-        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-        let scan = |cursor: u64| {
-            let mut command = redis::cmd("SCAN");
-            command
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000);
-            command
-        };
-        let shape = || CorruptRecord("SCAN returned an unexpected shape");
-        let mut keys = Vec::new();
-        match &self.connection {
-            Connection::Single(connection) => {
-                let mut connection = connection.clone();
-                let mut cursor: u64 = 0;
-                loop {
-                    let (next, batch): (u64, Vec<Vec<u8>>) =
-                        scan(cursor).query_async(&mut connection).await?;
-                    keys.extend(batch);
-                    if next == 0 {
-                        return Ok(keys);
-                    }
-                    cursor = next;
-                }
-            }
-            Connection::Cluster(connection) => {
-                let mut connection = connection.clone();
-                let mut nodes = redis::cmd("CLUSTER");
-                nodes.arg("NODES");
-                let nodes: String = redis::from_redis_value(
-                    connection
-                        .route_command(
-                            nodes,
-                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-                        )
-                        .await?,
-                )
-                .map_err(|_| CorruptRecord("CLUSTER NODES returned an unexpected shape"))?;
-                for (host, port) in primaries(&nodes) {
-                    let mut cursor: u64 = 0;
-                    loop {
-                        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                            host: host.clone(),
-                            port,
-                        });
-                        let (next, batch): (u64, Vec<Vec<u8>>) = redis::from_redis_value(
-                            connection.route_command(scan(cursor), route).await?,
-                        )
-                        .map_err(|_| shape())?;
-                        keys.extend(batch);
-                        if next == 0 {
-                            break;
-                        }
-                        cursor = next;
-                    }
-                }
-                Ok(keys)
-            }
-        }
-    }
-}
-
-/// The addresses of the live primaries in a `CLUSTER NODES` answer (one
-/// line per node: id, `host:port@bus-port`, flags, …).
-fn primaries(nodes: &str) -> Vec<(String, u16)> {
-    nodes
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split(' ');
-            let (_id, address, flags) = (fields.next()?, fields.next()?, fields.next()?);
-            let flags: Vec<&str> = flags.split(',').collect();
-            if !flags.contains(&"master") || flags.iter().any(|flag| flag.starts_with("fail")) {
-                return None;
-            }
-            let address = address.split('@').next()?;
-            let (host, port) = address.rsplit_once(':')?;
-            Some((host.to_owned(), port.parse().ok()?))
-        })
-        .collect()
-}
-
-impl RedisRecords {
-    /// Deletes the cached copy of a record (tiered store), if any.
-    async fn cache_forget(&self, scope: &str, key: &str) -> Result<(), StoreError> {
-        let mut command = redis::cmd("DEL");
-        command.arg(self.key_arg(CACHED, scope, key));
-        self.query(&command).await?;
-        Ok(())
-    }
-}
-
-/// The tiered store's cache: completed records under their own keys.
-impl crate::store::tiered::RecordCache for RedisRecords {
-    async fn get_completed(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        self.cache_get(scope, key).await
-    }
-
-    async fn put_completed(&self, record: &Record, ttl: Duration) -> Result<(), StoreError> {
-        self.cache_put(record, ttl).await
-    }
-
-    async fn forget(&self, scope: &str, key: &str) -> Result<(), StoreError> {
-        self.cache_forget(scope, key).await
-    }
-
-    async fn announce(&self, scope: &str, key: &str) -> Result<(), StoreError> {
-        RedisRecords::announce(self, scope, key).await
-    }
-
-    fn events(&self) -> &RecordEvents {
-        Store::events(self)
-    }
-}
-
-impl crate::store::admin::AdminStore for RedisRecords {
-    async fn list(
-        &self,
-        scope: &str,
-        filter: crate::store::admin::StateFilter,
-        page: crate::store::admin::PageRequest<'_>,
-    ) -> Result<crate::store::admin::Page, StoreError> {
-        let limit = page.clamped_limit();
-        let wanted = usize::try_from(limit).unwrap_or(usize::MAX) + 1;
-        let pattern = format!(
-            "{}:{RECORDS}:{}:{}:*",
-            glob_escape(&self.prefix),
-            scope.len(),
-            glob_escape(scope)
-        );
-        let mut keys: Vec<String> = self
-            .admin_keys(&pattern)
-            .await?
-            .iter()
-            .filter_map(|raw| parse_record_key(&self.prefix, raw))
-            .filter(|(found_scope, key)| {
-                found_scope == scope && page.after.is_none_or(|after| key.as_str() > after)
-            })
-            .map(|(_, key)| key)
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
-        let mut records = Vec::new();
-        for chunk in keys.chunks(ADMIN_READ_CHUNK) {
-            let read =
-                futures_util::future::try_join_all(chunk.iter().map(|key| self.get(scope, key)))
-                    .await?;
-            records.extend(read.into_iter().flatten().filter(|r| filter.accepts(r)));
-            if records.len() >= wanted {
-                break;
-            }
-        }
-        Ok(crate::store::admin::Page::from_overfetch(records, limit))
-    }
-
-    async fn forget(
-        &self,
-        scope: &str,
-        key: &str,
-        rule: crate::store::admin::ForgetRule,
-    ) -> Result<crate::store::admin::Forgotten, StoreError> {
-        use crate::RecordState;
-        use crate::store::admin::Forgotten;
-        let flag = |state| if rule.allows(state) { "1" } else { "0" };
-        let mut call = ScriptCall::new(&ADMIN_FORGET, 1, 80);
-        call.arg(self.key_arg(RECORDS, scope, key))
-            .arg(flag(RecordState::Completed))
-            .arg(flag(RecordState::Abandoned))
-            .arg(&*self.channel);
-        let reply: (i64, String) = redis::from_redis_value(self.invoke(&call).await?)
-            .map_err(|_| CorruptRecord("the forget script returned an unexpected shape"))?;
-        let state = match reply.1.as_str() {
-            "c" => RecordState::Completed,
-            "a" => RecordState::Abandoned,
-            _ => RecordState::InFlight,
-        };
-        match reply.0 {
-            0 => Ok(Forgotten::Missing),
-            1 => {
-                // Other processes hear of it by pub/sub; this one at once
-                // (its replay cache must not answer for the deleted record
-                // while the message is on its way back).
-                self.events.publish(scope, key);
-                Ok(Forgotten::Deleted(state))
-            }
-            2 => Ok(Forgotten::Refused(state)),
-            _ => Err(CorruptRecord("the forget script returned an unexpected shape").into()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1240,23 +474,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn cluster_nodes_name_their_live_primaries() {
-        let nodes = "a1 127.0.0.1:7101@17101 myself,master - 0 0 1 connected 0-5460\n\
-                     b2 127.0.0.1:7102@17102 master - 0 0 2 connected 5461-10922\n\
-                     c3 127.0.0.1:7104@17104 slave a1 0 0 1 connected\n\
-                     d4 10.0.0.9:7103@17103 master,fail - 0 0 3 disconnected\n";
-        assert_eq!(
-            primaries(nodes),
-            vec![
-                ("127.0.0.1".to_owned(), 7101),
-                ("127.0.0.1".to_owned(), 7102)
-            ]
-        );
-    }
-
     /// The raw value of a record, read with a plain command.
-    async fn raw(store: &RedisStore, scope: &str, key: &str) -> Vec<u8> {
+    pub(super) async fn raw(store: &RedisStore, scope: &str, key: &str) -> Vec<u8> {
         let mut command = redis::cmd("GET");
         command.arg(store.direct().key_arg(RECORDS, scope, key));
         match store.direct().query(&command).await.unwrap() {
@@ -1265,82 +484,9 @@ mod tests {
         }
     }
 
-    /// The scripts write what the codec reads, byte for byte: a claim's
-    /// value, a renewal's lease end, a reader's watched mark and a
-    /// scripted completion are exactly the values `codec` builds.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_redis_scripts_write_the_codec_layout() {
-        let url = idempotency_tests::fixtures::redis_url();
-        let prefix = format!("test-codec-{}", uuid::Uuid::new_v4().simple());
-        let store = RedisStore::connect(&url, &prefix)
-            .await
-            .unwrap()
-            .with_native_fence(false);
-        let fingerprint = crate::Fingerprint::from_bytes([3; 32]);
-        let new = NewRecord {
-            scope: "s",
-            key: "k",
-            fingerprint: &fingerprint,
-            method: "POST",
-            path: "/orders?x=1",
-            token: LeaseToken::new(),
-            lease: Duration::from_secs(30),
-            retention: Duration::from_secs(3600),
-            transactional: false,
-        };
-        let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
-            panic!("a fresh key is acquired");
-        };
-        let request = codec::encode_request(&fingerprint, false, "POST", "/orders?x=1");
-        let claimed = raw(&store, "s", "k").await;
-        assert_eq!(
-            claimed,
-            codec::in_flight(new.token, new.lease, new.retention, &request)
-        );
-
-        store.renew(&lease, Duration::from_secs(120)).await.unwrap();
-        let renewed = raw(&store, "s", "k").await;
-        let view = codec::View::parse(&renewed).unwrap();
-        assert!(
-            (120_000..125_000).contains(&view.lease_end),
-            "{}",
-            view.lease_end
-        );
-        assert_eq!(renewed[..28], claimed[..28]);
-        assert_eq!(renewed[36..], claimed[36..]);
-
-        let read = store.get("s", "k").await.unwrap().unwrap();
-        assert_eq!(read.state(), crate::RecordState::InFlight);
-        let watched = raw(&store, "s", "k").await;
-        assert!(codec::View::parse(&watched).unwrap().watched);
-        assert_eq!(watched[..3], renewed[..3]);
-        assert_eq!(watched[4..], renewed[4..]);
-
-        let response = StoredResponse::from_bytes("done");
-        store.complete(&lease, &response).await.unwrap();
-        let completed = raw(&store, "s", "k").await;
-        let view = codec::View::parse(&completed).unwrap();
-        assert_eq!(view.state, codec::COMPLETED);
-        assert!(view.completion < 5_000, "{}", view.completion);
-        assert_eq!(
-            completed,
-            codec::completed(
-                &renewed,
-                Duration::from_millis(view.completion),
-                &codec::encode_response(&response)
-            )
-            .unwrap()
-        );
-        let record = store.get("s", "k").await.unwrap().unwrap();
-        assert_eq!(record.response, Some(response));
-        let mut del = redis::cmd("DEL");
-        del.arg(store.direct().key_arg(RECORDS, "s", "k"));
-        store.direct().query(&del).await.unwrap();
-    }
-
     /// Whether a server's `INFO server` names a release with `SET … IFEQ`:
     /// Valkey 8.1 or later, Redis 8.4 or later.
-    fn server_has_ifeq(info: &str) -> bool {
+    pub(super) fn server_has_ifeq(info: &str) -> bool {
         let version = |field: &str| {
             info.lines()
                 .find_map(|line| line.strip_prefix(field))
@@ -1355,7 +501,7 @@ mod tests {
         }
     }
 
-    async fn info(url: &str, section: &str) -> String {
+    pub(super) async fn info(url: &str, section: &str) -> String {
         let client = redis::Client::open(url).unwrap();
         let mut connection = client.get_multiplexed_async_connection().await.unwrap();
         redis::cmd("INFO")
@@ -1366,7 +512,7 @@ mod tests {
     }
 
     /// How many scripts the server has run (`INFO commandstats`).
-    async fn script_calls(url: &str) -> u64 {
+    pub(super) async fn script_calls(url: &str) -> u64 {
         info(url, "commandstats")
             .await
             .lines()
@@ -1389,9 +535,9 @@ mod tests {
             .sum()
     }
 
-    fn record<'a>(
+    pub(super) fn record<'a>(
         key: &'a str,
-        fingerprint: &'a crate::Fingerprint,
+        fingerprint: &'a crate::fingerprint::Fingerprint,
         lease: Duration,
     ) -> NewRecord<'a> {
         NewRecord {
@@ -1404,223 +550,6 @@ mod tests {
             lease,
             retention: Duration::from_secs(3600),
             transactional: false,
-        }
-    }
-
-    /// A setting given after the store is built reaches the claims that go
-    /// through its batcher too (`Batched::map` builds the batchers again
-    /// over the changed store): asked for a replica's acknowledgement on a
-    /// Redis that has none, each of 64 concurrent claims fails
-    /// `NotReplicated`, the 63 that went as one batch included.
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_setting_given_after_connecting_reaches_batched_claims() {
-        let url = idempotency_tests::fixtures::redis_url();
-        let prefix = format!("test-map-{}", uuid::Uuid::new_v4().simple());
-        let store = RedisStore::connect(&url, &prefix)
-            .await
-            .unwrap()
-            .with_batching(PIPELINED_BATCHING)
-            .with_replica_acks(1, Duration::from_millis(5));
-        let fingerprint = crate::Fingerprint::from_bytes([3; 32]);
-        let names: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
-        let records: Vec<NewRecord<'_>> = names
-            .iter()
-            .map(|name| record(name, &fingerprint, Duration::from_secs(30)))
-            .collect();
-        let claims =
-            futures_util::future::join_all(records.iter().map(|new| store.claim(new))).await;
-        let batched = store.batch_stats().claims;
-        assert_eq!(batched.items, 64, "{batched:?}");
-        assert!(
-            batched.largest > 1,
-            "some claims went as a batch: {batched:?}"
-        );
-        for (name, claim) in names.iter().zip(claims) {
-            assert!(
-                matches!(
-                    claim,
-                    Err(StoreError::NotReplicated {
-                        wanted: 1,
-                        acked: 0
-                    })
-                ),
-                "{name}: {claim:?}"
-            );
-            let mut del = redis::cmd("DEL");
-            del.arg(store.direct().key_arg(RECORDS, "s", name));
-            store.direct().query(&del).await.unwrap();
-        }
-    }
-
-    /// The probe finds `SET … IFEQ` on Valkey 8.1 and on Redis 8.4 or
-    /// later, and not on older Redis (7.0 here); the switch turns it off.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_native_fence_is_found_where_the_server_has_it() {
-        let prefix = format!("test-probe-{}", uuid::Uuid::new_v4().simple());
-        let redis_url = idempotency_tests::fixtures::redis_url();
-        let redis = RedisStore::connect(&redis_url, &prefix).await.unwrap();
-        let server = info(&redis_url, "server").await;
-        assert_eq!(redis.native_fence(), server_has_ifeq(&server), "{server}");
-        let valkey_url = idempotency_tests::fixtures::valkey_url();
-        let valkey = RedisStore::connect(&valkey_url, &prefix).await.unwrap();
-        assert!(server_has_ifeq(&info(&valkey_url, "server").await));
-        assert!(valkey.native_fence());
-        assert!(!valkey.with_native_fence(false).native_fence());
-    }
-
-    /// On Valkey a completion is one native `SET … IFEQ`, no script; a
-    /// renewed or watched record misses it and completes by the fenced
-    /// script, which wakes a waiter in another process's store; a lease
-    /// another request took over completes nothing, and the new holder's
-    /// completion is native again. A private server, so its script counter
-    /// counts this test's commands alone.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn valkey_completions_take_the_native_fence_unless_the_value_changed() {
-        let server = idempotency_tests::RedisServer::start_valkey().await;
-        let url = server.url();
-        let prefix = format!("test-ifeq-{}", uuid::Uuid::new_v4().simple());
-        let store = RedisStore::connect(&url, &prefix).await.unwrap();
-        let other = RedisStore::connect(&url, &prefix).await.unwrap();
-        assert!(store.native_fence());
-        let fingerprint = crate::Fingerprint::from_bytes([5; 32]);
-        let response = StoredResponse::from_bytes("done");
-        let lease_of = |claim: Claim| match claim {
-            Claim::Acquired(lease) => lease,
-            Claim::Existing(record) => panic!("a fresh key is acquired, not {record:?}"),
-        };
-
-        // Fresh: claim and completion without a script.
-        let before = script_calls(&url).await;
-        let new = record("plain", &fingerprint, Duration::from_secs(30));
-        let lease = lease_of(store.claim(&new).await.unwrap());
-        let claimed = raw(&store, "s", "plain").await;
-        store.complete(&lease, &response).await.unwrap();
-        assert_eq!(
-            script_calls(&url).await,
-            before,
-            "a native claim and completion"
-        );
-        let completed = raw(&store, "s", "plain").await;
-        let view = codec::View::parse(&completed).unwrap();
-        assert_eq!(view.state, codec::COMPLETED);
-        assert_eq!(
-            completed,
-            codec::completed(
-                &claimed,
-                Duration::from_millis(view.completion),
-                &codec::encode_response(&response)
-            )
-            .unwrap()
-        );
-        assert_eq!(
-            store.direct().claimed.len(),
-            0,
-            "the claimed value was taken"
-        );
-
-        // Renewed: the value changed, the script completes it.
-        let new = record("renewed", &fingerprint, Duration::from_secs(30));
-        let lease = lease_of(store.claim(&new).await.unwrap());
-        store.renew(&lease, Duration::from_secs(90)).await.unwrap();
-        let before = script_calls(&url).await;
-        store.complete(&lease, &response).await.unwrap();
-        // The script ran (counted once more when its first call met an empty
-        // script cache and was sent again).
-        assert!(script_calls(&url).await > before, "the fenced script ran");
-        let read = store.get("s", "renewed").await.unwrap().unwrap();
-        assert_eq!(read.response.as_ref(), Some(&response));
-
-        // Watched by another store: the script completes it and wakes it.
-        let new = record("watched", &fingerprint, Duration::from_secs(30));
-        let lease = lease_of(store.claim(&new).await.unwrap());
-        let waiting = other.events().subscribe("s", "watched");
-        let read = other.get("s", "watched").await.unwrap().unwrap();
-        assert_eq!(read.state(), crate::RecordState::InFlight);
-        // The other store's subscriber task starts listening at connect.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        store.complete(&lease, &response).await.unwrap();
-        tokio::time::timeout(Duration::from_secs(5), waiting.changed())
-            .await
-            .expect("the waiter in the other store is woken by the completion");
-        let read = other.get("s", "watched").await.unwrap().unwrap();
-        assert_eq!(read.response.as_ref(), Some(&response));
-
-        // Taken over: the first holder completes nothing.
-        let new = record("taken", &fingerprint, Duration::from_millis(20));
-        let first = lease_of(store.claim(&new).await.unwrap());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let again = record("taken", &fingerprint, Duration::from_secs(30));
-        let second = other
-            .take_over(first.token, &again)
-            .await
-            .unwrap()
-            .expect("an ended lease is taken over");
-        assert!(matches!(
-            store
-                .complete(&first, &StoredResponse::from_bytes("first"))
-                .await,
-            Err(StoreError::LeaseLost)
-        ));
-        let before = script_calls(&url).await;
-        other.complete(&second, &response).await.unwrap();
-        assert_eq!(
-            script_calls(&url).await,
-            before,
-            "the new holder's native completion"
-        );
-        let read = store.get("s", "taken").await.unwrap().unwrap();
-        assert_eq!(read.response.as_ref(), Some(&response));
-    }
-
-    /// On a cluster a batch goes as one pipeline per primary and keeps each
-    /// claim's own answer: 200 claims of one key in one pipeline give
-    /// exactly one winner and its record to the 199 others; 200 claims over
-    /// 40 keys (on every primary) give one winner per key.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn cluster_batches_answer_each_claim_on_its_own() {
-        let urls = idempotency_tests::fixtures::redis_cluster_urls();
-        let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-        let prefix = format!("test-pipeline-{}", uuid::Uuid::new_v4().simple());
-        let store = RedisStore::connect_cluster(&nodes, &prefix).await.unwrap();
-        let fingerprint = crate::Fingerprint::from_bytes([9; 32]);
-        for keys in [1, 40] {
-            let names: Vec<String> = (0..keys).map(|k| format!("k{keys}-{k}")).collect();
-            let records: Vec<NewRecord<'_>> = (0..200)
-                .map(|i| record(&names[i % keys], &fingerprint, Duration::from_secs(30)))
-                .collect();
-            let items: Vec<ClaimItem> = records.iter().map(ClaimItem::new).collect();
-            let groups = store.direct().groups(items.iter().map(|item| {
-                store
-                    .direct()
-                    .key_arg(RECORDS, &item.scope, &item.key)
-                    .to_bytes()
-            }));
-            match keys {
-                1 => assert_eq!(groups.len(), 1, "one key is one pipeline"),
-                _ => assert!(groups.len() > 1, "40 keys reach more than one primary"),
-            }
-            let claims = store.direct().claim_batch(items).await.unwrap();
-            assert_eq!(claims.len(), 200);
-            let mut winners = std::collections::HashMap::new();
-            for (new, claim) in records.iter().zip(&claims) {
-                if let Ok(Claim::Acquired(lease)) = claim {
-                    assert_eq!(lease.token, new.token);
-                    let earlier = winners.insert(new.key, new.token);
-                    assert!(earlier.is_none(), "two winners for {}", new.key);
-                }
-            }
-            assert_eq!(winners.len(), keys, "one winner per key");
-            for (new, claim) in records.iter().zip(claims) {
-                if let Claim::Existing(existing) = claim.unwrap() {
-                    assert_eq!(existing.lease_token, winners[new.key], "{}", new.key);
-                    assert_eq!(existing.state(), crate::RecordState::InFlight);
-                }
-            }
-            for name in &names {
-                let mut del = redis::cmd("DEL");
-                del.arg(store.direct().key_arg(RECORDS, "s", name));
-                store.direct().query(&del).await.unwrap();
-            }
         }
     }
 }

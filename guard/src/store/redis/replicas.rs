@@ -39,8 +39,9 @@ use std::time::Duration;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{RedisError, ServerErrorKind, Value};
 
+use super::RedisRecords;
 use super::call::{RecordKey, ScriptCall};
-use super::{Connection, RedisRecords};
+use super::connection::Connection;
 use crate::record::CorruptRecord;
 use crate::store::StoreError;
 

@@ -11,6 +11,12 @@
 //! commit, one fsync), after one read of each (a replay takes no write
 //! lock); completions likewise. [`Batched::with_batching`] tunes or
 //! turns it off.
+//!
+//! The folder: this file holds the store's types, its builders, the
+//! statements of one call and [`Store`]; `batch.rs` the batch
+//! transactions ([`BatchedStore`](crate::store::BatchedStore));
+//! `admin.rs` the operators' listing and forgetting
+//! ([`AdminStore`](crate::store::AdminStore)).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -21,10 +27,16 @@ use sqlx::sqlite::{
 use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
 
-use crate::store::batch::{BatchLimits, Batched, BatchedStore, ClaimItem};
+mod admin;
+mod batch;
+
+use crate::events::RecordEvents;
+use crate::fingerprint::Fingerprint;
+use crate::migrate::MigrationError;
+use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
+use crate::store::batch::{BatchLimits, Batched};
 use crate::store::sql::{CLAIM_ATTEMPTS, fenced, millis};
-use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
-use crate::{Fingerprint, Record, RecordEvents, StoredResponse};
+use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError};
 
 const INSERT: &str = "insert into idempotency_records
         (scope, key, fingerprint, method, path, state, lease_token, lease_expires_at,
@@ -68,9 +80,6 @@ pub const DEFAULT_BATCHING: BatchLimits = BatchLimits {
     max_batch: 128,
     max_in_flight: 1,
 };
-
-/// A completion waiting in a batch.
-type CompleteItem = (Lease, StoredResponse);
 
 /// Records in an SQLite database, in the table `idempotency_records`, with
 /// claims and completions batched ([`DEFAULT_BATCHING`]): [`SqliteRecords`]
@@ -189,7 +198,7 @@ impl SqliteStore {
     /// # Errors
     ///
     /// Returns the migration that failed, or the connection error.
-    pub async fn migrate(&self) -> Result<(), crate::MigrationError> {
+    pub async fn migrate(&self) -> Result<(), MigrationError> {
         const ATTEMPTS: u32 = 5;
         let mut attempt = 1;
         loop {
@@ -202,7 +211,7 @@ impl SqliteStore {
                     tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
                     attempt += 1;
                 }
-                Err(error) => return Err(crate::MigrationError(error)),
+                Err(error) => return Err(MigrationError(error)),
             }
         }
     }
@@ -218,7 +227,7 @@ fn to_millis(at: OffsetDateTime) -> i64 {
 
 fn from_millis(millis: i64) -> Result<OffsetDateTime, StoreError> {
     OffsetDateTime::from_unix_timestamp_nanos(i128::from(millis) * 1_000_000)
-        .map_err(|_| crate::record::CorruptRecord("a stored time is out of range").into())
+        .map_err(|_| CorruptRecord("a stored time is out of range").into())
 }
 
 fn token_bytes(token: LeaseToken) -> Vec<u8> {
@@ -231,7 +240,7 @@ fn record_from_row(
     key: &str,
     observed_at: OffsetDateTime,
 ) -> Result<Record, StoreError> {
-    let corrupt = crate::record::CorruptRecord;
+    let corrupt = CorruptRecord;
     let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
     let fingerprint: [u8; 32] = fingerprint
         .try_into()
@@ -270,108 +279,6 @@ fn record_from_row(
         expires_at: from_millis(row.try_get("expires_at")?)?,
         observed_at,
     })
-}
-
-impl BatchedStore for SqliteRecords {
-    type Completion = CompleteItem;
-
-    fn completion(&self, lease: &Lease, response: &StoredResponse) -> CompleteItem {
-        (lease.clone(), response.clone())
-    }
-
-    async fn claim_batch(
-        &self,
-        items: Vec<ClaimItem>,
-    ) -> Result<Vec<Result<Claim, StoreError>>, StoreError> {
-        // Reads first, on one connection: replays take no write lock.
-        let mut results: Vec<Option<Claim>> = Vec::with_capacity(items.len());
-        {
-            let mut connection = self.pool.acquire().await?;
-            for item in &items {
-                let observed_at = OffsetDateTime::now_utc();
-                let row = sqlx::query(GET)
-                    .bind(&item.scope)
-                    .bind(&item.key)
-                    .fetch_optional(&mut *connection)
-                    .await?;
-                results.push(
-                    row.map(|row| record_from_row(&row, &item.scope, &item.key, observed_at))
-                        .transpose()?
-                        .map(|record| Claim::Existing(Box::new(record))),
-                );
-            }
-        }
-        if results.iter().any(Option::is_none) {
-            // The misses, in one write transaction: each insert arbitrates
-            // (`on conflict do nothing`); a lost one reads the winner,
-            // which the write lock keeps in place until the commit.
-            let mut transaction = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-            let now = now_millis();
-            for (item, result) in items.iter().zip(&mut results) {
-                if result.is_some() {
-                    continue;
-                }
-                let inserted = sqlx::query(INSERT)
-                    .bind(&item.scope)
-                    .bind(&item.key)
-                    .bind(item.fingerprint.as_bytes().as_slice())
-                    .bind(&item.method)
-                    .bind(&item.path)
-                    .bind(token_bytes(item.token))
-                    .bind(now)
-                    .bind(millis(item.lease))
-                    .bind(i64::from(item.transactional))
-                    .bind(millis(item.retention))
-                    .execute(&mut *transaction)
-                    .await?;
-                if inserted.rows_affected() == 1 {
-                    *result = Some(Claim::Acquired(item.as_new().lease()));
-                    continue;
-                }
-                let observed_at = OffsetDateTime::now_utc();
-                let row = sqlx::query(GET)
-                    .bind(&item.scope)
-                    .bind(&item.key)
-                    .fetch_one(&mut *transaction)
-                    .await?;
-                let record = record_from_row(&row, &item.scope, &item.key, observed_at)?;
-                *result = Some(Claim::Existing(Box::new(record)));
-            }
-            transaction.commit().await?;
-        }
-        Ok(results
-            .into_iter()
-            .map(|claim| {
-                claim.ok_or_else(|| {
-                    StoreError::Unavailable("a claim of the batch went unanswered".into())
-                })
-            })
-            .collect())
-    }
-
-    async fn complete_batch(
-        &self,
-        items: Vec<CompleteItem>,
-    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        let mut transaction = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let now = now_millis();
-        let mut results = Vec::with_capacity(items.len());
-        for (lease, response) in &items {
-            let result = sqlx::query(COMPLETE)
-                .bind(lease.scope.as_str())
-                .bind(lease.key.as_str())
-                .bind(token_bytes(lease.token))
-                .bind(i64::from(response.status.as_u16()))
-                .bind(response.encode_headers())
-                .bind(response.body.as_ref().map(|b| b.to_vec()))
-                .bind(now)
-                .execute(&mut *transaction)
-                .await?;
-            results.push(fenced(result.rows_affected()));
-        }
-        transaction.commit().await?;
-        Ok(results)
-    }
 }
 
 impl Store for SqliteRecords {
@@ -492,92 +399,5 @@ impl Purge for SqliteRecords {
             .execute(&self.pool)
             .await?;
         Ok(result.rows_affected())
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Operators' operations (`AdminStore`): listing and forgetting records.
-// ---------------------------------------------------------------------------
-
-/// One page of a scope's records (keyset pagination by key; SQLite compares
-/// text bytewise). `?3` is the state filter's name, `?5` the clock.
-const ADMIN_LIST: &str = "select key, fingerprint, method, path, lease_token, lease_expires_at, \
-    transactional, response_status, response_headers, response_body, created_at, completed_at, \
-    expires_at from idempotency_records
-    where scope = ?1 and key > ?2 and expires_at > ?5
-      and (?3 = 'any'
-        or (?3 = 'completed' and state = 'completed')
-        or (?3 = 'in_flight' and state = 'in_flight' and lease_expires_at > ?5)
-        or (?3 = 'abandoned' and state = 'in_flight' and lease_expires_at <= ?5
-            and transactional = 0))
-    order by key
-    limit ?4";
-
-/// Deletes the record when the rule allows its state (`?3`: completed ones,
-/// `?4`: abandoned ones; `?5` the clock), deciding and deleting in one
-/// statement; a live lease always keeps it.
-const ADMIN_FORGET: &str = "delete from idempotency_records
-    where scope = ?1 and key = ?2
-      and ((state = 'completed' and ?3) or (state = 'in_flight' and lease_expires_at <= ?5 and ?4))
-    returning state";
-
-impl crate::store::admin::AdminStore for SqliteRecords {
-    async fn list(
-        &self,
-        scope: &str,
-        filter: crate::store::admin::StateFilter,
-        page: crate::store::admin::PageRequest<'_>,
-    ) -> Result<crate::store::admin::Page, StoreError> {
-        let limit = page.clamped_limit();
-        let observed_at = OffsetDateTime::now_utc();
-        let rows = sqlx::query(ADMIN_LIST)
-            .bind(scope)
-            .bind(page.after.unwrap_or(""))
-            .bind(filter.as_str())
-            .bind(i64::from(limit) + 1)
-            .bind(to_millis(observed_at))
-            .fetch_all(&self.pool)
-            .await?;
-        let records = rows
-            .iter()
-            .map(|row| {
-                let key: String = row.try_get("key")?;
-                record_from_row(row, scope, &key, observed_at)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(crate::store::admin::Page::from_overfetch(records, limit))
-    }
-
-    async fn forget(
-        &self,
-        scope: &str,
-        key: &str,
-        rule: crate::store::admin::ForgetRule,
-    ) -> Result<crate::store::admin::Forgotten, StoreError> {
-        use crate::RecordState;
-        use crate::store::admin::Forgotten;
-        let deleted = sqlx::query(ADMIN_FORGET)
-            .bind(scope)
-            .bind(key)
-            .bind(rule.allows(RecordState::Completed))
-            .bind(rule.allows(RecordState::Abandoned))
-            .bind(now_millis())
-            .fetch_optional(&self.pool)
-            .await?;
-        if let Some(row) = deleted {
-            let state: String = row.try_get("state")?;
-            self.events.publish(scope, key);
-            return Ok(Forgotten::Deleted(if state == "completed" {
-                RecordState::Completed
-            } else {
-                RecordState::Abandoned
-            }));
-        }
-        // Nothing deleted: say why (a read after the decision, for the
-        // answer only).
-        Ok(match self.get(scope, key).await? {
-            Some(record) => Forgotten::Refused(record.state()),
-            None => Forgotten::Missing,
-        })
     }
 }

@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
+use crate::events::RecordEvents;
+use crate::record::{LeaseToken, Record, StoredResponse};
 #[cfg(feature = "postgres")]
 use crate::store::TransactionalStore;
 use crate::store::encrypted::{EncryptedStore, EncryptionKeys};
-use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
-use crate::{Record, RecordEvents, StoredResponse};
+use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError};
 
 /// One of the stores, chosen at run time (an enum that delegates, so the
 /// layer stays monomorphic and nothing is boxed): a [`Backend`], its
@@ -182,7 +183,7 @@ impl Backend {
     /// # Errors
     ///
     /// Returns the migration that failed, or the connection error.
-    pub async fn migrate(&self) -> Result<(), crate::MigrationError> {
+    pub async fn migrate(&self) -> Result<(), crate::migrate::MigrationError> {
         match self {
             #[cfg(feature = "postgres")]
             Self::Postgres(store) => store.migrate().await,
@@ -313,7 +314,7 @@ impl AnyStore {
     /// # Errors
     ///
     /// Returns the migration that failed, or the connection error.
-    pub async fn migrate(&self) -> Result<(), crate::MigrationError> {
+    pub async fn migrate(&self) -> Result<(), crate::migrate::MigrationError> {
         self.backend().migrate().await
     }
 
@@ -576,62 +577,5 @@ impl TransactionalStore for AnyStore {
     }
 }
 
-// ---------------------------------------------------------------------------
-// Operators' operations (`AdminStore`), delegated.
-// ---------------------------------------------------------------------------
-
-impl crate::store::admin::AdminStore for Backend {
-    async fn list(
-        &self,
-        scope: &str,
-        filter: crate::store::admin::StateFilter,
-        page: crate::store::admin::PageRequest<'_>,
-    ) -> Result<crate::store::admin::Page, StoreError> {
-        on_backend!(self, store => crate::store::admin::AdminStore::list(store, scope, filter, page).await)
-    }
-
-    async fn forget(
-        &self,
-        scope: &str,
-        key: &str,
-        rule: crate::store::admin::ForgetRule,
-    ) -> Result<crate::store::admin::Forgotten, StoreError> {
-        on_backend!(self, store => crate::store::admin::AdminStore::forget(store, scope, key, rule).await)
-    }
-
-    async fn held_without_record(
-        &self,
-        scope: &str,
-        keys: &[&str],
-    ) -> Result<Vec<bool>, StoreError> {
-        on_backend!(self, store => crate::store::admin::AdminStore::held_without_record(store, scope, keys).await)
-    }
-}
-
-impl crate::store::admin::AdminStore for AnyStore {
-    async fn list(
-        &self,
-        scope: &str,
-        filter: crate::store::admin::StateFilter,
-        page: crate::store::admin::PageRequest<'_>,
-    ) -> Result<crate::store::admin::Page, StoreError> {
-        on_store!(self, store => crate::store::admin::AdminStore::list(store, scope, filter, page).await)
-    }
-
-    async fn forget(
-        &self,
-        scope: &str,
-        key: &str,
-        rule: crate::store::admin::ForgetRule,
-    ) -> Result<crate::store::admin::Forgotten, StoreError> {
-        on_store!(self, store => crate::store::admin::AdminStore::forget(store, scope, key, rule).await)
-    }
-
-    async fn held_without_record(
-        &self,
-        scope: &str,
-        keys: &[&str],
-    ) -> Result<Vec<bool>, StoreError> {
-        on_store!(self, store => crate::store::admin::AdminStore::held_without_record(store, scope, keys).await)
-    }
-}
+// After the `on_backend!` and `on_store!` macros, which it uses.
+mod admin;

@@ -1,0 +1,118 @@
+//! The Lua scripts of the Redis store, each assembled once from the
+//! codec's positions and its files under `lua/` (habit 17: scripts in
+//! their own files). Every write that needs a decision on the server
+//! (fenced renewal, release, take-over, a completion without `IFEQ`, the
+//! operators' forget) and the read that marks a record watched is one of
+//! these.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use super::codec;
+
+/// A script: the codec's positions (`codec::lua_layout`) first, then the
+/// files under `store/redis/lua/`, in order (shared pieces first).
+macro_rules! script {
+    ($($file:literal),+) => {
+        LazyLock::new(|| {
+            let mut source = codec::lua_layout();
+            $(source.push_str(include_str!(concat!("lua/", $file)));)+
+            Script::new(&source)
+        })
+    };
+}
+
+pub(super) static COMPLETE: LazyLock<Script> = script!("fence.lua", "complete.lua");
+pub(super) static RENEW: LazyLock<Script> = script!("fence.lua", "renew.lua");
+pub(super) static RELEASE: LazyLock<Script> = script!("fence.lua", "release.lua");
+pub(super) static GET: LazyLock<Script> = script!("legacy_pack.lua", "legacy.lua", "get.lua");
+pub(super) static TAKE_OVER: LazyLock<Script> =
+    script!("legacy_pack.lua", "legacy.lua", "take_over.lua");
+pub(super) static ADMIN_FORGET: LazyLock<Script> =
+    script!("legacy_pack.lua", "legacy.lua", "admin_forget.lua");
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::tests::raw;
+    use super::super::{RECORDS, RedisStore};
+    use super::codec;
+    use crate::fingerprint::Fingerprint;
+    use crate::record::{LeaseToken, RecordState, StoredResponse};
+    use crate::store::{Claim, NewRecord, Store};
+
+    /// The scripts write what the codec reads, byte for byte: a claim's
+    /// value, a renewal's lease end, a reader's watched mark and a
+    /// scripted completion are exactly the values `codec` builds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_redis_scripts_write_the_codec_layout() {
+        let url = idempotency_tests::fixtures::redis_url();
+        let prefix = format!("test-codec-{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect(&url, &prefix)
+            .await
+            .unwrap()
+            .with_native_fence(false);
+        let fingerprint = Fingerprint::from_bytes([3; 32]);
+        let new = NewRecord {
+            scope: "s",
+            key: "k",
+            fingerprint: &fingerprint,
+            method: "POST",
+            path: "/orders?x=1",
+            token: LeaseToken::new(),
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+            transactional: false,
+        };
+        let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
+            panic!("a fresh key is acquired");
+        };
+        let request = codec::encode_request(&fingerprint, false, "POST", "/orders?x=1");
+        let claimed = raw(&store, "s", "k").await;
+        assert_eq!(
+            claimed,
+            codec::in_flight(new.token, new.lease, new.retention, &request)
+        );
+
+        store.renew(&lease, Duration::from_secs(120)).await.unwrap();
+        let renewed = raw(&store, "s", "k").await;
+        let view = codec::View::parse(&renewed).unwrap();
+        assert!(
+            (120_000..125_000).contains(&view.lease_end),
+            "{}",
+            view.lease_end
+        );
+        assert_eq!(renewed[..28], claimed[..28]);
+        assert_eq!(renewed[36..], claimed[36..]);
+
+        let read = store.get("s", "k").await.unwrap().unwrap();
+        assert_eq!(read.state(), RecordState::InFlight);
+        let watched = raw(&store, "s", "k").await;
+        assert!(codec::View::parse(&watched).unwrap().watched);
+        assert_eq!(watched[..3], renewed[..3]);
+        assert_eq!(watched[4..], renewed[4..]);
+
+        let response = StoredResponse::from_bytes("done");
+        store.complete(&lease, &response).await.unwrap();
+        let completed = raw(&store, "s", "k").await;
+        let view = codec::View::parse(&completed).unwrap();
+        assert_eq!(view.state, codec::COMPLETED);
+        assert!(view.completion < 5_000, "{}", view.completion);
+        assert_eq!(
+            completed,
+            codec::completed(
+                &renewed,
+                Duration::from_millis(view.completion),
+                &codec::encode_response(&response)
+            )
+            .unwrap()
+        );
+        let record = store.get("s", "k").await.unwrap().unwrap();
+        assert_eq!(record.response, Some(response));
+        let mut del = redis::cmd("DEL");
+        del.arg(store.direct().key_arg(RECORDS, "s", "k"));
+        store.direct().query(&del).await.unwrap();
+    }
+}

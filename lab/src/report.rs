@@ -1,0 +1,218 @@
+//! The markdown table of both runs.
+
+use std::fmt::Write as _;
+
+use crate::config::IncidentConfig;
+use crate::tally::{Summary, Traffic};
+
+fn percent(value: f64) -> String {
+    format!("{:.1} %", value * 100.0)
+}
+
+/// Picks the traffic of one kind (or both) from a summary.
+type KindOf = fn(&Summary) -> Traffic;
+
+/// The table comparing the runs, one row per figure.
+pub fn table(naive: &Summary, guarded: &Summary) -> String {
+    let mut rows: Vec<(String, String, String)> = Vec::new();
+    let mut row = |name: &str, figure: &dyn Fn(&Summary) -> String| {
+        rows.push((name.to_owned(), figure(naive), figure(guarded)));
+    };
+    let pair = |a: u64, b: u64| format!("{a} / {b}");
+    row("logical operations (reads / writes)", &|s| {
+        pair(s.reads.operations, s.writes.operations)
+    });
+    row("requests reaching the API (reads / writes)", &|s| {
+        pair(s.reads.requests, s.writes.requests)
+    });
+    row("retries (reads / writes)", &|s| {
+        pair(s.reads.retries, s.writes.retries)
+    });
+    let kinds: [(&str, KindOf); 3] = [
+        ("blended", Summary::blended),
+        ("reads", |s| s.reads),
+        ("writes", |s| s.writes),
+    ];
+    for (kind, of) in kinds {
+        row(&format!("amplification, {kind}"), &|s| {
+            format!("{:.3}", of(s).amplification())
+        });
+    }
+    for (kind, of) in kinds {
+        row(&format!("retry rate, {kind}"), &|s| {
+            percent(of(s).retry_rate())
+        });
+    }
+    for (kind, of) in kinds {
+        row(&format!("retry success rate, {kind}"), &|s| {
+            let traffic = of(s);
+            if traffic.retries == 0 {
+                "no retries".to_owned()
+            } else {
+                percent(traffic.retry_success_rate())
+            }
+        });
+    }
+    row("**executions per logical debit**", &|s| {
+        format!("**{:.3}**", s.executions_per_debit())
+    });
+    row(
+        "**double charges** (debits executed more than once)",
+        &|s| format!("**{}**", s.double_charged),
+    );
+    row("extra executions / most of one debit", &|s| {
+        format!("{} / {}", s.extra_executions, s.most_executions)
+    });
+    row("debits never executed", &|s| s.not_executed.to_string());
+    row("calls given up by the client (reads / writes)", &|s| {
+        pair(s.reads.gave_up, s.writes.gave_up)
+    });
+    row("status look-ups", &|s| match s.unsettled {
+        None => "none (no status service)".to_owned(),
+        Some(_) => s.lookups.to_string(),
+    });
+    row(
+        "**keys left to reconcile** (abandoned / in flight past lease)",
+        &|s| match s.unsettled {
+            None => format!(
+                "no keys to ask about: {} double charges seen only in the ledger, {} debits given up",
+                s.double_charged, s.writes.gave_up
+            ),
+            Some(u) => format!(
+                "**{}** ({} / {})",
+                u.abandoned + u.in_flight_past_lease,
+                u.abandoned,
+                u.in_flight_past_lease
+            ),
+        },
+    );
+    row("answers delayed / dropped / reset by the proxy", &|s| {
+        format!("{} / {} / {}", s.delayed, s.dropped, s.reset)
+    });
+    row("wall time of the traffic", &|s| {
+        format!("{:.1} s", s.elapsed.as_secs_f64())
+    });
+    let mut out = String::from("| | naive | guarded |\n|---|---:|---:|\n");
+    for (name, a, b) in rows {
+        let _ = writeln!(out, "| {name} | {a} | {b} |");
+    }
+    out
+}
+
+/// The line before the README's copy of the table.
+pub const README_BEGIN: &str = "<!-- incident-lab: begin -->";
+/// The line after it.
+pub const README_END: &str = "<!-- incident-lab: end -->";
+
+/// `readme` with the text between its [`README_BEGIN`] and [`README_END`]
+/// lines replaced by `table`; `None` when it has no such pair.
+pub fn splice(readme: &str, table: &str) -> Option<String> {
+    let begin = readme.find(README_BEGIN)? + README_BEGIN.len();
+    let end = begin + readme[begin..].find(README_END)?;
+    Some(format!(
+        "{}\n{}\n{}",
+        &readme[..begin],
+        table.trim_end(),
+        &readme[end..]
+    ))
+}
+
+/// The command line that reproduces `config`.
+pub fn command(config: &IncidentConfig) -> String {
+    let s = &config.schedule;
+    let crash = config
+        .crash_at
+        .map(|at| format!(" --crash-at {}", at.as_secs_f64()))
+        .unwrap_or_default();
+    format!(
+        "cargo run -p idempotency-lab -- incident --seed {} --window {} --window-start {} \
+         --duration {} --rate {} --writes {} --clients {} --delayed {} --dropped {} --reset {}{crash}",
+        s.seed,
+        s.window.as_secs_f64(),
+        s.start.as_secs_f64(),
+        config.duration.as_secs_f64(),
+        config.rate,
+        config.writes,
+        config.clients,
+        s.delayed,
+        s.dropped,
+        s.reset,
+    )
+}
+
+/// The whole page: what ran, the table, the plot.
+pub fn page(config: &IncidentConfig, naive: &Summary, guarded: &Summary, plot: &str) -> String {
+    let s = &config.schedule;
+    let naive_pauses: Vec<String> = config
+        .naive
+        .pauses
+        .iter()
+        .map(|p| format!("{} s", p.as_secs_f64()))
+        .collect();
+    format!(
+        "# The incident lab: the last run\n\n\
+         Written by the lab; rerun with:\n\n```sh\n{command}\n```\n\n\
+         {operations} operations in {duration} s ({rate} per second, {writes:.0} % debits, \
+         over {clients} client instances), twice over the same seeded faults: from {start} s \
+         for {window} s, {delayed:.0} % of answers delayed ({min_delay}–{max_delay} s), \
+         {dropped:.0} % dropped and {reset:.0} % reset, each after the write ran. \
+         Naive: no key, every 5xx, timeout and connection error retried after {pauses}, \
+         {timeout} s per attempt, the app without its guard. Guarded: the app behind the guard, \
+         the retry client's defaults, the status service asked before a write is resent. \
+         Counted at the proxy (requests, retries, whether the client got the answer) and \
+         at the ledger (executions per debit).{crash}\n\n{table}\n![Both runs over time]({plot})\n",
+        command = command(config),
+        operations = naive.reads.operations + naive.writes.operations,
+        duration = config.duration.as_secs_f64(),
+        rate = config.rate,
+        writes = config.writes * 100.0,
+        clients = config.clients,
+        start = s.start.as_secs_f64(),
+        window = s.window.as_secs_f64(),
+        delayed = s.delayed * 100.0,
+        min_delay = s.min_delay.as_secs_f64(),
+        max_delay = s.max_delay.as_secs_f64(),
+        dropped = s.dropped * 100.0,
+        reset = s.reset * 100.0,
+        pauses = naive_pauses.join(", "),
+        timeout = config.naive.timeout.as_secs_f64(),
+        table = table(naive, guarded),
+        crash = config
+            .crash_at
+            .map(|at| format!(
+                " The app was killed (SIGKILL) {} s into the traffic, while a debit ran, \
+                 and started again (debits took {} ms in their handler, the lease was {} s).",
+                at.as_secs_f64(),
+                crate::config::CRASH_HANDLER_TIME.as_millis(),
+                crate::config::CRASH_LEASE.as_secs()
+            ))
+            .unwrap_or_default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_table_is_replaced_between_its_markers_only() {
+        let readme = format!("intro\n{README_BEGIN}\n| old |\n{README_END}\nrest\n");
+        assert_eq!(
+            splice(&readme, "| new |\n").as_deref(),
+            Some(format!("intro\n{README_BEGIN}\n| new |\n{README_END}\nrest\n").as_str())
+        );
+        assert_eq!(splice("no markers", "| new |"), None);
+        assert_eq!(splice(&format!("{README_END}\n{README_BEGIN}"), "x"), None);
+    }
+
+    #[test]
+    fn the_workspace_readme_has_the_markers_around_its_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+        let readme = std::fs::read_to_string(path).expect("the README");
+        let begin = readme.find(README_BEGIN).expect("the begin marker") + README_BEGIN.len();
+        let end = begin + readme[begin..].find(README_END).expect("the end marker");
+        let table = readme[begin..end].trim();
+        assert!(table.starts_with("| | naive | guarded |"), "{table}");
+        assert_eq!(splice(&readme, table).as_deref(), Some(readme.as_str()));
+    }
+}

@@ -1,0 +1,354 @@
+//! One run of the incident: the payments example (and, guarded, the status
+//! service) on a fresh SQLite file, the proxy in front, the population's
+//! traffic through it, then the ledger and the store read back.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use idempotency_tests::Process;
+use tokio::task::JoinSet;
+
+use crate::callers::{CallOutcome, Caller};
+use crate::config::{CRASH_HANDLER_TIME, CRASH_LEASE, IncidentConfig, Mode};
+use crate::proxy::{Exchange, FaultProxy};
+use crate::schedule::FaultSchedule;
+use crate::traffic::{self, Kind, Operation, SEEDED_AMOUNT, SEEDED_PAYMENTS};
+
+/// The status service's token for the app's scope (`default`).
+const TOKEN: &str = "token-of-the-incident-lab-0001";
+/// The admin token the lab reads the records needing a decision with.
+const ADMIN_TOKEN: &str = "admin-token-of-the-incident-lab-01";
+
+/// The paths of the programs a run starts.
+#[derive(Debug, Clone)]
+pub struct Programs {
+    /// The guard's payments example.
+    pub payments: String,
+    /// `idempotency-service`.
+    pub status_service: String,
+}
+
+impl Programs {
+    /// The workspace's own builds of both (built on first use).
+    pub fn of_the_workspace() -> Self {
+        use idempotency_tests::programs::{Program, path};
+        Self {
+            payments: path(Program::Payments),
+            status_service: path(Program::StatusService),
+        }
+    }
+}
+
+/// One logical operation and how its client saw it end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// The operation.
+    pub operation: Operation,
+    /// How it ended.
+    pub outcome: CallOutcome,
+}
+
+/// The store's records that still need a decision after the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Unsettled {
+    /// Abandoned records (outcome unknown), not marked reconciled.
+    pub abandoned: u64,
+    /// Records still in flight past their lease.
+    pub in_flight_past_lease: u64,
+}
+
+/// Everything one run leaves to count.
+#[derive(Debug, Clone)]
+pub struct RunRecord {
+    /// Naive or guarded.
+    pub mode: Mode,
+    /// Each operation and its end.
+    pub calls: Vec<Call>,
+    /// Every request through the fault proxy.
+    pub exchanges: Vec<Exchange>,
+    /// When each status look-up was made (guarded only).
+    pub lookups: Vec<Duration>,
+    /// Rows in `payments` per debit amount (debits that never ran are
+    /// absent).
+    pub ledger: HashMap<i64, u64>,
+    /// The records left to reconcile (guarded only: the naive run has no
+    /// keys to ask about).
+    pub unsettled: Option<Unsettled>,
+    /// From the first operation to the last answer.
+    pub elapsed: Duration,
+}
+
+/// Runs the incident once in `mode`; the SQLite file lives in `dir`.
+///
+/// # Errors
+///
+/// When the seed payments cannot be made, or the ledger or the store
+/// cannot be read.
+///
+/// # Panics
+///
+/// When a program does not start (the message says which).
+pub async fn run(
+    mode: Mode,
+    config: &IncidentConfig,
+    programs: &Programs,
+    dir: &Path,
+) -> anyhow::Result<RunRecord> {
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.join(format!("{}.db", mode.as_str())).display()
+    );
+    let guard = match mode {
+        Mode::Naive => "off",
+        Mode::Guarded => "on",
+    };
+    let lease = match config.crash_at {
+        Some(_) => CRASH_LEASE,
+        None => Duration::from_secs(60),
+    }
+    .as_secs()
+    .to_string();
+    let app_env = [
+        ("DATABASE_URL", url.clone()),
+        ("IDEMPOTENCY_GUARD", guard.to_owned()),
+        ("LEASE_SECS", lease),
+        ("RUST_LOG", "off".to_owned()),
+    ];
+    let app = start_app(&programs.payments, None, &app_env).await;
+    seed_payments(app.address).await?;
+    let service = match mode {
+        Mode::Naive => None,
+        Mode::Guarded => {
+            let tokens = format!("default {TOKEN}");
+            let admin = format!("lab * {ADMIN_TOKEN}");
+            let env = [
+                ("DATABASE_URL", url.as_str()),
+                ("TOKENS", tokens.as_str()),
+                ("ADMIN_TOKENS", admin.as_str()),
+                ("MIGRATE_ON_START", "false"),
+                ("RUST_LOG", "off"),
+            ];
+            Some(Process::start(&programs.status_service, &env, "/readyz").await)
+        }
+    };
+
+    let schedule = config.schedule;
+    let mut operations = traffic::plan(
+        schedule.seed,
+        config.rate,
+        config.duration,
+        config.writes,
+        config.clients,
+    );
+    if config.crash_at.is_some() {
+        for operation in operations.iter_mut().filter(|o| o.kind == Kind::Write) {
+            operation.handler_time = CRASH_HANDLER_TIME;
+        }
+    }
+    let origin = Instant::now();
+    let proxy = FaultProxy::start(app.address, schedule, origin).await?;
+    // The status service's traffic, counted and never faulted.
+    let calm = FaultSchedule {
+        window: Duration::ZERO,
+        ..schedule
+    };
+    let status_proxy = match &service {
+        Some(service) => Some(FaultProxy::start(service.address, calm, origin).await?),
+        None => None,
+    };
+    let app_address = app.address;
+    let (app, crash) = match config.crash_at {
+        None => (Some(app), None),
+        Some(at) => {
+            let writes = proxy.writes_at_upstream();
+            let program = programs.payments.clone();
+            let crash = tokio::spawn(async move {
+                tokio::time::sleep_until((origin + at).into()).await;
+                // Kill while a debit runs in its handler: once the first
+                // attempt of one (a new key: it runs) has been at the app
+                // for half its handler time, its key is claimed and its
+                // handler asleep (waiting up to 5 s for one).
+                let waiting = Instant::now();
+                while writes
+                    .oldest()
+                    .is_none_or(|age| age < CRASH_HANDLER_TIME / 2)
+                    && waiting.elapsed() < Duration::from_secs(5)
+                {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                app.kill().await;
+                start_app(&program, Some(app_address), &app_env).await
+            });
+            (None, Some(crash))
+        }
+    };
+    let caller = match &status_proxy {
+        None => Caller::naive(config.naive.clone())?,
+        Some(status) => {
+            Caller::guarded(config.clients, &format!("http://{}", status.address), TOKEN)?
+        }
+    };
+    let caller = Arc::new(caller);
+    let base: Arc<str> = format!("http://{}", proxy.address).into();
+    let mut running = JoinSet::new();
+    for operation in operations {
+        tokio::time::sleep_until((origin + operation.at).into()).await;
+        let (caller, base) = (Arc::clone(&caller), Arc::clone(&base));
+        running.spawn(async move {
+            let outcome = caller.call(&operation, &base).await;
+            Call { operation, outcome }
+        });
+    }
+    let mut calls = Vec::new();
+    while let Some(call) = running.join_next().await {
+        calls.push(call.context("a client task")?);
+    }
+    let elapsed = origin.elapsed();
+    // The app started again after the crash stays up until the end.
+    let _app = match crash {
+        Some(restarted) => Some(restarted.await.context("the crash task")?),
+        None => app,
+    };
+    calls.sort_by_key(|call| call.operation.index);
+    // The proxy logs an exchange once its client has gone: give the last
+    // ones a moment.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let ledger = ledger(&url).await?;
+    let unsettled = match &service {
+        Some(service) => Some(unsettled(service.address).await?),
+        None => None,
+    };
+    let lookups = status_proxy
+        .map(|proxy| proxy.exchanges().iter().map(|e| e.at).collect())
+        .unwrap_or_default();
+    Ok(RunRecord {
+        mode,
+        calls,
+        exchanges: proxy.exchanges(),
+        lookups,
+        ledger,
+        unsettled,
+        elapsed,
+    })
+}
+
+/// Starts the payments example (on `address`, when it restarts where it
+/// was) with `env`.
+async fn start_app(
+    program: &str,
+    address: Option<std::net::SocketAddr>,
+    env: &[(&str, String)],
+) -> Process {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    match address {
+        Some(address) => Process::start_at(program, address, &env, "/metrics").await,
+        None => Process::start(program, &env, "/metrics").await,
+    }
+}
+
+/// Writes the payments reads read, straight to the app.
+async fn seed_payments(app: std::net::SocketAddr) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    for n in 0..SEEDED_PAYMENTS {
+        let answer = http
+            .post(format!("http://{app}/payments"))
+            .header("idempotency-key", format!("lab-seed-{n}"))
+            .json(&serde_json::json!({"amount": SEEDED_AMOUNT + n as i64, "currency": "EUR"}))
+            .send()
+            .await
+            .context("make a seed payment")?;
+        anyhow::ensure!(
+            answer.status() == 201,
+            "a seed payment answered {}",
+            answer.status()
+        );
+    }
+    Ok(())
+}
+
+/// Rows of `payments` per debit amount.
+async fn ledger(url: &str) -> anyhow::Result<HashMap<i64, u64>> {
+    let pool = sqlx::SqlitePool::connect(url)
+        .await
+        .context("open the ledger")?;
+    let rows: Vec<(i64, i64)> =
+        sqlx::query_as("select amount, count(*) from payments where amount < ?1 group by amount")
+            .bind(SEEDED_AMOUNT)
+            .fetch_all(&pool)
+            .await
+            .context("count the ledger's rows")?;
+    pool.close().await;
+    Ok(rows
+        .into_iter()
+        .map(|(amount, n)| (amount, n.unsigned_abs()))
+        .collect())
+}
+
+/// The records that need a decision, from the admin API.
+async fn unsettled(service: std::net::SocketAddr) -> anyhow::Result<Unsettled> {
+    let http = reqwest::Client::new();
+    let now = time::OffsetDateTime::now_utc();
+    let mut found = Unsettled::default();
+    for state in ["abandoned", "in_flight"] {
+        let mut after: Option<String> = None;
+        loop {
+            let mut query = vec![
+                ("scope", "default".to_owned()),
+                ("state", state.to_owned()),
+                ("limit", "1000".to_owned()),
+            ];
+            if let Some(after) = &after {
+                query.push(("after", after.clone()));
+            }
+            let url =
+                reqwest::Url::parse_with_params(&format!("http://{service}/v1/admin/keys"), &query)
+                    .context("the listing's URL")?;
+            let page: serde_json::Value = http
+                .get(url)
+                .bearer_auth(ADMIN_TOKEN)
+                .send()
+                .await
+                .context("list the records")?
+                .error_for_status()
+                .context("list the records")?
+                .json()
+                .await
+                .context("read the listing")?;
+            for record in page["records"].as_array().into_iter().flatten() {
+                let lapsed = record["lease_expires_at"]
+                    .as_str()
+                    .and_then(|at| {
+                        time::OffsetDateTime::parse(
+                            at,
+                            &time::format_description::well_known::Rfc3339,
+                        )
+                        .ok()
+                    })
+                    .is_some_and(|at| at < now);
+                match state {
+                    "abandoned" if record["needs_decision"] == true => found.abandoned += 1,
+                    "in_flight" if lapsed => found.in_flight_past_lease += 1,
+                    _ => {}
+                }
+            }
+            match page["next"].as_str() {
+                Some(next) => after = Some(next.to_owned()),
+                None => break,
+            }
+        }
+    }
+    Ok(found)
+}
+
+impl RunRecord {
+    /// The debits of the run (logical writes).
+    pub fn debits(&self) -> impl Iterator<Item = &Call> {
+        self.calls
+            .iter()
+            .filter(|call| call.operation.kind == Kind::Write)
+    }
+}
