@@ -37,7 +37,7 @@ pub(crate) enum GuardConflict {
 
 /// What an attempt, or a status look-up, produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum Observed {
     /// An answer: its status, its `Retry-After` (parsed), and the guard's
     /// problem when it is a 409 of the guard.
     Answer {
@@ -62,7 +62,7 @@ pub(crate) enum Outcome {
     StatusUnavailable,
 }
 
-impl Outcome {
+impl Observed {
     /// Whether a write that got this may have run.
     pub(crate) fn may_have_run(self) -> bool {
         match self {
@@ -144,17 +144,17 @@ enum Want {
 const IN_FLIGHT_WAIT: Duration = Duration::from_secs(1);
 
 /// Decides what a call does after `outcome`.
-pub(crate) fn decide(outcome: Outcome, at: &Situation<'_>) -> Decision {
+pub(crate) fn decide(outcome: Observed, at: &Situation<'_>) -> Decision {
     limit(want(outcome, at.class), at)
 }
 
-fn want(outcome: Outcome, class: Class) -> Want {
+fn want(outcome: Observed, class: Class) -> Want {
     use Class::{KeyedWrite, Read, UnkeyedWrite};
     match (outcome, class) {
-        (Outcome::Answer { status, .. }, _) if status < 400 => Want::Return,
+        (Observed::Answer { status, .. }, _) if status < 400 => Want::Return,
         // The guard's own conflicts, for a keyed write.
         (
-            Outcome::Answer {
+            Observed::Answer {
                 status: 409,
                 conflict: Some(GuardConflict::InFlight),
                 retry_after,
@@ -162,7 +162,7 @@ fn want(outcome: Outcome, class: Class) -> Want {
             KeyedWrite,
         ) => Want::FetchAfterHint(retry_after.unwrap_or(IN_FLIGHT_WAIT)),
         (
-            Outcome::Answer {
+            Observed::Answer {
                 status: 409,
                 conflict: Some(GuardConflict::OutcomeUnknown),
                 ..
@@ -172,7 +172,7 @@ fn want(outcome: Outcome, class: Class) -> Want {
         // 429: the server did nothing and said when to come back. The one
         // failure a write without a key is retried on (seed 000's rule).
         (
-            Outcome::Answer {
+            Observed::Answer {
                 status: 429,
                 retry_after: Some(hint),
                 ..
@@ -181,7 +181,7 @@ fn want(outcome: Outcome, class: Class) -> Want {
         ) => Want::ResendAfterHint(hint),
         // Not run (or released by the guard): send again.
         (
-            Outcome::Answer {
+            Observed::Answer {
                 status: 408 | 500 | 503,
                 ..
             },
@@ -189,29 +189,29 @@ fn want(outcome: Outcome, class: Class) -> Want {
         ) => Want::Backoff,
         // A gateway lost it: a read is sent again, a write asks first.
         (
-            Outcome::Answer {
+            Observed::Answer {
                 status: 502 | 504, ..
             },
             Read,
         ) => Want::Backoff,
         (
-            Outcome::Answer {
+            Observed::Answer {
                 status: 502 | 504, ..
             },
             KeyedWrite,
         ) => Want::AskOrBackoff,
         // Everything else is the answer: 4xx, 501, 505..., any answer but
         // a 429 with `Retry-After` to an unkeyed write.
-        (Outcome::Answer { .. }, _) => Want::Return,
-        (Outcome::ConnectFailed, Read | KeyedWrite) => Want::Backoff,
-        (Outcome::TimedOut | Outcome::Dropped, Read) => Want::Backoff,
-        (Outcome::TimedOut | Outcome::Dropped, KeyedWrite) => Want::AskOrBackoff,
-        (Outcome::ConnectFailed | Outcome::TimedOut | Outcome::Dropped, UnkeyedWrite) => {
+        (Observed::Answer { .. }, _) => Want::Return,
+        (Observed::ConnectFailed, Read | KeyedWrite) => Want::Backoff,
+        (Observed::TimedOut | Observed::Dropped, Read) => Want::Backoff,
+        (Observed::TimedOut | Observed::Dropped, KeyedWrite) => Want::AskOrBackoff,
+        (Observed::ConnectFailed | Observed::TimedOut | Observed::Dropped, UnkeyedWrite) => {
             Want::Stop(ErrorKind::UnkeyedWrite)
         }
-        (Outcome::Broken, _) => Want::Stop(ErrorKind::NotRetryable),
+        (Observed::Broken, _) => Want::Stop(ErrorKind::NotRetryable),
         (
-            Outcome::Advised {
+            Observed::Advised {
                 advice,
                 retry_after,
             },
@@ -223,7 +223,7 @@ fn want(outcome: Outcome, class: Class) -> Want {
             Advice::Reconcile => Want::Stop(ErrorKind::OutcomeUnknown),
         },
         // The service is down: the guard still makes a resend safe.
-        (Outcome::StatusUnavailable, _) => Want::Backoff,
+        (Observed::StatusUnavailable, _) => Want::Backoff,
     }
 }
 
@@ -318,32 +318,32 @@ mod tests {
             .with_max_attempts(3)
     }
 
-    fn answer(status: u16) -> Outcome {
-        Outcome::Answer {
+    fn answer(status: u16) -> Observed {
+        Observed::Answer {
             status,
             retry_after: None,
             conflict: None,
         }
     }
 
-    fn hinted(status: u16, secs: u64) -> Outcome {
-        Outcome::Answer {
+    fn hinted(status: u16, secs: u64) -> Observed {
+        Observed::Answer {
             status,
             retry_after: Some(Duration::from_secs(secs)),
             conflict: None,
         }
     }
 
-    fn conflict(conflict: GuardConflict) -> Outcome {
-        Outcome::Answer {
+    fn conflict(conflict: GuardConflict) -> Observed {
+        Observed::Answer {
             status: 409,
             retry_after: Some(Duration::from_secs(1)),
             conflict: Some(conflict),
         }
     }
 
-    fn advised(advice: Advice) -> Outcome {
-        Outcome::Advised {
+    fn advised(advice: Advice) -> Observed {
+        Observed::Advised {
             advice,
             retry_after: Duration::from_secs(1),
         }
@@ -370,7 +370,7 @@ mod tests {
             after: Duration::ZERO,
         };
         let s = 2000 * MS;
-        type Row = (Outcome, Class, bool, u32, Duration, Decision);
+        type Row = (Observed, Class, bool, u32, Duration, Decision);
         #[rustfmt::skip]
         let table: &[Row] = &[
             // outcome, class, status service, attempts, remaining => decision
@@ -412,15 +412,15 @@ mod tests {
             (answer(504), KW, true, 1, s, ask),
             (answer(502), KW, false, 1, s, back),
             (answer(504), KW, false, 1, s, back),
-            (Outcome::TimedOut, KW, true, 1, s, ask),
-            (Outcome::Dropped, KW, true, 1, s, ask),
-            (Outcome::TimedOut, KW, false, 1, s, back),
-            (Outcome::Dropped, KW, false, 1, s, back),
-            (Outcome::ConnectFailed, KW, true, 1, s, back),
+            (Observed::TimedOut, KW, true, 1, s, ask),
+            (Observed::Dropped, KW, true, 1, s, ask),
+            (Observed::TimedOut, KW, false, 1, s, back),
+            (Observed::Dropped, KW, false, 1, s, back),
+            (Observed::ConnectFailed, KW, true, 1, s, back),
             // Reads retry on every transport failure.
-            (Outcome::TimedOut, R, true, 1, s, back),
-            (Outcome::Dropped, R, true, 1, s, back),
-            (Outcome::ConnectFailed, R, true, 1, s, back),
+            (Observed::TimedOut, R, true, 1, s, back),
+            (Observed::Dropped, R, true, 1, s, back),
+            (Observed::ConnectFailed, R, true, 1, s, back),
             // Unkeyed writes: nothing ambiguous is resent; neither is a
             // failure the server reported (it may have done part of it).
             (answer(500), UW, true, 1, s, Return),
@@ -428,10 +428,10 @@ mod tests {
             (answer(503), UW, true, 1, s, Return),
             (answer(504), UW, true, 1, s, Return),
             (answer(408), UW, true, 1, s, Return),
-            (Outcome::TimedOut, UW, true, 1, s, Stop(UnkeyedWrite)),
-            (Outcome::Dropped, UW, true, 1, s, Stop(UnkeyedWrite)),
-            (Outcome::ConnectFailed, UW, true, 1, s, Stop(UnkeyedWrite)),
-            (Outcome::Broken, R, true, 1, s, Stop(NotRetryable)),
+            (Observed::TimedOut, UW, true, 1, s, Stop(UnkeyedWrite)),
+            (Observed::Dropped, UW, true, 1, s, Stop(UnkeyedWrite)),
+            (Observed::ConnectFailed, UW, true, 1, s, Stop(UnkeyedWrite)),
+            (Observed::Broken, R, true, 1, s, Stop(NotRetryable)),
             // The guard's conflicts: in flight is a wait for the stored
             // answer (a fetch, free of the budget), abandoned is unknown.
             (conflict(GuardConflict::InFlight), KW, true, 1, s, Fetch { after: 1050 * MS }),
@@ -446,7 +446,7 @@ mod tests {
             (advised(Advice::Retry), KW, true, 1, s, back),
             (advised(Advice::Wait), KW, true, 1, s, AskStatus { after: 1000 * MS }),
             (advised(Advice::Reconcile), KW, true, 1, s, Stop(OutcomeUnknown)),
-            (Outcome::StatusUnavailable, KW, true, 1, s, back),
+            (Observed::StatusUnavailable, KW, true, 1, s, back),
             // Limits: attempts, then the deadline.
             (answer(503), R, false, 3, s, Stop(AttemptsExhausted)),
             (advised(Advice::Retry), KW, true, 3, s, Stop(AttemptsExhausted)),
@@ -527,15 +527,15 @@ mod tests {
 
     #[test]
     fn what_may_have_run() {
-        assert!(Outcome::TimedOut.may_have_run());
-        assert!(Outcome::Dropped.may_have_run());
+        assert!(Observed::TimedOut.may_have_run());
+        assert!(Observed::Dropped.may_have_run());
         assert!(answer(502).may_have_run());
         assert!(answer(504).may_have_run());
         assert!(advised(Advice::Replay).may_have_run());
         assert!(conflict(GuardConflict::OutcomeUnknown).may_have_run());
         assert!(!answer(503).may_have_run());
         assert!(!answer(500).may_have_run());
-        assert!(!Outcome::ConnectFailed.may_have_run());
+        assert!(!Observed::ConnectFailed.may_have_run());
         assert!(!advised(Advice::Retry).may_have_run());
     }
 }

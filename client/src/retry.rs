@@ -12,7 +12,7 @@ use reqwest::{Method, Request, Response};
 use crate::breaker::BreakerState;
 use crate::budget::{self, TokenBucket};
 use crate::deadline::Deadline;
-use crate::decision::{self, Class, Decision, GuardConflict, Outcome, Situation};
+use crate::decision::{self, Class, Decision, GuardConflict, Observed, Situation};
 use crate::key::{IDEMPOTENCY_KEY, RETRY_ATTEMPT};
 use crate::status::{Advice, StatusClient};
 use crate::{ErrorKind, Failure, Kind, Policy, RetryBudget, RetryError, new_key, telemetry};
@@ -374,7 +374,7 @@ impl RetryClient {
                         pause(after).await;
                         outcome = match (status_service, &call.key) {
                             (Some(status), Some(key)) => ask(status, key, endpoint, deadline).await,
-                            _ => Outcome::StatusUnavailable,
+                            _ => Observed::StatusUnavailable,
                         };
                     }
                     Decision::Resend { after } => {
@@ -494,18 +494,18 @@ async fn pause(after: Duration) {
 async fn classify(
     sent: Result<Response, reqwest::Error>,
     class: Class,
-) -> (Outcome, Result<Response, reqwest::Error>) {
+) -> (Observed, Result<Response, reqwest::Error>) {
     let response = match sent {
         Ok(response) => response,
         Err(error) => {
             let outcome = if error.is_connect() {
-                Outcome::ConnectFailed
+                Observed::ConnectFailed
             } else if error.is_timeout() {
-                Outcome::TimedOut
+                Observed::TimedOut
             } else if error.is_redirect() || error.is_builder() || error.is_decode() {
-                Outcome::Broken
+                Observed::Broken
             } else {
-                Outcome::Dropped
+                Observed::Dropped
             };
             return (outcome, Err(error));
         }
@@ -515,12 +515,12 @@ async fn classify(
     let (conflict, response) = if status == 409 && class == Class::KeyedWrite {
         match guard_conflict(response).await {
             Ok(read) => read,
-            Err(error) => return (Outcome::Dropped, Err(error)),
+            Err(error) => return (Observed::Dropped, Err(error)),
         }
     } else {
         (None, response)
     };
-    let outcome = Outcome::Answer {
+    let outcome = Observed::Answer {
         status,
         retry_after,
         conflict,
@@ -577,12 +577,12 @@ async fn guard_conflict(
 }
 
 /// Asks the key-status service what became of `key`.
-async fn ask(status: &StatusClient, key: &str, endpoint: &str, deadline: Deadline) -> Outcome {
+async fn ask(status: &StatusClient, key: &str, endpoint: &str, deadline: Deadline) -> Observed {
     let remaining = deadline.remaining();
     let answer = tokio::time::timeout(remaining, status.details(key, None)).await;
     let (outcome, label) = match answer {
         Ok(Ok(None)) => (
-            Outcome::Advised {
+            Observed::Advised {
                 advice: Advice::Retry,
                 retry_after: Duration::ZERO,
             },
@@ -597,7 +597,7 @@ async fn ask(status: &StatusClient, key: &str, endpoint: &str, deadline: Deadlin
             };
             let retry_after = Duration::from_secs(details.retry_after_seconds.unwrap_or(1));
             (
-                Outcome::Advised {
+                Observed::Advised {
                     advice: details.advice,
                     retry_after,
                 },
@@ -606,9 +606,9 @@ async fn ask(status: &StatusClient, key: &str, endpoint: &str, deadline: Deadlin
         }
         Ok(Err(error)) => {
             tracing::warn!(endpoint, %error, "the key-status service failed; resending with the same key");
-            (Outcome::StatusUnavailable, "unavailable")
+            (Observed::StatusUnavailable, "unavailable")
         }
-        Err(_) => (Outcome::StatusUnavailable, "unavailable"),
+        Err(_) => (Observed::StatusUnavailable, "unavailable"),
     };
     telemetry::status_check(endpoint, label);
     outcome

@@ -22,7 +22,7 @@
 //! guard's 409s), `server-error` (408, 5xx), `timeout`, `connect-error`,
 //! `dropped` or `broken`.
 
-use crate::decision::{GuardConflict, Outcome};
+use crate::decision::{GuardConflict, Observed};
 
 /// Logical calls.
 pub const CALLS_TOTAL: &str = "idempotency_client_calls_total";
@@ -61,25 +61,25 @@ pub fn describe() {
 }
 
 /// The `outcome` label of an attempt.
-pub(crate) fn attempt_outcome(outcome: Outcome) -> &'static str {
+pub(crate) fn attempt_outcome(outcome: Observed) -> &'static str {
     match outcome {
-        Outcome::Answer {
+        Observed::Answer {
             conflict: Some(GuardConflict::InFlight),
             ..
         } => "in-flight",
-        Outcome::Answer {
+        Observed::Answer {
             conflict: Some(GuardConflict::OutcomeUnknown),
             ..
         } => "outcome-unknown",
-        Outcome::Answer { status: 429, .. } => "throttled",
-        Outcome::Answer { status: 408, .. } => "server-error",
-        Outcome::Answer { status, .. } if status < 400 => "success",
-        Outcome::Answer { status, .. } if status < 500 => "client-error",
-        Outcome::Answer { .. } => "server-error",
-        Outcome::ConnectFailed => "connect-error",
-        Outcome::TimedOut => "timeout",
-        Outcome::Dropped => "dropped",
-        Outcome::Broken | Outcome::Advised { .. } | Outcome::StatusUnavailable => "broken",
+        Observed::Answer { status: 429, .. } => "throttled",
+        Observed::Answer { status: 408, .. } => "server-error",
+        Observed::Answer { status, .. } if status < 400 => "success",
+        Observed::Answer { status, .. } if status < 500 => "client-error",
+        Observed::Answer { .. } => "server-error",
+        Observed::ConnectFailed => "connect-error",
+        Observed::TimedOut => "timeout",
+        Observed::Dropped => "dropped",
+        Observed::Broken | Observed::Advised { .. } | Observed::StatusUnavailable => "broken",
     }
 }
 
@@ -93,7 +93,7 @@ pub(crate) fn answered(status: u16) -> &'static str {
 }
 
 /// Counts one attempt (and one retry if it was not the first).
-pub(crate) fn attempt(endpoint: &str, number: u32, outcome: Outcome) {
+pub(crate) fn attempt(endpoint: &str, number: u32, outcome: Observed) {
     let label = attempt_outcome(outcome);
     metrics::counter!(ATTEMPTS_TOTAL, "endpoint" => endpoint.to_owned(), "outcome" => label)
         .increment(1);

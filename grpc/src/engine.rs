@@ -1,12 +1,13 @@
 //! The adapter's one touchpoint with the guard's engine: a call becomes a
-//! [`Job`], the work's ending a [`Settle`], the engine's [`Answer`] an
-//! [`Ended`] in this crate's terms. Nothing else in the crate names the
-//! engine's types, so a change of the engine's API is adapted here.
+//! [`Job`], the work settles with the engine's own [`Settle`] (keeping an
+//! `Option<StoredResponse>`: `None` when the answer was too large to
+//! keep), and the engine's answer becomes an [`Answer`] in this crate's
+//! terms (its refusal a [`GrpcRefusal`]).
 
 use std::future::Future;
 
 use futures_util::FutureExt;
-use idempotency_guard::engine::{Answer, Job, Refusal, RunContext, Settle};
+use idempotency_guard::engine::{self as guard, Job, Refusal, RunContext, Settle};
 use idempotency_guard::telemetry::Outcome;
 use idempotency_guard::{Engine, Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 
@@ -26,27 +27,9 @@ pub(crate) struct Call<'a> {
     pub(crate) message: &'a [u8],
 }
 
-/// How the work ended, as the adapter tells the engine.
+/// The engine's [`guard::Answer`] to one call, its refusal in gRPC terms.
 #[derive(Debug)]
-pub(crate) enum Ending<T> {
-    /// Keep `stored` as the key's outcome (`None`: it was too large to
-    /// keep; replays answer `response-not-stored`).
-    Keep {
-        /// The outcome to store.
-        stored: Option<StoredResponse>,
-        /// What this caller gets.
-        reply: T,
-    },
-    /// Release the key: a retry runs the method again.
-    Release {
-        /// What this caller gets.
-        reply: T,
-    },
-}
-
-/// The engine's answer to one call.
-#[derive(Debug)]
-pub(crate) enum Ended<T> {
+pub(crate) enum Answer<T> {
     /// The work ran for this caller.
     Ran(T),
     /// The work ran before: its stored outcome.
@@ -67,7 +50,9 @@ pub(crate) fn fingerprint(method: &str, message: &[u8]) -> Fingerprint {
 
 /// Runs `work` at most once for `call`'s key on `engine` (handing it the
 /// run's context: its transaction in transactional mode); answers with
-/// how it ended and the `outcome` label of the guard's metrics.
+/// how it ended and the `outcome` label of the guard's metrics. The work
+/// keeps `None` for an answer too large to keep: the key is completed
+/// without a body, so replays answer `response-not-stored`.
 ///
 /// The record shows method `POST` (gRPC's HTTP method) and the full method
 /// name as its path, so the key-status service answers for gRPC keys as
@@ -76,11 +61,11 @@ pub(crate) fn run<S, F, Fut, T>(
     engine: &Engine<S>,
     call: Call<'_>,
     work: F,
-) -> impl Future<Output = (Ended<T>, Outcome)>
+) -> impl Future<Output = (Answer<T>, Outcome)>
 where
     S: Store,
     F: FnOnce(RunContext) -> Fut + Send + 'static,
-    Fut: Future<Output = Ending<T>> + Send + 'static,
+    Fut: Future<Output = Settle<T, Option<StoredResponse>>> + Send + 'static,
     T: Send + 'static,
 {
     let key = call.key.as_str().to_owned();
@@ -89,35 +74,23 @@ where
         .with_route(call.method);
     engine
         .run(job, move |context| {
-            work(context).map(|ending| match ending {
-                Ending::Keep {
-                    stored: Some(response),
-                    reply,
-                } => Settle::Complete { response, reply },
-                Ending::Keep {
-                    stored: None,
-                    reply,
-                } => Settle::Complete {
-                    response: StoredResponse {
+            work(context).map(|settle| {
+                settle.map_response(|kept| {
+                    kept.unwrap_or_else(|| StoredResponse {
                         body: None,
                         ..StoredResponse::from_bytes(bytes::Bytes::new())
-                    },
-                    reply,
-                },
-                Ending::Release { reply } => Settle::Release {
-                    reply,
-                    keep_writes: false,
-                },
+                    })
+                })
             })
         })
         .map(move |answer| {
             let outcome = answer.outcome();
-            let ended = match answer {
-                Answer::Ran { reply, .. } => Ended::Ran(reply),
-                Answer::Replay(stored) => Ended::Replay(stored),
-                Answer::Refused(refusal) => Ended::Refused(refused(refusal, key)),
+            let answer = match answer {
+                guard::Answer::Ran { reply, .. } => Answer::Ran(reply),
+                guard::Answer::Replay(stored) => Answer::Replay(stored),
+                guard::Answer::Refused(refusal) => Answer::Refused(refused(refusal, key)),
             };
-            (ended, outcome)
+            (answer, outcome)
         })
 }
 

@@ -74,6 +74,8 @@ pub(crate) enum Captured {
 }
 
 /// Reads `response` to its end, keeping at most `limit` bytes of message.
+/// Not the guard's `layer::capture`: a gRPC answer's status is in its
+/// trailers, which are kept here and dropped there.
 pub(crate) async fn capture<B>(response: Response<B>, limit: usize) -> Captured
 where
     B: HttpBody<Data = Bytes> + Send + 'static,

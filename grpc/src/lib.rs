@@ -23,7 +23,7 @@
 //!
 //! | situation | answer | method runs |
 //! |---|---|---|
-//! | new key | the method's answer, stored before it is sent (if [`outcome::keep`] says so) | yes, once |
+//! | new key | the method's answer, stored before it is sent (if [`outcome::settle`] says so) | yes, once |
 //! | same key, same method and message, answer stored | the stored metadata, message and trailers (`grpc-status`, `grpc-message`, `grpc-status-details-bin`), byte for byte, plus `idempotent-replayed: true` | no |
 //! | same key, another method or message | `FAILED_PRECONDITION` `key-reused` | no |
 //! | same key, first call still running | `UNAVAILABLE` `request-in-flight` + `RetryInfo` (or, with the engine set to wait, the replay once the first ends) | no |

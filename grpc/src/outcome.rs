@@ -9,11 +9,15 @@
 //! | any code the handler marked final ([`mark_final`]) | stored | the handler says this answer is its decision |
 //! | no `grpc-status` at all (a broken answer) | released | not an answer |
 //!
+//! [`settle`] answers with the guard's engine's own [`Settle`] without
+//! payload: the one name every adapter uses for "keep, release or abandon".
+//!
 //! A handler cut off by the guard's own bound (the engine's maximum handler
 //! time) is not in this table: its record is abandoned and later calls get
 //! `FAILED_PRECONDITION` with reason `outcome-unknown` (see
 //! [`crate::refusal`]).
 
+use idempotency_guard::engine::Settle;
 use tonic::{Code, Status};
 
 /// The metadata entry with which a handler marks its status final (stored
@@ -21,24 +25,29 @@ use tonic::{Code, Status};
 /// sent or stored.
 pub const FINAL_STATUS: &str = "idempotency-final";
 
-/// What becomes of a handler's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Keep {
-    /// Stored: every later call with the key gets it replayed.
-    Store,
-    /// Released: the key is freed, so a retry runs the method again.
-    Release,
-}
+/// Keep the answer: every later call with the key gets it replayed.
+const KEEP: Settle<(), ()> = Settle::Complete {
+    response: (),
+    reply: (),
+};
+
+/// Release the key: a retry runs the method again.
+const RELEASE: Settle<(), ()> = Settle::Release {
+    reply: (),
+    keep_writes: false,
+};
 
 /// The table of this module: what becomes of an answer with `code`
 /// (`None` when the answer carried no valid `grpc-status`), `marked_final`
-/// when the handler marked it final.
-pub fn keep(code: Option<Code>, marked_final: bool) -> Keep {
+/// when the handler marked it final. Kept ([`Settle::Complete`]) or
+/// released ([`Settle::Release`], the method's writes rolled back in
+/// transactional mode); never abandoned: an answer that came is known.
+pub fn settle(code: Option<Code>, marked_final: bool) -> Settle<(), ()> {
     let Some(code) = code else {
-        return Keep::Release;
+        return RELEASE;
     };
     if marked_final {
-        return Keep::Store;
+        return KEEP;
     }
     match code {
         Code::Ok
@@ -46,7 +55,7 @@ pub fn keep(code: Option<Code>, marked_final: bool) -> Keep {
         | Code::FailedPrecondition
         | Code::OutOfRange
         | Code::NotFound
-        | Code::PermissionDenied => Keep::Store,
+        | Code::PermissionDenied => KEEP,
         Code::Unavailable
         | Code::ResourceExhausted
         | Code::Aborted
@@ -57,7 +66,27 @@ pub fn keep(code: Option<Code>, marked_final: bool) -> Keep {
         | Code::DataLoss
         | Code::InvalidArgument
         | Code::Unauthenticated
-        | Code::Unimplemented => Keep::Release,
+        | Code::Unimplemented => RELEASE,
+    }
+}
+
+/// What becomes of a handler's answer.
+#[deprecated(note = "use `outcome::settle`, which answers with the engine's `Settle`")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Stored: every later call with the key gets it replayed.
+    Store,
+    /// Released: the key is freed, so a retry runs the method again.
+    Release,
+}
+
+/// [`settle`] in the old terms.
+#[deprecated(note = "use `outcome::settle`, which answers with the engine's `Settle`")]
+#[allow(deprecated)]
+pub fn keep(code: Option<Code>, marked_final: bool) -> Keep {
+    match settle(code, marked_final) {
+        Settle::Complete { .. } => Keep::Store,
+        Settle::Release { .. } | Settle::Abandon { .. } => Keep::Release,
     }
 }
 
@@ -87,35 +116,53 @@ mod tests {
 
     #[test]
     fn the_outcome_table_as_a_truth_table() {
-        use Keep::{Release, Store};
+        let (keep, release) = (KEEP, RELEASE);
         // code, stored when not marked final
         let rows = [
-            (Code::Ok, Store),
-            (Code::AlreadyExists, Store),
-            (Code::FailedPrecondition, Store),
-            (Code::OutOfRange, Store),
-            (Code::NotFound, Store),
-            (Code::PermissionDenied, Store),
-            (Code::Unavailable, Release),
-            (Code::ResourceExhausted, Release),
-            (Code::Aborted, Release),
-            (Code::Internal, Release),
-            (Code::Unknown, Release),
-            (Code::Cancelled, Release),
-            (Code::DeadlineExceeded, Release),
-            (Code::DataLoss, Release),
-            (Code::InvalidArgument, Release),
-            (Code::Unauthenticated, Release),
-            (Code::Unimplemented, Release),
+            (Code::Ok, keep),
+            (Code::AlreadyExists, keep),
+            (Code::FailedPrecondition, keep),
+            (Code::OutOfRange, keep),
+            (Code::NotFound, keep),
+            (Code::PermissionDenied, keep),
+            (Code::Unavailable, release),
+            (Code::ResourceExhausted, release),
+            (Code::Aborted, release),
+            (Code::Internal, release),
+            (Code::Unknown, release),
+            (Code::Cancelled, release),
+            (Code::DeadlineExceeded, release),
+            (Code::DataLoss, release),
+            (Code::InvalidArgument, release),
+            (Code::Unauthenticated, release),
+            (Code::Unimplemented, release),
         ];
         // Every code is in the table once.
         assert_eq!(rows.len(), 17);
         for (code, expected) in rows {
-            assert_eq!(keep(Some(code), false), expected, "{code:?}");
-            assert_eq!(keep(Some(code), true), Store, "{code:?} marked final");
+            assert_eq!(settle(Some(code), false), expected, "{code:?}");
+            assert_eq!(settle(Some(code), true), keep, "{code:?} marked final");
         }
-        assert_eq!(keep(None, false), Release);
-        assert_eq!(keep(None, true), Release);
+        assert_eq!(settle(None, false), release);
+        assert_eq!(settle(None, true), release);
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn the_deprecated_keep_says_what_settle_says() {
+        for code in [
+            Code::Ok,
+            Code::NotFound,
+            Code::Unavailable,
+            Code::InvalidArgument,
+        ] {
+            for marked_final in [false, true] {
+                let kept = settle(Some(code), marked_final) == KEEP;
+                let expected = if kept { Keep::Store } else { Keep::Release };
+                assert_eq!(keep(Some(code), marked_final), expected, "{code:?}");
+            }
+        }
+        assert_eq!(keep(None, true), Keep::Release);
     }
 
     #[test]

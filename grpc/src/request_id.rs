@@ -4,14 +4,17 @@
 use std::future::Future;
 
 use http::HeaderValue;
-use idempotency_guard::{Engine, IDEMPOTENT_REPLAYED, IdempotencyKey, Scope, Store};
+use idempotency_guard::engine::Settle;
+use idempotency_guard::{
+    Engine, IDEMPOTENT_REPLAYED, IdempotencyKey, Scope, Store, StoredResponse,
+};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
-use crate::engine::{self, Call, Ended, Ending};
+use crate::engine::{self, Answer, Call};
 use crate::exchange::Exchange;
 use crate::layer::CallScope;
-use crate::outcome::{FINAL_STATUS, Keep, keep};
+use crate::outcome::{FINAL_STATUS, settle};
 use crate::refusal::GrpcRefusal;
 
 /// Runs `work` at most once per key that `key` reads from the request
@@ -23,7 +26,7 @@ use crate::refusal::GrpcRefusal;
 /// [`crate::GrpcIdempotencyLayer`] puts in every request's extensions:
 /// the layer must be in front of the server (it need not guard this
 /// method). The fingerprint covers the method and the encoded request
-/// message; what is kept follows [`crate::outcome::keep`], as for the
+/// message; what is kept follows [`crate::outcome::settle`], as for the
 /// layer, and a replayed answer carries `idempotent-replayed: true`.
 ///
 /// ```ignore
@@ -77,24 +80,21 @@ where
         method: scope.method(),
         message: &message,
     };
-    let (ended, _outcome) =
-        engine::run(
-            engine,
-            call,
-            move |_context| async move { settle(work().await) },
-        )
-        .await;
+    let (ended, _outcome) = engine::run(engine, call, move |_context| async move {
+        settle_result(work().await)
+    })
+    .await;
     match ended {
-        Ended::Ran(reply) => reply,
-        Ended::Replay(stored) => replay(Exchange::from_stored(stored)),
-        Ended::Refused(refusal) => Err(refusal.to_status()),
+        Answer::Ran(reply) => reply,
+        Answer::Replay(stored) => replay(Exchange::from_stored(stored)),
+        Answer::Refused(refusal) => Err(refusal.to_status()),
     }
 }
 
 /// Keeps or releases a typed handler's result.
-fn settle<R: prost::Message>(
+fn settle_result<R: prost::Message>(
     result: Result<Response<R>, Status>,
-) -> Ending<Result<Response<R>, Status>> {
+) -> Settle<Result<Response<R>, Status>, Option<StoredResponse>> {
     match result {
         Ok(response) => {
             let (metadata, message, extensions) = response.into_parts();
@@ -103,28 +103,24 @@ fn settle<R: prost::Message>(
                 message: message.encode_to_vec().into(),
                 trailers: None,
             };
-            Ending::Keep {
-                stored: Some(exchange.to_stored()),
+            Settle::Complete {
+                response: Some(exchange.to_stored()),
                 reply: Ok(Response::from_parts(metadata, message, extensions)),
             }
         }
         Err(mut status) => {
             let marked_final = status.metadata_mut().remove(FINAL_STATUS).is_some();
-            match keep(Some(status.code()), marked_final) {
-                Keep::Store => {
+            settle(Some(status.code()), marked_final)
+                .map_response(|()| {
                     let answer: http::Response<()> = status.clone().into_http();
                     let exchange = Exchange {
                         headers: answer.into_parts().0.headers,
                         message: bytes::Bytes::new(),
                         trailers: None,
                     };
-                    Ending::Keep {
-                        stored: Some(exchange.to_stored()),
-                        reply: Err(status),
-                    }
-                }
-                Keep::Release => Ending::Release { reply: Err(status) },
-            }
+                    Some(exchange.to_stored())
+                })
+                .map_reply(|()| Err(status))
         }
     }
 }

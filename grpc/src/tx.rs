@@ -20,7 +20,7 @@
 //! }
 //! ```
 //!
-//! What becomes of the writes follows [`crate::outcome::keep`]: a stored
+//! What becomes of the writes follows [`crate::outcome::settle`]: a stored
 //! answer commits them with the record; a released one (`UNAVAILABLE`,
 //! `INTERNAL`, …, an `INVALID_ARGUMENT` not marked final) rolls them back
 //! and frees the key, so the retry runs on a clean slate. A method cut off

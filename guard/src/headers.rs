@@ -141,8 +141,22 @@ pub fn is_no_store(headers: &HeaderMap) -> bool {
 
 /// `Retry-After` in whole seconds, rounded up so a client never asks early.
 pub fn retry_after_value(duration: Duration) -> HeaderValue {
-    let seconds = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
-    HeaderValue::from(seconds)
+    HeaderValue::from(retry_after_seconds(duration))
+}
+
+/// A `Retry-After` hint in whole seconds, rounded up so a client never
+/// asks early: the number every adapter renders (the `Retry-After` header
+/// of a problem, JSON-RPC's `error.data.retry_after`).
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotency_guard::headers::retry_after_seconds;
+///
+/// assert_eq!(retry_after_seconds(Duration::from_millis(1500)), 2);
+/// assert_eq!(retry_after_seconds(Duration::from_secs(3)), 3);
+/// ```
+pub fn retry_after_seconds(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
 
 #[cfg(test)]

@@ -1,11 +1,8 @@
-//! Capturing a handler's response for storage, and replaying a stored one.
+//! What a handler's response is, as far as storing it goes: the replay
+//! marker and the default rule of stored statuses (capturing its body is
+//! `layer::body`'s).
 
-use axum::body::Body;
-use bytes::{Bytes, BytesMut};
-use futures_util::{StreamExt, stream};
 use http::{HeaderName, StatusCode};
-use http_body::Body as HttpBody;
-use http_body_util::{BodyExt, BodyStream};
 
 /// The response header that marks a replay: `Idempotent-Replayed: true`.
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -23,60 +20,6 @@ pub fn default_stored_status(status: StatusCode) -> bool {
 pub(crate) use crate::headers::is_no_store;
 
 pub(crate) use crate::headers::headers_to_store;
-
-/// A response body read up to the stored-response limit.
-pub(crate) enum Captured<B> {
-    /// The whole body fit.
-    Whole(Bytes),
-    /// The body exceeds the limit: what was read, and the rest still unread.
-    TooLarge {
-        /// The bytes read so far (a little over the limit).
-        prefix: Bytes,
-        /// The body, positioned after `prefix`.
-        rest: B,
-    },
-}
-
-/// Reads a response body until its end or until it exceeds `limit` bytes.
-/// Trailers are not kept.
-pub(crate) async fn capture<B>(mut body: B, limit: usize) -> Result<Captured<B>, BoxError>
-where
-    B: HttpBody<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    let mut buffer = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(Into::into)?;
-        if let Ok(data) = frame.into_data() {
-            buffer.extend_from_slice(&data);
-            if buffer.len() > limit {
-                return Ok(Captured::TooLarge {
-                    prefix: buffer.freeze(),
-                    rest: body,
-                });
-            }
-        }
-    }
-    Ok(Captured::Whole(buffer.freeze()))
-}
-
-/// A body that sends `prefix` and then streams the rest of `rest`.
-pub(crate) fn resume<B>(prefix: Bytes, rest: B) -> Body
-where
-    B: HttpBody<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    let rest = BodyStream::new(rest)
-        .map(|frame| frame.map_err(Into::<BoxError>::into))
-        .filter_map(|frame| {
-            // Data frames go on; trailers are dropped.
-            std::future::ready(match frame {
-                Ok(frame) => frame.into_data().ok().map(Ok),
-                Err(error) => Some(Err(error)),
-            })
-        });
-    Body::from_stream(stream::once(async move { Ok::<_, BoxError>(prefix) }).chain(rest))
-}
 
 #[cfg(test)]
 mod tests {
@@ -133,22 +76,5 @@ mod tests {
         let kept = headers_to_store(&headers, &[header::DATE, header::SET_COOKIE]);
         let names: Vec<&str> = kept.keys().map(HeaderName::as_str).collect();
         assert_eq!(names, ["location", "content-type"]);
-    }
-
-    #[tokio::test]
-    async fn captures_small_bodies_whole_and_streams_large_ones_on() {
-        let small = capture(Body::from("hello"), 5).await.unwrap();
-        assert!(matches!(small, Captured::Whole(ref b) if b == "hello"));
-        let chunks: Vec<Result<Bytes, std::io::Error>> =
-            (0..4).map(|i| Ok(Bytes::from(vec![b'a' + i; 4]))).collect();
-        let large = Body::from_stream(stream::iter(chunks));
-        match capture(large, 6).await.unwrap() {
-            Captured::TooLarge { prefix, rest } => {
-                assert_eq!(prefix, "aaaabbbb");
-                let all = resume(prefix, rest).collect().await.unwrap().to_bytes();
-                assert_eq!(all, "aaaabbbbccccdddd");
-            }
-            Captured::Whole(_) => panic!("a body over the limit was captured whole"),
-        }
     }
 }

@@ -1,35 +1,19 @@
-//! The one module that speaks the guard's engine API: a guarded call in
-//! (scope, key, fingerprint, the work), this crate's own answer out. The
-//! rest of the crate never names `Job`, `Settle` or `Answer`, so a change of
-//! the engine's types touches only this file.
+//! The one module that runs the guard's engine: a guarded call in (scope,
+//! key, fingerprint, the work), this crate's own [`Answer`] out. The work
+//! settles with the engine's own [`Settle`], keeping a [`Stored`] JSON-RPC
+//! response (turned into the record's response here).
 
 use std::future::Future;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
-use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle};
-use idempotency_guard::telemetry::Outcome as Counted;
+use idempotency_guard::engine::{self as guard, Engine, Job, Refusal, Settle};
+use idempotency_guard::telemetry::Outcome;
 use idempotency_guard::{Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 
 use crate::reply::RpcRefusal;
 
-/// How the work ended, as the service tells it.
-pub(crate) enum Ending<T> {
-    /// Store `response` (a JSON-RPC response; `sse` says the server sent it
-    /// as an event stream); hand `reply` to this caller.
-    Store {
-        response: Bytes,
-        sse: bool,
-        reply: T,
-    },
-    /// Store nothing; the key is released.
-    Release { reply: T },
-    /// The outcome is unknown (the answer could not be captured): the key is
-    /// abandoned.
-    Abandon { reply: T },
-}
-
-/// A stored answer to replay.
+/// A JSON-RPC answer as kept: what the work keeps, and what a replay gets.
 pub(crate) struct Stored {
     /// The JSON-RPC response as stored.
     pub(crate) response: Bytes,
@@ -37,8 +21,9 @@ pub(crate) struct Stored {
     pub(crate) sse: bool,
 }
 
-/// The engine's answer, in this crate's terms.
-pub(crate) enum Outcome<T> {
+/// The engine's [`guard::Answer`], its replay and refusal in this crate's
+/// terms.
+pub(crate) enum Answer<T> {
     /// The work ran for this caller.
     Ran(T),
     /// The work ran before: its stored answer (`None`: too large to store).
@@ -64,11 +49,11 @@ pub(crate) async fn run<S, F, Fut, T>(
     engine: &Engine<S>,
     call: GuardedCall,
     work: F,
-) -> (Outcome<T>, Counted)
+) -> (Answer<T>, Outcome)
 where
     S: Store,
     F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = Ending<T>> + Send + 'static,
+    Fut: Future<Output = Settle<T, Stored>> + Send + 'static,
     T: Send + 'static,
 {
     let job = Job::new(call.scope, call.key, call.fingerprint)
@@ -76,38 +61,24 @@ where
         .with_route(call.target);
     let answer = engine
         .run(job, move |_context| async move {
-            match work().await {
-                Ending::Store {
-                    response,
-                    sse,
-                    reply,
-                } => Settle::Complete {
-                    response: stored_response(response, sse),
-                    reply,
-                },
-                Ending::Release { reply } => Settle::Release {
-                    reply,
-                    keep_writes: false,
-                },
-                Ending::Abandon { reply } => Settle::Abandon { reply },
-            }
+            work().await.map_response(stored_response)
         })
         .await;
     let counted = answer.outcome();
-    let outcome = match answer {
-        Answer::Ran { reply, .. } => Outcome::Ran(reply),
-        Answer::Replay(stored) => Outcome::Replay(stored.body.map(|response| Stored {
+    let answer = match answer {
+        guard::Answer::Ran { reply, .. } => Answer::Ran(reply),
+        guard::Answer::Replay(stored) => Answer::Replay(stored.body.map(|response| Stored {
             sse: is_sse(&stored.headers),
             response,
         })),
-        Answer::Refused(refusal) => Outcome::Refused(refused(refusal)),
+        guard::Answer::Refused(refusal) => Answer::Refused(refused(refusal)),
     };
-    (outcome, counted)
+    (answer, counted)
 }
 
 /// The record's response: status 200, the form the server answered in, and
 /// the JSON-RPC response alone (never the notifications around it).
-fn stored_response(response: Bytes, sse: bool) -> StoredResponse {
+fn stored_response(Stored { response, sse }: Stored) -> StoredResponse {
     let mut headers = HeaderMap::new();
     let form = if sse {
         "text/event-stream"

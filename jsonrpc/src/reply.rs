@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idempotency_guard::problem::types;
+use idempotency_guard::engine::Settle;
+use idempotency_guard::headers::retry_after_seconds;
+use idempotency_guard::problem::{ProblemType, types};
 use serde_json::value::RawValue;
 
 use crate::envelope::RawObject;
@@ -85,7 +87,12 @@ pub enum RpcRefusal {
 impl RpcRefusal {
     /// The problem's name (the part of `error.data.type` after `urn:idempotency:`).
     pub fn name(&self) -> &'static str {
-        let kind = match self {
+        self.problem_type().name
+    }
+
+    /// The problem type of the guard's vocabulary this refusal is.
+    fn problem_type(&self) -> ProblemType {
+        match self {
             Self::RequestInFlight { .. } => types::REQUEST_IN_FLIGHT,
             Self::KeyReused => types::KEY_REUSED,
             Self::OutcomeUnknown => types::OUTCOME_UNKNOWN,
@@ -98,8 +105,7 @@ impl RpcRefusal {
             Self::ScopeInvalid => types::SCOPE_INVALID,
             Self::BatchNotGuarded => types::BATCH_NOT_GUARDED,
             Self::BodyTooLarge { .. } => types::BODY_TOO_LARGE,
-        };
-        kind.name
+        }
     }
 
     /// The JSON-RPC `error.code` (see the table above).
@@ -182,14 +188,12 @@ impl RpcRefusal {
         key: Option<&str>,
         mut data: serde_json::Map<String, serde_json::Value>,
     ) -> Bytes {
-        data.insert(
-            "type".into(),
-            format!("urn:idempotency:{}", self.name()).into(),
-        );
+        data.insert("type".into(), self.problem_type().type_uri().into());
         if let Some(retry_after) = self.retry_after() {
-            // Whole seconds, rounded up: a client never asks early.
-            let seconds = retry_after.as_millis().div_ceil(1000).max(1);
-            data.insert("retry_after".into(), (seconds as u64).into());
+            // Whole seconds, rounded up as `Retry-After` is; never 0, so a
+            // client always waits.
+            let seconds = retry_after_seconds(retry_after).max(1);
+            data.insert("retry_after".into(), seconds.into());
         }
         if let Some(key) = key {
             data.insert("key".into(), key.into());
@@ -207,21 +211,25 @@ impl RpcRefusal {
     }
 }
 
-/// What becomes of a server's final JSON-RPC response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kept {
-    /// A result: stored and replayed to every retry.
-    Stored,
-    /// A JSON-RPC error (the call was refused: unknown tool, bad
-    /// arguments), or a tool result with `isError: true` not marked final:
-    /// released, so a retry runs it again.
-    Released,
-}
+/// A result, kept: stored and replayed to every retry.
+const KEEP: Settle<(), ()> = Settle::Complete {
+    response: (),
+    reply: (),
+};
+
+/// A JSON-RPC error (the call was refused: unknown tool, bad arguments),
+/// or a tool result with `isError: true` not marked final: released, so a
+/// retry runs it again.
+const RELEASE: Settle<(), ()> = Settle::Release {
+    reply: (),
+    keep_writes: false,
+};
 
 /// The pure rule: a response with a `result` is kept unless it is a tool
 /// result with `isError: true` whose `_meta` does not set [`FINAL_META`];
-/// anything else (an `error`, neither member, not JSON) is released.
-pub(crate) fn kept(response: &[u8]) -> Kept {
+/// anything else (an `error`, neither member, not JSON) is released. Never
+/// abandoned: an answer that came is known.
+pub(crate) fn settle(response: &[u8]) -> Settle<(), ()> {
     #[derive(serde::Deserialize)]
     struct Response {
         result: Option<ToolResult>,
@@ -237,7 +245,7 @@ pub(crate) fn kept(response: &[u8]) -> Kept {
         result: Some(result),
     }) = serde_json::from_slice::<Response>(response)
     else {
-        return Kept::Released;
+        return RELEASE;
     };
     let is_final = result
         .meta
@@ -246,9 +254,9 @@ pub(crate) fn kept(response: &[u8]) -> Kept {
         .and_then(serde_json::Value::as_bool)
         == Some(true);
     if result.is_error == Some(true) && !is_final {
-        Kept::Released
+        RELEASE
     } else {
-        Kept::Stored
+        KEEP
     }
 }
 
@@ -589,35 +597,29 @@ mod tests {
     #[test]
     fn what_is_kept_truth_table() {
         let cases = [
-            (
-                r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#,
-                Kept::Stored,
-            ),
+            (r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#, KEEP),
             (
                 r#"{"jsonrpc":"2.0","id":1,"result":{"isError":false}}"#,
-                Kept::Stored,
+                KEEP,
             ),
             (
                 r#"{"jsonrpc":"2.0","id":1,"result":{"isError":true}}"#,
-                Kept::Released,
+                RELEASE,
             ),
             (
                 r#"{"jsonrpc":"2.0","id":1,"result":{"isError":true,"_meta":{"io.idempotency/final":true}}}"#,
-                Kept::Stored,
+                KEEP,
             ),
             (
                 r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"x"}}"#,
-                Kept::Released,
+                RELEASE,
             ),
-            ("not json", Kept::Released),
-            (r#"{"jsonrpc":"2.0","id":1}"#, Kept::Released),
-            (
-                r#"{"jsonrpc":"2.0","id":1,"result":{"kind":"task"}}"#,
-                Kept::Stored,
-            ),
+            ("not json", RELEASE),
+            (r#"{"jsonrpc":"2.0","id":1}"#, RELEASE),
+            (r#"{"jsonrpc":"2.0","id":1,"result":{"kind":"task"}}"#, KEEP),
         ];
         for (response, expected) in cases {
-            assert_eq!(kept(response.as_bytes()), expected, "{response}");
+            assert_eq!(settle(response.as_bytes()), expected, "{response}");
         }
     }
 

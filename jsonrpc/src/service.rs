@@ -15,16 +15,17 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body as HttpBody;
 use http_body_util::BodyExt;
-use idempotency_guard::layer::{BodyReadError, read_body};
-use idempotency_guard::telemetry::{Outcome as Counted, attempt_label};
+use idempotency_guard::engine::Settle;
+use idempotency_guard::layer::{BodyReadError, Captured, capture, read_body, resume};
+use idempotency_guard::telemetry::{Outcome, attempt_label};
 use idempotency_guard::{IDEMPOTENT_REPLAYED, KeyError, OutcomeUnknown, Scope, Store};
 use serde_json::value::RawValue;
 use tower::{Service, ServiceExt};
 
-use crate::engine::{self, Ending, GuardedCall, Outcome, Stored};
+use crate::engine::{self, Answer, GuardedCall, Stored};
 use crate::envelope::{self, Envelope};
 use crate::layer::{Config, MissingKey};
-use crate::reply::{self, IdScanner, Kept, RpcRefusal, SseScanner, SseStripper};
+use crate::reply::{self, IdScanner, RpcRefusal, SseScanner, SseStripper};
 
 /// The boxed error of a body.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -107,34 +108,6 @@ where
     }
 }
 
-/// Counts one guarded call in `idempotency_requests_total` exactly once:
-/// when its answer is ready, or as `caller-gone` when the caller went away
-/// first (a run that had started goes on to its end and settles its key).
-struct Tally<'a, S: Store> {
-    engine: &'a idempotency_guard::Engine<S>,
-    /// The tool, or the method (for A2A `message/send`).
-    route: String,
-    attempt: &'static str,
-    counted: bool,
-}
-
-impl<S: Store> Tally<'_, S> {
-    fn count(mut self, outcome: Counted) {
-        self.counted = true;
-        self.engine
-            .count_request(&self.route, outcome, self.attempt);
-    }
-}
-
-impl<S: Store> Drop for Tally<'_, S> {
-    fn drop(&mut self) {
-        if !self.counted {
-            self.engine
-                .count_request(&self.route, Counted::CallerGone, self.attempt);
-        }
-    }
-}
-
 impl<S, I, B> JsonRpcService<S, I>
 where
     S: Store,
@@ -196,17 +169,17 @@ where
                 return pass_through(inner, Request::from_parts(parts, Body::from(body))).await;
             }
             Envelope::GuardedBatch => {
-                engine.count_request(BATCH_ROUTE, Counted::Rejected, attempt);
+                engine.count_request(BATCH_ROUTE, Outcome::Rejected, attempt);
                 return Ok(refusal(&RpcRefusal::BatchNotGuarded, None, None, accept));
             }
             Envelope::Call(call) => call,
         };
-        let tally = Tally {
-            engine: &engine,
-            route: call.tool.clone().unwrap_or_else(|| call.method.clone()),
+        // Counted once: when answered, or as `caller-gone` when the caller
+        // went away first (a run that had started goes on to its end).
+        let tally = engine.tally(
+            call.tool.clone().unwrap_or_else(|| call.method.clone()),
             attempt,
-            counted: false,
-        };
+        );
         let request = Request::from_parts(parts, Body::from(body));
         let (outcome, result) = guard(&engine, &config, inner, request, call, accept).await;
         tally.count(outcome);
@@ -226,7 +199,7 @@ async fn guard<S, I, B>(
     request: Request<Body>,
     call: envelope::Call,
     accept: Accept,
-) -> (Counted, Result<Response<Body>, I::Error>)
+) -> (Outcome, Result<Response<Body>, I::Error>)
 where
     S: Store,
     I: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
@@ -237,14 +210,14 @@ where
 {
     let rejected = |refused: &RpcRefusal| {
         (
-            Counted::Rejected,
+            Outcome::Rejected,
             Ok(refusal(refused, Some(&call.id), None, accept)),
         )
     };
     let key = match call.key {
         Ok(ref key) => key.clone(),
         Err(KeyError::Missing) if config.missing_key == MissingKey::PassThrough => {
-            return (Counted::Unguarded, pass_through(inner, request).await);
+            return (Outcome::Unguarded, pass_through(inner, request).await);
         }
         Err(KeyError::Missing) => return rejected(&RpcRefusal::KeyMissing),
         Err(_) => return rejected(&RpcRefusal::KeyInvalid),
@@ -266,7 +239,7 @@ where
     };
     let call_key = key.as_str().to_owned();
     let (id, limit) = (call.id.clone(), config.stored_response_limit);
-    let (outcome, counted) = engine::run(engine, guarded, move || async move {
+    let (answer, counted) = engine::run(engine, guarded, move || async move {
         let _running = running;
         let call = ServerCall {
             id,
@@ -277,16 +250,16 @@ where
         call_server(inner, request, call).await
     })
     .await;
-    let response = match outcome {
-        Outcome::Ran(reply) => return (counted, reply),
-        Outcome::Replay(Some(stored)) => replay(&stored, &call.id, key.as_str(), accept),
-        Outcome::Replay(None) => refusal(
+    let response = match answer {
+        Answer::Ran(reply) => return (counted, reply),
+        Answer::Replay(Some(stored)) => replay(&stored, &call.id, key.as_str(), accept),
+        Answer::Replay(None) => refusal(
             &RpcRefusal::ResponseNotStored,
             Some(&call.id),
             Some(key.as_str()),
             accept,
         ),
-        Outcome::Refused(refused) => refusal(&refused, Some(&call.id), Some(key.as_str()), accept),
+        Answer::Refused(refused) => refusal(&refused, Some(&call.id), Some(key.as_str()), accept),
     };
     (counted, Ok(response))
 }
@@ -307,7 +280,7 @@ async fn call_server<I, B>(
     inner: I,
     request: Request<Body>,
     call: ServerCall,
-) -> Ending<Result<Response<Body>, I::Error>>
+) -> Settle<Result<Response<Body>, I::Error>, Stored>
 where
     I: Service<Request<Body>, Response = Response<B>> + Send + 'static,
     I::Future: Send + 'static,
@@ -316,7 +289,12 @@ where
 {
     let response = match inner.oneshot(request).await {
         Ok(response) => response,
-        Err(error) => return Ending::Release { reply: Err(error) },
+        Err(error) => {
+            return Settle::Release {
+                reply: Err(error),
+                keep_writes: false,
+            };
+        }
     };
     let (parts, body) = response.into_parts();
     let body = Body::new(body);
@@ -337,15 +315,16 @@ where
             data.insert("upstream".into(), kind.into());
         }
         let message = RpcRefusal::OutcomeUnknown.to_json_with(Some(&id), Some(&key), data);
-        return Ending::Abandon {
+        return Settle::Abandon {
             reply: Ok(render(&message, accept.wants_sse(false))),
         };
     }
     // Not a JSON-RPC answer (a 4xx for a missing session, a 5xx): the call
     // did not complete; a retry may run it.
     if !parts.status.is_success() {
-        return Ending::Release {
+        return Settle::Release {
             reply: Ok(Response::from_parts(parts, body)),
+            keep_writes: false,
         };
     }
     if is_event_stream(&parts.headers) {
@@ -373,40 +352,40 @@ async fn problem_type(body: Body) -> Option<String> {
         .map(|p| p.kind)
 }
 
-/// A JSON answer: read up to `limit`, kept by [`reply::kept`].
+/// A JSON answer: read up to `limit` (past it, or broken, the outcome is
+/// unknown), kept as [`reply::settle`] says.
 async fn capture_json<E>(
     parts: http::response::Parts,
-    mut body: Body,
+    body: Body,
     id: &RawValue,
     limit: usize,
-) -> Ending<Result<Response<Body>, E>> {
-    let mut buffer = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
-            return Ending::Abandon {
-                reply: Ok(Response::from_parts(parts, Body::from(buffer.freeze()))),
+) -> Settle<Result<Response<Body>, E>, Stored> {
+    let bytes = match capture(body, limit).await {
+        Captured::Whole(bytes) => bytes,
+        Captured::TooLarge { prefix, rest } => {
+            return Settle::Abandon {
+                reply: Ok(Response::from_parts(parts, resume(prefix, rest))),
             };
-        };
-        if let Ok(data) = frame.into_data() {
-            buffer.extend_from_slice(&data);
-            if buffer.len() > limit {
-                return Ending::Abandon {
-                    reply: Ok(Response::from_parts(parts, resume(buffer.freeze(), body))),
-                };
-            }
         }
-    }
-    let bytes = buffer.freeze();
+        Captured::Broken { prefix, .. } => {
+            return Settle::Abandon {
+                reply: Ok(Response::from_parts(parts, Body::from(prefix))),
+            };
+        }
+    };
     let reply = Ok(Response::from_parts(parts, Body::from(bytes.clone())));
-    if reply::is_response_to(&bytes, id) && reply::kept(&bytes) == Kept::Stored {
-        Ending::Store {
+    if !reply::is_response_to(&bytes, id) {
+        return Settle::Release {
+            reply,
+            keep_writes: false,
+        };
+    }
+    reply::settle(&bytes)
+        .map_response(|()| Stored {
             response: bytes,
             sse: false,
-            reply,
-        }
-    } else {
-        Ending::Release { reply }
-    }
+        })
+        .map_reply(|()| reply)
 }
 
 /// An event stream: read until the event holding the final response (or
@@ -419,7 +398,7 @@ async fn capture_stream<E>(
     mut body: Body,
     id: &RawValue,
     limit: usize,
-) -> Ending<Result<Response<Body>, E>> {
+) -> Settle<Result<Response<Body>, E>, Stored> {
     parts.headers.remove(header::CONTENT_LENGTH);
     let mut sent = BytesMut::new();
     let mut scanner = SseScanner::default();
@@ -432,18 +411,16 @@ async fn capture_stream<E>(
         sent.extend_from_slice(&stripper.push(&data));
         if let Some(response) = scanner.push(&data, id) {
             let reply = Ok(Response::from_parts(parts, Body::from(sent.freeze())));
-            return match reply::kept(&response) {
-                Kept::Stored => Ending::Store {
+            return reply::settle(&response)
+                .map_response(|()| Stored {
                     response,
                     sse: true,
-                    reply,
-                },
-                Kept::Released => Ending::Release { reply },
-            };
+                })
+                .map_reply(|()| reply);
         }
         if sent.len() > limit {
             let rest = stripped(stripper, body);
-            return Ending::Abandon {
+            return Settle::Abandon {
                 reply: Ok(Response::from_parts(parts, resume(sent.freeze(), rest))),
             };
         }
@@ -451,7 +428,7 @@ async fn capture_stream<E>(
     // The stream ended (or broke) before the final response: the tool may
     // have run, nobody knows its result.
     sent.extend_from_slice(&stripper.finish());
-    Ending::Abandon {
+    Settle::Abandon {
         reply: Ok(Response::from_parts(parts, Body::from(sent.freeze()))),
     }
 }
@@ -470,15 +447,6 @@ fn stripped(stripper: SseStripper, rest: Body) -> Body {
         },
     );
     Body::from_stream(events)
-}
-
-/// A body that sends `prefix`, then the rest of `rest`.
-fn resume(prefix: Bytes, rest: Body) -> Body {
-    let head = futures_util::stream::iter([Ok::<_, axum::Error>(prefix)]);
-    Body::from_stream(futures_util::StreamExt::chain(
-        head,
-        rest.into_data_stream(),
-    ))
 }
 
 /// The stored answer under the retry's own `id`, marked replayed, in the

@@ -32,7 +32,7 @@
 //!    (`idempotency-key` by default), reads the request message whole (up
 //!    to the request limit), and runs the method through the engine: at
 //!    most once per `(scope, key)`. The handler's answer is read whole and
-//!    classified by [`crate::outcome::keep`]: stored (then every later call
+//!    classified by [`crate::outcome::settle`]: stored (then every later call
 //!    with the key gets it replayed byte for byte, marked
 //!    `idempotent-replayed: true`) or released.
 //! 4. Every guarded call is counted once in `idempotency_requests_total`

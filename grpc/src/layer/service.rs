@@ -12,16 +12,18 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{HeaderMap, Request, Response};
 use http_body::Body as HttpBody;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::Full;
+use idempotency_guard::engine::Settle;
+use idempotency_guard::layer::{BodyReadError, read_body};
 use idempotency_guard::telemetry::{Outcome, attempt_label};
-use idempotency_guard::{Engine, IdempotencyKey, KeyError, Scope, Store};
+use idempotency_guard::{Engine, IdempotencyKey, KeyError, Scope, Store, StoredResponse};
 use tonic::metadata::MetadataMap;
 use tower::{Service, ServiceExt};
 
 use super::{CallScope, Config};
-use crate::engine::{self, Call, Ended, Ending};
+use crate::engine::{self, Answer, Call};
 use crate::exchange::{BoxError, Captured, Exchange, capture};
-use crate::outcome::{Keep, keep};
+use crate::outcome::settle;
 use crate::refusal::GrpcRefusal;
 
 /// The service [`GrpcIdempotencyLayer`](super::GrpcIdempotencyLayer) wraps
@@ -78,33 +80,6 @@ impl<E> std::fmt::Debug for ResponseFuture<E> {
     }
 }
 
-/// Counts one guarded call in `idempotency_requests_total` exactly once,
-/// through the engine: when its answer is ready, or as `caller-gone` when
-/// its future is dropped first (a run that had started goes on to its end).
-struct Tally<S: Store> {
-    engine: Engine<S>,
-    method: String,
-    attempt: &'static str,
-    counted: bool,
-}
-
-impl<S: Store> Tally<S> {
-    fn count(mut self, outcome: Outcome) {
-        self.counted = true;
-        self.engine
-            .count_request(&self.method, outcome, self.attempt);
-    }
-}
-
-impl<S: Store> Drop for Tally<S> {
-    fn drop(&mut self) {
-        if !self.counted {
-            self.engine
-                .count_request(&self.method, Outcome::CallerGone, self.attempt);
-        }
-    }
-}
-
 impl<S, I, B> Service<Request<tonic::body::Body>> for GrpcIdempotencyService<S, I>
 where
     S: Store,
@@ -145,12 +120,11 @@ where
                 }),
             };
         }
-        let tally = Tally {
-            engine: service.engine.clone(),
-            method: method.clone(),
-            attempt: attempt_label(request.headers()),
-            counted: false,
-        };
+        // Counted once: when answered, or as `caller-gone` when the caller
+        // went away first (a run that had started goes on to its end).
+        let tally = service
+            .engine
+            .tally(method.clone(), attempt_label(request.headers()));
         let guarded = service
             .guard(request, scope, method)
             .map(move |(outcome, result)| {
@@ -193,11 +167,12 @@ where
         };
         let (parts, body) = request.into_parts();
         let limit = self.config.request_limit;
-        let message = match Limited::new(body, limit).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(error) if error.is::<LengthLimitError>() => {
+        let message = match read_body(body, &parts.headers, limit, None).await {
+            Ok((message, _)) => message,
+            Err(BodyReadError::TooLarge { .. }) => {
                 return refuse(&GrpcRefusal::BodyTooLarge { limit });
             }
+            // Unreadable (no budget: never full).
             Err(_) => return refuse(&GrpcRefusal::BodyUnreadable),
         };
         let call = Call {
@@ -218,8 +193,8 @@ where
         })
         .await;
         let result = match ended {
-            Ended::Ran(reply) => reply,
-            Ended::Replay(stored) => match Exchange::from_stored(stored) {
+            Answer::Ran(reply) => reply,
+            Answer::Replay(stored) => match Exchange::from_stored(stored) {
                 Some(exchange) => Ok(exchange.into_response(true)),
                 None => {
                     tracing::error!(method, "a stored answer is not a gRPC answer of this guard");
@@ -229,7 +204,7 @@ where
                     });
                 }
             },
-            Ended::Refused(refusal) => Ok(refusal.to_status().into_http()),
+            Answer::Refused(refusal) => Ok(refusal.to_status().into_http()),
         };
         (outcome, result)
     }
@@ -275,13 +250,13 @@ fn read_key(headers: &HeaderMap, name: &http::HeaderName) -> Result<IdempotencyK
 }
 
 /// The work the engine runs for a claimed call: call the method, read its
-/// answer whole, and keep or release it by [`keep`].
+/// answer whole, and keep or release it by [`settle`].
 async fn run_method<I, B>(
     inner: I,
     request: Request<tonic::body::Body>,
     stored_limit: usize,
     key: String,
-) -> Ending<Result<Response<tonic::body::Body>, I::Error>>
+) -> Settle<Result<Response<tonic::body::Body>, I::Error>, Option<StoredResponse>>
 where
     I: Service<Request<tonic::body::Body>, Response = Response<B>> + Send + 'static,
     I::Future: Send + 'static,
@@ -290,31 +265,31 @@ where
 {
     let response = match inner.oneshot(request).await {
         Ok(response) => response,
-        Err(error) => return Ending::Release { reply: Err(error) },
+        Err(error) => {
+            return Settle::Release {
+                reply: Err(error),
+                keep_writes: false,
+            };
+        }
     };
     match capture(response, stored_limit).await {
         Captured::Whole(mut exchange) => {
             let marked_final = exchange.take_final_marker();
-            match keep(exchange.code(), marked_final) {
-                Keep::Store => Ending::Keep {
-                    stored: Some(exchange.to_stored()),
-                    reply: Ok(exchange.into_response(false)),
-                },
-                Keep::Release => Ending::Release {
-                    reply: Ok(exchange.into_response(false)),
-                },
-            }
+            settle(exchange.code(), marked_final)
+                .map_response(|()| Some(exchange.to_stored()))
+                .map_reply(|()| Ok(exchange.into_response(false)))
         }
         // Its status is still unknown, but the method ran: it is never
         // run again (replays answer `response-not-stored`).
-        Captured::TooLarge(response) => Ending::Keep {
-            stored: None,
+        Captured::TooLarge(response) => Settle::Complete {
+            response: None,
             reply: Ok(response),
         },
         Captured::Broken(error) => {
             tracing::error!(error = %error, "the method's answer broke off; its key is released");
-            Ending::Release {
+            Settle::Release {
                 reply: Ok(GrpcRefusal::HandlerFailed { key }.to_status().into_http()),
+                keep_writes: false,
             }
         }
     }

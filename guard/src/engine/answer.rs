@@ -4,18 +4,23 @@
 //!
 //! # Glossary: the "what happened" types
 //!
+//! One name per idea; every adapter (the axum layer, gRPC, JSON-RPC, the
+//! consumers, the webhook receivers, the gateway) uses these and declares
+//! no copy of them.
+//!
 //! | type | who says it | what it says |
 //! |---|---|---|
 //! | `decision::Decision` | the pure policy | on an existing record: replay, refuse, wait or take over |
 //! | `claim::Acquired` (private) | the claim step | this run holds the lease, or answer now, or the store failed |
-//! | [`Settle`] | the work | keep this outcome, release the key, or abandon it |
-//! | `settle::Ending` (private) | the engine | what the settle step writes (complete, release, abandon, cut off) |
+//! | [`Settle`] | the work | keep this outcome (complete), release the key, or abandon it |
+//! | `Settle<(), ()>` | an adapter's pure classifier (the axum layer's `classify`, `idempotency_grpc::outcome::settle`, JSON-RPC's rule) | the same three cases from an answer's head, before its body is read |
+//! | `Settle<(), &StoredResponse>` | the engine's settle step | what it writes (a cut-off run is abandoned as [`Settle::Abandon`]) |
 //! | [`Settled`] | the engine | what became of a run's outcome (stored, released, abandoned, not stored, unguarded) |
 //! | [`Refusal`] | the engine | why the work did not run (or cannot be vouched for) |
-//! | [`Answer`] | the engine | the caller's answer: ran, replay, refused |
-//! | [`crate::telemetry::Outcome`] | [`Answer::outcome`] | the metrics label, one per answer |
+//! | [`Answer`] | the engine | the caller's answer: ran, replay, refused (the gRPC and JSON-RPC adapters' own `Answer` is this one with their refusal) |
+//! | [`crate::telemetry::Outcome`] | [`Answer::outcome`] | the metrics label, one per answer (the only `Outcome`) |
 //! | [`crate::Rejection`] | the axum layer | an HTTP refusal rendered as problem+json |
-//! | `Verdict` | the consumer crate | what a broker is told: ack, redeliver, retry, dead-letter, park |
+//! | `Verdict` | the consumer crate | what a broker is told: ack, redeliver, retry, dead-letter, park (the only `Verdict`) |
 //! | `Exchange` | the gateway crate | how a forwarded request ended upstream |
 
 use std::time::Duration;
@@ -23,14 +28,21 @@ use std::time::Duration;
 use crate::record::StoredResponse;
 use crate::telemetry::Outcome;
 
-/// How the work ended, as the work tells the engine.
-#[derive(Debug)]
-pub enum Settle<T> {
+/// How the work ended, as the work tells the engine: keep its outcome
+/// (complete), release the key, or abandon it.
+///
+/// `R` is what is kept: the engine stores a [`StoredResponse`]; an adapter
+/// may settle in its own terms first (a gRPC answer too large to keep, a
+/// JSON-RPC response and its form) and turn that into one. `Settle<(), ()>`
+/// is the bare decision a classifier makes from an answer's head, before
+/// its body is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle<T, R = StoredResponse> {
     /// Keep `response` as the key's outcome (replayed to every later
     /// caller); hand `reply` to this caller.
     Complete {
         /// The outcome to store.
-        response: StoredResponse,
+        response: R,
         /// What this caller gets.
         reply: T,
     },
@@ -51,6 +63,46 @@ pub enum Settle<T> {
         /// What this caller gets.
         reply: T,
     },
+}
+
+impl<T, R> Settle<T, R> {
+    /// The same ending with what is kept turned by `f` (how an adapter
+    /// turns its own terms into a [`StoredResponse`]).
+    pub fn map_response<U>(self, f: impl FnOnce(R) -> U) -> Settle<T, U> {
+        match self {
+            Self::Complete { response, reply } => Settle::Complete {
+                response: f(response),
+                reply,
+            },
+            Self::Release { reply, keep_writes } => Settle::Release { reply, keep_writes },
+            Self::Abandon { reply } => Settle::Abandon { reply },
+        }
+    }
+
+    /// The same ending with the reply turned by `f` (how a classifier's
+    /// bare decision, `Settle<(), R>`, gets the caller's reply).
+    pub fn map_reply<U>(self, f: impl FnOnce(T) -> U) -> Settle<U, R> {
+        match self {
+            Self::Complete { response, reply } => Settle::Complete {
+                response,
+                reply: f(reply),
+            },
+            Self::Release { reply, keep_writes } => Settle::Release {
+                reply: f(reply),
+                keep_writes,
+            },
+            Self::Abandon { reply } => Settle::Abandon { reply: f(reply) },
+        }
+    }
+
+    /// The reply this caller gets, whatever the ending.
+    pub fn into_reply(self) -> T {
+        match self {
+            Self::Complete { reply, .. }
+            | Self::Release { reply, .. }
+            | Self::Abandon { reply } => reply,
+        }
+    }
 }
 
 /// What became of the outcome of work that ran.

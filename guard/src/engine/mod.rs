@@ -353,11 +353,7 @@ impl<S: Store> Engine<S> {
                     lease: None,
                     slot: None,
                 };
-                let reply = match work(context).await {
-                    Settle::Complete { reply, .. }
-                    | Settle::Release { reply, .. }
-                    | Settle::Abandon { reply } => reply,
-                };
+                let reply = work(context).await.into_reply();
                 Answer::Ran {
                     reply,
                     settled: Settled::Unguarded,
@@ -376,11 +372,6 @@ impl<S: Store> Engine<S> {
         F: Future<Output = Result<R, StoreError>>,
     {
         timed(&self.metrics, operation, self.config.store_timeout, future)
-    }
-
-    /// The handles of the engine's per-request metrics.
-    pub(crate) fn metrics(&self) -> &Arc<MetricHandles> {
-        &self.metrics
     }
 
     /// The `Retry-After` hint of the engine's refusals (see
@@ -408,5 +399,17 @@ impl<S: Store> Engine<S> {
         attempt: &'static str,
     ) {
         self.metrics.count_request(route, outcome, attempt);
+    }
+
+    /// A [`Tally`](crate::telemetry::Tally) of one request of an adapter
+    /// over this engine: counted once in `idempotency_requests_total`, when
+    /// its answer is ready or as `caller-gone` when it is dropped first.
+    /// `route` and `attempt` as for [`Engine::count_request`].
+    pub fn tally(
+        &self,
+        route: impl Into<String>,
+        attempt: &'static str,
+    ) -> crate::telemetry::Tally {
+        crate::telemetry::Tally::new(Arc::clone(&self.metrics), route.into(), attempt)
     }
 }

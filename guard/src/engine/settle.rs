@@ -4,32 +4,18 @@
 use std::time::Duration;
 
 use super::Engine;
+use super::answer::Settle;
 use crate::record::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 
-/// How a run ended, as far as its record is concerned.
-pub(super) enum Ending<'a> {
-    /// Store this outcome (in a transaction: commit the work's writes with it).
-    Complete(&'a StoredResponse),
-    /// Delete the record; in a transaction, commit the work's writes
-    /// (`keep_writes`, a success not to be stored) or roll them back.
-    Release {
-        /// Whether the work's writes commit.
-        #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-        keep_writes: bool,
-    },
-    /// Cut off at the maximum handler time: in a transaction, roll back and
-    /// release; otherwise end the lease so the record becomes abandoned.
-    CutOff,
-}
-
-impl Ending<'_> {
-    /// The store operation, for the lease-lost metric.
+impl<T> Settle<T, &StoredResponse> {
+    /// The store operation that writes this ending, for the lease-lost
+    /// metric (an abandoned run's lease is ended by a renewal to zero).
     pub(super) fn operation(&self) -> &'static str {
         match self {
-            Self::Complete(_) => "complete",
+            Self::Complete { .. } => "complete",
             Self::Release { .. } => "release",
-            Self::CutOff => "renew",
+            Self::Abandon { .. } => "renew",
         }
     }
 }
@@ -54,9 +40,11 @@ impl Transaction {
 }
 
 impl<S: Store> Engine<S> {
-    /// Writes the end of a run: in the work's transaction when it began
-    /// one, else with the fenced store operations. `Ok(true)` when it went
-    /// through the transaction (for a cut-off: the writes were rolled back).
+    /// Writes the end of a run (what to keep, borrowed; a run cut off at the
+    /// maximum handler time is abandoned): in the work's transaction when it
+    /// began one, else with the fenced store operations. `Ok(true)` when it
+    /// went through the transaction (for an abandoned run: the writes were
+    /// rolled back and the key released).
     #[cfg_attr(feature = "otel", tracing::instrument(
         name = "idempotency.settle",
         skip_all,
@@ -66,7 +54,7 @@ impl<S: Store> Engine<S> {
         &self,
         lease: &Lease,
         transaction: &Transaction,
-        ending: Ending<'_>,
+        ending: Settle<(), &StoredResponse>,
     ) -> Result<bool, SettleError> {
         let ending = match &transaction.0 {
             Some(slot) => match self.settle_in_slot(lease, slot, ending).await {
@@ -77,9 +65,11 @@ impl<S: Store> Engine<S> {
         };
         // Without a transaction, what the work wrote stands either way.
         let result = match ending {
-            Ending::Complete(stored) => self.complete_with_retries(lease, stored).await,
-            Ending::Release { .. } => self.timed("release", self.store.release(lease)).await,
-            Ending::CutOff => {
+            Settle::Complete {
+                response: stored, ..
+            } => self.complete_with_retries(lease, stored).await,
+            Settle::Release { .. } => self.timed("release", self.store.release(lease)).await,
+            Settle::Abandon { .. } => {
                 self.timed("renew", self.store.renew(lease, Duration::ZERO))
                     .await
             }

@@ -10,8 +10,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::settle::{Ending, SettleError, Transaction};
+use super::settle::{SettleError, Transaction};
 use super::{Answer, Engine, Job, Refusal, Settle, Settled, timed};
+use crate::record::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 use crate::telemetry::count_lease_lost;
 
@@ -79,7 +80,10 @@ impl<S: Store> Engine<S> {
             }
             Some(Err(_panic)) => {
                 tracing::error!(route = %job.route, "the work panicked; its key is released");
-                let ending = Ending::Release { keep_writes: false };
+                let ending = Settle::Release {
+                    reply: (),
+                    keep_writes: false,
+                };
                 Box::pin(self.settle_logged(job, &lease, &transaction, ending)).await;
                 Answer::Refused(Refusal::Failed)
             }
@@ -89,8 +93,9 @@ impl<S: Store> Engine<S> {
                 if let Some(renewals) = renewals.take() {
                     renewals.stop().await;
                 }
+                let cut_off = Settle::Abandon { reply: () };
                 let rolled_back =
-                    Box::pin(self.settle_logged(job, &lease, &transaction, Ending::CutOff)).await;
+                    Box::pin(self.settle_logged(job, &lease, &transaction, cut_off)).await;
                 Answer::Refused(Refusal::TimedOut { rolled_back })
             }
         };
@@ -117,7 +122,10 @@ impl<S: Store> Engine<S> {
         let (response, reply) = match settle {
             Settle::Complete { response, reply } => (response, reply),
             Settle::Release { reply, keep_writes } => {
-                let ending = Ending::Release { keep_writes };
+                let ending = Settle::Release {
+                    reply: (),
+                    keep_writes,
+                };
                 Box::pin(self.settle_logged(job, lease, transaction, ending)).await;
                 return Answer::Ran {
                     reply,
@@ -125,8 +133,9 @@ impl<S: Store> Engine<S> {
                 };
             }
             Settle::Abandon { reply } => {
+                let ending = Settle::Abandon { reply: () };
                 let rolled_back =
-                    Box::pin(self.settle_logged(job, lease, transaction, Ending::CutOff)).await;
+                    Box::pin(self.settle_logged(job, lease, transaction, ending)).await;
                 let settled = if rolled_back {
                     Settled::Released
                 } else {
@@ -136,7 +145,14 @@ impl<S: Store> Engine<S> {
             }
         };
         match self
-            .settle(lease, transaction, Ending::Complete(&response))
+            .settle(
+                lease,
+                transaction,
+                Settle::Complete {
+                    response: &response,
+                    reply: (),
+                },
+            )
             .await
         {
             Ok(_) => Answer::Ran {
@@ -185,7 +201,7 @@ impl<S: Store> Engine<S> {
         job: &Job,
         lease: &Lease,
         transaction: &Transaction,
-        ending: Ending<'_>,
+        ending: Settle<(), &StoredResponse>,
     ) -> bool {
         let operation = ending.operation();
         match self.settle(lease, transaction, ending).await {

@@ -1,7 +1,9 @@
-//! The bodies the layer buffers, each bounded: the request's, read whole
+//! The bodies an adapter buffers, each bounded: the request's, read whole
 //! to fingerprint it ([`read_body`], under the body limit and a
 //! [`BodyBudget`]), and a kept response's, captured for storage
-//! (`capture_response`, under the stored-response limit).
+//! ([`capture`], under the stored-response limit, with [`resume`] to send
+//! on a body too large to keep). The axum layer, the JSON-RPC and gRPC
+//! adapters and the webhook receivers read their bodies here.
 //!
 //! [`BodyBudget`] bounds the bytes of guarded request bodies being buffered
 //! at once, so many clients each holding a body open cannot take the
@@ -18,12 +20,13 @@ use std::time::Duration;
 
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
+use futures_util::{StreamExt, stream};
 use http::{HeaderMap, header};
 use http_body::Body as HttpBody;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::{BodyExt, BodyStream, LengthLimitError, Limited};
 
 use crate::problem::Rejection;
-use crate::response::{BoxError, Captured, capture, resume};
+use crate::response::BoxError;
 
 /// The bytes of guarded request bodies that may be buffered at once,
 /// shared by every layer given a clone of it (one budget for all the
@@ -176,18 +179,22 @@ fn read_failure(error: &BoxError, limit: usize) -> BodyReadError {
 /// is one: a declared length is reserved before any byte is read, a
 /// chunked body as its chunks arrive, and the bytes are copied into one
 /// buffer as they come (each chunk freed at once), so what is held is what
-/// is reserved. Every adapter that buffers bodies (the axum layer, the
-/// JSON-RPC layer) reads them here.
+/// is reserved. Every adapter that buffers request bodies (the axum layer,
+/// the JSON-RPC and gRPC adapters, the webhook receivers) reads them here.
 ///
 /// # Errors
 ///
 /// [`BodyReadError`]: too large, broken, or no room in the budget.
-pub async fn read_body(
-    body: Body,
+pub async fn read_body<B>(
+    body: B,
     headers: &HeaderMap,
     limit: usize,
     budget: Option<&BodyBudget>,
-) -> Result<(Bytes, Option<BodyReservation>), BodyReadError> {
+) -> Result<(Bytes, Option<BodyReservation>), BodyReadError>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let declared = declared_length(headers, limit)?;
     let Some(budget) = budget else {
         return match Limited::new(body, limit).collect().await {
@@ -213,6 +220,78 @@ pub async fn read_body(
     Ok((buffer.freeze(), Some(reservation)))
 }
 
+/// A response body read up to the stored-response limit ([`capture`]).
+#[derive(Debug)]
+pub enum Captured<B> {
+    /// The whole body fit.
+    Whole(Bytes),
+    /// The body exceeds the limit: what was read, and the rest still unread
+    /// (send both on with [`resume`]; nothing can be stored).
+    TooLarge {
+        /// The bytes read so far (a little over the limit).
+        prefix: Bytes,
+        /// The body, positioned after `prefix`.
+        rest: B,
+    },
+    /// The body failed before its end or the limit.
+    Broken {
+        /// The bytes read before it failed.
+        prefix: Bytes,
+        /// The body's error.
+        error: BoxError,
+    },
+}
+
+/// Reads a response body until its end or until it exceeds `limit` bytes,
+/// for storage. Trailers are not kept.
+pub async fn capture<B>(mut body: B, limit: usize) -> Captured<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let mut buffer = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(error) => {
+                return Captured::Broken {
+                    prefix: buffer.freeze(),
+                    error: error.into(),
+                };
+            }
+        };
+        if let Ok(data) = frame.into_data() {
+            buffer.extend_from_slice(&data);
+            if buffer.len() > limit {
+                return Captured::TooLarge {
+                    prefix: buffer.freeze(),
+                    rest: body,
+                };
+            }
+        }
+    }
+    Captured::Whole(buffer.freeze())
+}
+
+/// A body that sends `prefix` and then streams the rest of `rest` (its
+/// data: trailers are dropped).
+pub fn resume<B>(prefix: Bytes, rest: B) -> Body
+where
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let rest = BodyStream::new(rest)
+        .map(|frame| frame.map_err(Into::<BoxError>::into))
+        .filter_map(|frame| {
+            // Data frames go on; trailers are dropped.
+            std::future::ready(match frame {
+                Ok(frame) => frame.into_data().ok().map(Ok),
+                Err(error) => Some(Err(error)),
+            })
+        });
+    Body::from_stream(stream::once(async move { Ok::<_, BoxError>(prefix) }).chain(rest))
+}
+
 /// Captures a kept response's body for storage, up to `limit` bytes: the
 /// copy to store (`None` when the body is larger: it is sent on, but not
 /// stored) and the body that goes on to the caller.
@@ -228,9 +307,10 @@ where
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    Ok(match capture(Box::pin(body), limit).await? {
+    Ok(match capture(Box::pin(body), limit).await {
         Captured::Whole(bytes) => (Some(bytes.clone()), Body::from(bytes)),
         Captured::TooLarge { prefix, rest } => (None, resume(prefix, rest)),
+        Captured::Broken { error, .. } => return Err(error),
     })
 }
 
@@ -252,5 +332,34 @@ mod tests {
         assert_eq!(budget.in_use(), 100);
         drop(second);
         assert_eq!(budget.in_use(), 0);
+    }
+
+    #[tokio::test]
+    async fn captures_small_bodies_whole_and_streams_large_ones_on() {
+        let small = capture(Body::from("hello"), 5).await;
+        assert!(matches!(small, Captured::Whole(ref b) if b == "hello"));
+        let chunks: Vec<Result<Bytes, std::io::Error>> =
+            (0..4).map(|i| Ok(Bytes::from(vec![b'a' + i; 4]))).collect();
+        let large = Body::from_stream(stream::iter(chunks));
+        match capture(large, 6).await {
+            Captured::TooLarge { prefix, rest } => {
+                assert_eq!(prefix, "aaaabbbb");
+                let all = resume(prefix, rest).collect().await.unwrap().to_bytes();
+                assert_eq!(all, "aaaabbbbccccdddd");
+            }
+            other => panic!("a body over the limit was not streamed on: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_broken_body_keeps_what_was_read() {
+        let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+            Ok(Bytes::from_static(b"abc")),
+            Err(std::io::Error::other("reset")),
+        ];
+        match capture(Body::from_stream(stream::iter(chunks)), 100).await {
+            Captured::Broken { prefix, .. } => assert_eq!(prefix, "abc"),
+            other => panic!("a broken body was not reported: {other:?}"),
+        }
     }
 }

@@ -2,32 +2,30 @@
 //! response's head alone: keep it (store it and replay it to retries),
 //! release the key (store nothing: a retry runs), or abandon it (store
 //! nothing and vouch for nothing: the outcome is unknown). [`classify`] is
-//! the one pure function that says so, tested as a truth table; the
-//! service acts on its [`Verdict`] (a kept response whose body then fails
-//! is still released there).
+//! the one pure function that says so, tested as a truth table; it answers
+//! with the engine's own [`Settle`] without payload (`Settle<(), ()>`), and
+//! the service fills it in (a kept response whose body then fails is still
+//! released there).
 
 use http::StatusCode;
 use http::response::Parts;
 
 use super::markers::{FinalResponse, OutcomeUnknown};
+use crate::engine::Settle;
 use crate::response::is_no_store;
 
-/// What becomes of a route's response, as its head says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// The answer: capture its body, store it, replay it to every retry.
-    Keep,
-    /// Not an answer to keep: store nothing and release the key, so a
-    /// retry runs the handler again.
-    Release {
-        /// In transactional mode, whether the handler's writes commit (a
-        /// `no-store` success) or roll back (everything else).
-        keep_writes: bool,
-    },
-    /// The handler does not know its outcome ([`OutcomeUnknown`]): store
-    /// nothing and end the lease, so the key is abandoned.
-    Abandon,
-}
+/// Keep the response: capture its body, store it, replay it to every retry.
+pub(crate) const KEEP: Settle<(), ()> = Settle::Complete {
+    response: (),
+    reply: (),
+};
+
+/// Release the key, the handler's writes rolled back (in transactional
+/// mode): not an answer to keep, so a retry runs the handler again.
+pub(crate) const RELEASE: Settle<(), ()> = Settle::Release {
+    reply: (),
+    keep_writes: false,
+};
 
 /// Classifies a route's response from its head: `stored_statuses` is the
 /// layer's rule of statuses that are stored.
@@ -36,22 +34,24 @@ pub(crate) enum Verdict {
 /// 415 or 422 not marked [`FinalResponse`] is an extractor's rejection
 /// (Stripe's rule: no work was done) and is released; a response with
 /// `Cache-Control: no-store`, or whose status the rule does not store, is
-/// released (a `no-store` success keeps its transactional writes); every
-/// other response is kept.
-pub(crate) fn classify(parts: &Parts, stored_statuses: fn(StatusCode) -> bool) -> Verdict {
+/// released (in transactional mode a `no-store` success keeps its writes,
+/// everything else released rolls them back); every other response is
+/// kept.
+pub(crate) fn classify(parts: &Parts, stored_statuses: fn(StatusCode) -> bool) -> Settle<(), ()> {
     if parts.extensions.get::<OutcomeUnknown>().is_some() {
-        return Verdict::Abandon;
+        return Settle::Abandon { reply: () };
     }
     if is_rejection_before_work(parts.status) && parts.extensions.get::<FinalResponse>().is_none() {
-        return Verdict::Release { keep_writes: false };
+        return RELEASE;
     }
     let no_store = is_no_store(&parts.headers);
     if no_store || !stored_statuses(parts.status) {
-        return Verdict::Release {
+        return Settle::Release {
+            reply: (),
             keep_writes: no_store && parts.status.is_success(),
         };
     }
-    Verdict::Keep
+    KEEP
 }
 
 /// The statuses an extractor rejection answers with (malformed, too large,
@@ -89,11 +89,14 @@ mod tests {
 
     #[test]
     fn truth_table() {
-        use Verdict::*;
         const NO_STORE: Option<&str> = Some("no-store");
         const PRIVATE: Option<&str> = Some("private, max-age=60");
-        let release = Release { keep_writes: false };
-        let release_keeping_writes = Release { keep_writes: true };
+        let (keep, abandon) = (KEEP, Settle::Abandon { reply: () });
+        let release = RELEASE;
+        let release_keeping_writes = Settle::Release {
+            reply: (),
+            keep_writes: true,
+        };
         let default: fn(StatusCode) -> bool = default_stored_status;
         let strict: fn(StatusCode) -> bool = successes_only;
         type Row = (
@@ -102,26 +105,26 @@ mod tests {
             bool,
             Option<&'static str>,
             fn(StatusCode) -> bool,
-            Verdict,
+            Settle<(), ()>,
         );
         #[rustfmt::skip]
         let table: &[Row] = &[
-            // status, FinalResponse, OutcomeUnknown, Cache-Control, stored statuses => verdict
-            (200, false, false, None, default, Keep),
-            (201, false, false, None, default, Keep),
-            (204, false, false, PRIVATE, default, Keep),
-            (302, false, false, None, default, Keep),
-            (404, false, false, None, default, Keep),
-            (409, false, false, None, default, Keep),
+            // status, FinalResponse, OutcomeUnknown, Cache-Control, stored statuses => settle
+            (200, false, false, None, default, keep),
+            (201, false, false, None, default, keep),
+            (204, false, false, PRIVATE, default, keep),
+            (302, false, false, None, default, keep),
+            (404, false, false, None, default, keep),
+            (409, false, false, None, default, keep),
             // Stripe's rule: an extractor's rejection did no work.
             (400, false, false, None, default, release),
             (413, false, false, None, default, release),
             (415, false, false, None, default, release),
             (422, false, false, None, default, release),
-            (400, true, false, None, default, Keep),
-            (413, true, false, None, default, Keep),
-            (415, true, false, None, default, Keep),
-            (422, true, false, None, default, Keep),
+            (400, true, false, None, default, keep),
+            (413, true, false, None, default, keep),
+            (415, true, false, None, default, keep),
+            (422, true, false, None, default, keep),
             // The mark keeps a client error only if the rule stores its status.
             (422, true, false, None, strict, release),
             // "Try again" statuses and server errors.
@@ -133,7 +136,7 @@ mod tests {
             (503, false, false, None, default, release),
             (500, true, false, None, default, release),
             // The rule decides the rest.
-            (201, false, false, None, strict, Keep),
+            (201, false, false, None, strict, keep),
             (404, false, false, None, strict, release),
             (302, false, false, None, strict, release),
             // `no-store`: released; only a success keeps its writes.
@@ -146,12 +149,12 @@ mod tests {
             (422, true, false, NO_STORE, default, release),
             (400, false, false, NO_STORE, default, release),
             // OutcomeUnknown wins over everything.
-            (200, false, true, None, default, Abandon),
-            (502, false, true, None, default, Abandon),
-            (504, false, true, None, strict, Abandon),
-            (422, false, true, None, default, Abandon),
-            (422, true, true, None, default, Abandon),
-            (200, false, true, NO_STORE, default, Abandon),
+            (200, false, true, None, default, abandon),
+            (502, false, true, None, default, abandon),
+            (504, false, true, None, strict, abandon),
+            (422, false, true, None, default, abandon),
+            (422, true, true, None, default, abandon),
+            (200, false, true, NO_STORE, default, abandon),
         ];
         for (i, &(status, final_mark, unknown, cache_control, rule, expected)) in
             table.iter().enumerate()

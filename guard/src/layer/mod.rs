@@ -24,9 +24,10 @@
 //! One file per role, as tower-http's `limit/`: `layer.rs` ([`IdempotencyLayer`]
 //! and its settings), `service.rs` ([`IdempotencyService`]: the request
 //! path), `future.rs` ([`ResponseFuture`]), `classify.rs` (the table above
-//! as one pure function of the response's head: keep, release or abandon),
-//! `body.rs` (bounded bodies: [`read_body`], [`BodyBudget`], and the capture
-//! of a kept response), `markers.rs` ([`FinalResponse`], [`OutcomeUnknown`])
+//! as one pure function of the response's head: keep, release or abandon,
+//! as the engine's own `Settle<(), ()>`), `body.rs` (bounded bodies:
+//! [`read_body`], [`BodyBudget`], [`capture`] and [`resume`], which every
+//! adapter that buffers a body uses), `markers.rs` ([`FinalResponse`], [`OutcomeUnknown`])
 //! and `tx.rs` (the [`Tx`](crate::Tx) extractor, with PostgreSQL).
 //!
 //! # Settings: the layer's own, and the engine's written once
@@ -59,7 +60,7 @@ mod service;
 #[cfg(feature = "postgres")]
 mod tx;
 
-pub use body::{BodyBudget, BodyReadError, BodyReservation, read_body};
+pub use body::{BodyBudget, BodyReadError, BodyReservation, Captured, capture, read_body, resume};
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use markers::{FinalResponse, OutcomeUnknown};

@@ -18,7 +18,7 @@ use http_body::Body as HttpBody;
 use tower::{Service, ServiceExt};
 
 use super::body::{capture_response, read_body};
-use super::classify::{Verdict, classify};
+use super::classify::classify;
 use super::future::ResponseFuture;
 use super::layer::Config;
 use crate::engine::{Answer, Engine, Job, RunContext, Settle};
@@ -28,7 +28,7 @@ use crate::problem::Rejection;
 use crate::record::StoredResponse;
 use crate::response::{BoxError, headers_to_store};
 use crate::store::Store;
-use crate::telemetry::{MetricHandles, Outcome, attempt_label};
+use crate::telemetry::{Outcome, Tally, attempt_label};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a route.
 pub struct IdempotencyService<S, I> {
@@ -63,38 +63,17 @@ impl<S, I> IdempotencyService<S, I> {
     }
 }
 
-/// Counts one request's outcome in `idempotency_requests_total` exactly
-/// once: when its answer is ready, or, for a request of a guarded method
-/// whose caller went away first, as [`Outcome::CallerGone`] when it is
-/// dropped.
-struct Tally {
-    metrics: Arc<MetricHandles>,
-    route: String,
-    attempt: &'static str,
-    /// Whether dropping the tally uncounted counts a caller gone.
-    caller_gone: bool,
-}
-
-impl Tally {
-    /// Counts `outcome` (nothing for requests the guard does not count).
-    fn count(mut self, outcome: Option<Outcome>) {
-        self.caller_gone = false;
-        if let Some(outcome) = outcome {
-            self.metrics
-                .count_request(&self.route, outcome, self.attempt);
-            #[cfg(feature = "otel")]
-            tracing::Span::current().record(crate::telemetry::otel::OUTCOME, outcome.as_str());
-        }
-    }
-}
-
-impl Drop for Tally {
-    fn drop(&mut self) {
-        if self.caller_gone {
-            self.metrics
-                .count_request(&self.route, Outcome::CallerGone, self.attempt);
-        }
-    }
+/// Counts a request's `outcome` on its tally (nothing for requests the
+/// guard does not count).
+fn count(tally: Option<Tally>, outcome: Option<Outcome>) {
+    let Some(tally) = tally else { return };
+    let Some(outcome) = outcome else {
+        tally.forget();
+        return;
+    };
+    tally.count(outcome);
+    #[cfg(feature = "otel")]
+    tracing::Span::current().record(crate::telemetry::otel::OUTCOME, outcome.as_str());
 }
 
 /// What a guarded request ended with, to be counted once.
@@ -141,18 +120,19 @@ where
             .get::<MatchedPath>()
             .map_or("unmatched", MatchedPath::as_str)
             .to_owned();
-        let tally = Tally {
-            metrics: Arc::clone(service.engine.metrics()),
-            route: route.clone(),
-            attempt: attempt_label(request.headers()),
-            caller_gone: service.config.methods.contains(request.method()),
-        };
+        // Only requests of a guarded method are counted (and counted as
+        // `caller-gone` when their caller goes away first).
+        let tally = service.config.methods.contains(request.method()).then(|| {
+            service
+                .engine
+                .tally(route.clone(), attempt_label(request.headers()))
+        });
         // `handle`'s own future, mapped, goes into the box: an `async`
         // block awaiting it would hold the request and the service twice.
         // Dropped before it ends (the caller went away), the closure drops
         // the tally, which counts that.
         let guarded = service.handle(request, route).map(move |counted| {
-            tally.count(counted.outcome);
+            count(tally, counted.outcome);
             counted.result
         });
         #[cfg(feature = "otel")]
@@ -272,14 +252,14 @@ where
     };
     let (parts, body) = response.into_parts();
     match classify(&parts, config.stored_statuses) {
-        Verdict::Keep => {}
-        Verdict::Release { keep_writes } => {
+        Settle::Complete { .. } => {}
+        Settle::Release { keep_writes, .. } => {
             return Settle::Release {
                 reply: Ok(Response::from_parts(parts, Body::new(body))),
                 keep_writes,
             };
         }
-        Verdict::Abandon => {
+        Settle::Abandon { .. } => {
             return Settle::Abandon {
                 reply: Ok(Response::from_parts(parts, Body::new(body))),
             };

@@ -16,7 +16,7 @@
 //! - amplification factor: `sum(rate(idempotency_requests_total{attempt!="unknown"}[5m])) / sum(rate(idempotency_requests_total{attempt="0"}[5m]))`
 
 use std::collections::HashMap;
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Instant;
 
 #[cfg(feature = "logs")]
@@ -185,6 +185,66 @@ impl MetricHandles {
             histogram
         });
         histogram.record(started.elapsed());
+    }
+}
+
+/// Counts one request of an adapter in `idempotency_requests_total`
+/// exactly once, through its engine's metrics: with [`Tally::count`] when
+/// its answer is ready, or as [`Outcome::CallerGone`] when it is dropped
+/// uncounted (the request's future was dropped: its caller went away; a
+/// run that had started goes on to its end and settles its key). Made by
+/// [`Engine::tally`](crate::Engine::tally); the axum layer, the gRPC and
+/// the JSON-RPC adapters count with it.
+///
+/// ```
+/// use idempotency_guard::{Engine, Store, telemetry};
+/// # fn f<S: Store>(engine: &Engine<S>, headers: &http::HeaderMap) {
+/// let tally = engine.tally("send_email", telemetry::attempt_label(headers));
+/// // ... the request is answered:
+/// tally.count(telemetry::Outcome::Executed);
+/// # }
+/// ```
+#[derive(Debug)]
+#[must_use = "dropped uncounted, it counts the request as caller-gone"]
+pub struct Tally {
+    metrics: Arc<MetricHandles>,
+    route: String,
+    attempt: &'static str,
+    /// Whether dropping it counts a caller gone.
+    armed: bool,
+}
+
+impl Tally {
+    /// A tally of one request on `route` with `attempt`.
+    pub(crate) fn new(metrics: Arc<MetricHandles>, route: String, attempt: &'static str) -> Self {
+        Self {
+            metrics,
+            route,
+            attempt,
+            armed: true,
+        }
+    }
+
+    /// Counts the request under `outcome`.
+    pub fn count(mut self, outcome: Outcome) {
+        self.armed = false;
+        self.metrics
+            .count_request(&self.route, outcome, self.attempt);
+    }
+
+    /// Counts nothing: the request turned out to be one the adapter does
+    /// not count.
+    pub fn forget(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        if self.armed {
+            self.metrics
+                .count_request(&self.route, Outcome::CallerGone, self.attempt);
+        }
     }
 }
 

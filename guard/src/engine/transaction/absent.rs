@@ -3,8 +3,10 @@
 //! here is unreachable by construction (`match *self {}`).
 
 use super::super::Engine;
+use super::super::answer::Settle;
 use super::super::claim::Acquired;
-use super::super::settle::{Ending, SettleError};
+use super::super::settle::SettleError;
+use crate::record::StoredResponse;
 use crate::store::{Claim, Lease, StoreError};
 
 /// No value: nothing to hold without PostgreSQL.
@@ -65,8 +67,8 @@ impl<S: crate::store::Store> Engine<S> {
         &self,
         _lease: &Lease,
         slot: &TransactionSlot,
-        _ending: Ending<'a>,
-    ) -> Result<Result<bool, SettleError>, Ending<'a>> {
+        _ending: Settle<(), &'a StoredResponse>,
+    ) -> Result<Result<bool, SettleError>, Settle<(), &'a StoredResponse>> {
         match *slot {}
     }
 }

@@ -26,10 +26,12 @@ use std::sync::Arc;
 use sqlx::{PgConnection, Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
+use super::super::answer::Settle;
 use super::super::claim::Acquired;
 use super::super::config::as_written;
-use super::super::settle::{Ending, SettleError};
+use super::super::settle::SettleError;
 use super::super::{Engine, RunContext};
+use crate::record::StoredResponse;
 use crate::store::Lease;
 use crate::store::postgres::PostgresStore;
 use crate::store::{Claim, StoreError};
@@ -430,8 +432,8 @@ impl<S: crate::store::Store> Engine<S> {
         &self,
         lease: &Lease,
         slot: &TransactionSlot,
-        ending: Ending<'a>,
-    ) -> Result<Result<bool, SettleError>, Ending<'a>> {
+        ending: Settle<(), &'a StoredResponse>,
+    ) -> Result<Result<bool, SettleError>, Settle<(), &'a StoredResponse>> {
         match slot.take() {
             Ok(Some(open)) => {
                 // Boxed: its PostgreSQL futures would otherwise enlarge
@@ -469,7 +471,7 @@ impl<S: crate::store::Store> Engine<S> {
         lease: &Lease,
         mut transaction: Locked,
         locked: bool,
-        ending: Ending<'_>,
+        ending: Settle<(), &StoredResponse>,
     ) -> Result<(), SettleError> {
         let rolled_back = |error| SettleError {
             error,
@@ -480,18 +482,25 @@ impl<S: crate::store::Store> Engine<S> {
         };
         let postgres = &transactions.postgres;
         let written = match ending {
-            Ending::Complete(stored) => {
+            Settle::Complete {
+                response: stored, ..
+            } => {
                 self.timed(
                     "complete",
                     postgres.complete_in(&mut transaction, lease, stored),
                 )
                 .await
             }
-            Ending::Release { keep_writes: true } => {
+            Settle::Release {
+                keep_writes: true, ..
+            } => {
                 self.timed("release", postgres.release_in(&mut transaction, lease))
                     .await
             }
-            Ending::Release { keep_writes: false } | Ending::CutOff => {
+            Settle::Release {
+                keep_writes: false, ..
+            }
+            | Settle::Abandon { .. } => {
                 // Roll the writes back, then free the key: nothing ran.
                 let _ = transaction.rollback().await;
                 if locked {
