@@ -1,7 +1,7 @@
 //! [`IdempotencyLayer`]: the guard's settings and the tower [`Layer`] that
 //! wraps a route in an [`IdempotencyService`].
 //!
-//! The layer holds an [`Engine`] and its own settings (`Config`: what is
+//! The layer holds an [`Engine`] and its own settings ([`Config`](super::config::Config): what is
 //! guarded, how bodies are bounded, what is stored and replayed). Its
 //! engine builders (`with_lease`, `with_retention`, ...) are not written
 //! here: `forward_to_engine!` expands the engine's own list of builders
@@ -15,10 +15,10 @@ use http::{HeaderName, Method, StatusCode, request::Parts};
 use tower::Layer;
 
 use super::body::BodyBudget;
+use super::config::Config;
 use super::service::IdempotencyService;
 use crate::engine::{Drain, Engine};
 use crate::replay::ReplayPolicy;
-use crate::response::default_stored_status;
 use crate::store::Store;
 
 /// Makes each builder of an engine settings list (`engine_settings!`,
@@ -37,53 +37,6 @@ macro_rules! forward_to_engine {
             }
         )*
     };
-}
-
-/// The function that names the scope of a request.
-type ScopeFn = Arc<dyn Fn(&Parts) -> String + Send + Sync>;
-
-/// The layer's own settings (the engine holds the rest). Each default says
-/// why it is the default.
-#[derive(Clone)]
-pub(crate) struct Config {
-    /// POST and PATCH: the methods that are not idempotent by definition.
-    pub(crate) methods: Vec<Method>,
-    /// Required: a write without a key cannot be made safe to retry.
-    pub(crate) key_required: bool,
-    /// One fixed scope, `default`: apps without tenants need nothing more.
-    pub(crate) scope: ScopeFn,
-    /// 1 MiB: the body is buffered to fingerprint it, so it must be bounded.
-    pub(crate) body_limit: usize,
-    /// 1 MiB: stored responses live in the store for the whole retention.
-    pub(crate) stored_response_limit: usize,
-    /// None: each body is bounded by `body_limit`, and an app bounds its
-    /// connections; a proxy that takes bodies from anyone sets one.
-    pub(crate) body_budget: Option<BodyBudget>,
-    /// Below 500, except 408, 425 and 429 (see [`default_stored_status`]).
-    pub(crate) stored_statuses: fn(StatusCode) -> bool,
-    /// 409, as Stripe answers; the IETF draft suggests 422.
-    pub(crate) mismatch_status: StatusCode,
-    /// `Date` (stale on replay) and `Set-Cookie` (a session is not a result).
-    pub(crate) excluded_headers: Vec<HeaderName>,
-    /// Everything is stored and replayed (see [`ReplayPolicy`]).
-    pub(crate) replay: ReplayPolicy,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            methods: vec![Method::POST, Method::PATCH],
-            key_required: true,
-            scope: Arc::new(|_| String::from("default")),
-            body_limit: 1024 * 1024,
-            stored_response_limit: 1024 * 1024,
-            body_budget: None,
-            stored_statuses: default_stored_status,
-            mismatch_status: StatusCode::CONFLICT,
-            excluded_headers: crate::headers::EXCLUDED_BY_DEFAULT.to_vec(),
-            replay: ReplayPolicy::new(),
-        }
-    }
 }
 
 /// The idempotency guard, as a tower layer for axum routes.

@@ -22,7 +22,8 @@
 //! # Files
 //!
 //! One file per role, as tower-http's `limit/`: `layer.rs` ([`IdempotencyLayer`]
-//! and its settings), `service.rs` ([`IdempotencyService`]: the request
+//! and its builders), `config.rs` (the layer's own settings, read by the
+//! service), `service.rs` ([`IdempotencyService`]: the request
 //! path), `future.rs` ([`ResponseFuture`]), `classify.rs` (the table above
 //! as one pure function of the response's head: keep, release or abandon,
 //! as the engine's own `Settle<(), ()>`), `body.rs` (bounded bodies:
@@ -51,6 +52,7 @@
 
 mod body;
 mod classify;
+mod config;
 mod future;
 // The layer type's own file, named as tower-http names it (`limit/layer.rs`).
 #[allow(clippy::module_inception)]

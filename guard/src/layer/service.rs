@@ -19,8 +19,8 @@ use tower::{Service, ServiceExt};
 
 use super::body::{capture_response, read_body};
 use super::classify::classify;
+use super::config::Config;
 use super::future::ResponseFuture;
-use super::layer::Config;
 use crate::engine::{Answer, Engine, Job, RunContext, Settle};
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyError, Scope};

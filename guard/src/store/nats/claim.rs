@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use super::codec::{self, Packed, Time};
 use super::{NatsStore, RACE_ATTEMPTS, Slot, Written, ttl};
+use crate::fingerprint::Fingerprint;
+use crate::record::RecordState;
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, StoreError};
-use crate::{Fingerprint, RecordState};
 
 /// A duration in whole milliseconds, saturating.
 pub(super) fn ms(duration: Duration) -> i64 {

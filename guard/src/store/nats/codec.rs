@@ -37,8 +37,9 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use time::OffsetDateTime;
 
+use crate::fingerprint::Fingerprint;
 use crate::record::CorruptRecord;
-use crate::{Fingerprint, LeaseToken, Record, StoredResponse};
+use crate::record::{LeaseToken, Record, StoredResponse};
 
 const MARK: &[u8; 2] = b"N1";
 const TRANSACTIONAL: u8 = 1;

@@ -9,8 +9,9 @@ use bytes::Bytes;
 use super::claim::ms;
 use super::codec::{self, Packed, Stored, Time, unix_ms};
 use super::{MARKER_TTL, NatsStore, RACE_ATTEMPTS, Slot, Written, ttl};
+use crate::fingerprint::Fingerprint;
+use crate::record::{RecordState, StoredResponse};
 use crate::store::{Lease, StoreError};
-use crate::{Fingerprint, RecordState, StoredResponse};
 
 /// The value that rewrites `stored` keeping its claim's instants, with a
 /// response and a lease end of the caller's choice.

@@ -69,8 +69,9 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use base64::Engine as _;
 
+use crate::events::RecordEvents;
+use crate::record::{Record, StoredResponse};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
-use crate::{Record, RecordEvents, StoredResponse};
 
 mod admin;
 mod claim;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 
-use crate::RecordEvents;
+use crate::events::RecordEvents;
 
 /// The watch's task; aborted when the last clone of the store is dropped.
 pub(super) struct Watcher(tokio::task::AbortHandle);
