@@ -153,10 +153,10 @@ pub(crate) async fn delete_nats_buckets(
     let jetstream = async_nats::jetstream::new(client);
     let streams: Vec<String> = jetstream.stream_names().try_collect().await?;
     let mut deleted = 0;
-    for stream in streams.iter().filter(|name| {
-        name.strip_prefix("KV_")
-            .is_some_and(|bucket| matches(bucket))
-    }) {
+    for stream in streams
+        .iter()
+        .filter(|name| name.strip_prefix("KV_").is_some_and(&matches))
+    {
         jetstream.delete_stream(stream).await?;
         deleted += 1;
     }
