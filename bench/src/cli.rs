@@ -26,7 +26,18 @@ that section of docs/BENCHMARKS.md in place:
 
 A short comparison on Redis only (3 s per cell, 16 connections, no cluster), into /tmp/bench:
   cargo run --release -p idempotency-bench -- --stores redis --concurrency 16 \\
-      --redis-cluster-urls '' --out-dir /tmp/bench";
+      --redis-cluster-urls '' --out-dir /tmp/bench
+
+The NATS JetStream KV store beside Redis (not in the default --stores: it needs NATS 2.11+,
+which the bench does not start; each run opens a bucket of its own and deletes it). A private
+one-node NATS 2.15 with JetStream on a free port and a temporary store directory:
+  nats=$(scripts/install-nats-server); dir=$(mktemp -d)
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])')
+  printf 'listen: 127.0.0.1:%s\\nmax_payload: 8MB\\njetstream { store_dir: \"%s\" }\\n' \"$port\" \"$dir\" > \"$dir/nats.conf\"
+  \"$nats\" -c \"$dir/nats.conf\" &
+  cargo run --release -p idempotency-bench -- --stores redis,nats --concurrency 16 \\
+      --redis-cluster-urls '' --nats-url \"nats://127.0.0.1:$port\" --out-dir /tmp/bench-nats
+  kill %1; rm -rf \"$dir\"";
 
 /// The benchmark harness of the idempotency guard.
 #[derive(Debug, clap::Parser)]
@@ -78,7 +89,9 @@ pub(crate) struct RunArgs {
     /// Concurrent connections (or raw-store clients), comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1, 16, 64, 256])]
     pub(crate) concurrency: Vec<usize>,
-    /// Stores to measure, comma-separated: postgres, sqlite, redis, tiered.
+    /// Stores to measure, comma-separated: postgres, sqlite, redis, tiered,
+    /// nats (not measured unless named: it needs NATS 2.11 or later, see
+    /// `--nats-url`).
     #[arg(long, value_delimiter = ',', default_values_t = [
         "postgres".to_owned(), "sqlite".to_owned(), "redis".to_owned(), "tiered".to_owned()
     ])]
@@ -104,6 +117,16 @@ pub(crate) struct RunArgs {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub(crate) redis_url: String,
+    /// The NATS server (2.11 or later, JetStream on) of the NATS store,
+    /// `nats://host:port` or comma-separated servers of a cluster. The
+    /// bench starts none: each run opens a bucket of its own there
+    /// (`idem-bench-<run>-<n>`) and deletes it after the run.
+    #[arg(long, env = "BENCH_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub(crate) nats_url: String,
+    /// Replicas of the NATS store's buckets (1 to 5); unset: the store's
+    /// default, 3 on a cluster, else 1.
+    #[arg(long)]
+    pub(crate) nats_replicas: Option<usize>,
     /// The Redis Cluster nodes (comma-separated; empty to skip the cluster).
     #[arg(
         long,
@@ -223,6 +246,7 @@ pub(crate) enum StoreName {
     Redis,
     RedisCluster,
     Tiered,
+    Nats,
 }
 
 impl StoreName {
@@ -233,6 +257,7 @@ impl StoreName {
             Self::Redis => "redis",
             Self::RedisCluster => "redis-cluster",
             Self::Tiered => "tiered",
+            Self::Nats => "nats",
         }
     }
 
@@ -243,8 +268,9 @@ impl StoreName {
             "redis" => Self::Redis,
             "redis-cluster" => Self::RedisCluster,
             "tiered" => Self::Tiered,
+            "nats" => Self::Nats,
             other => anyhow::bail!(
-                "unknown store {other:?}: expected postgres, sqlite, redis, redis-cluster or tiered"
+                "unknown store {other:?}: expected postgres, sqlite, redis, redis-cluster, tiered or nats"
             ),
         })
     }
@@ -264,7 +290,13 @@ pub(crate) struct ServeArgs {
     pub(crate) redis_url: String,
     #[arg(long, value_delimiter = ',')]
     pub(crate) redis_cluster_urls: Vec<String>,
-    /// The Redis key prefix of this run.
+    /// The NATS server of the NATS store.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub(crate) nats_url: String,
+    /// Replicas of the NATS store's bucket (unset: the store's default).
+    #[arg(long)]
+    pub(crate) nats_replicas: Option<usize>,
+    /// The Redis key prefix of this run (and the NATS store's bucket).
     #[arg(long, default_value = "idem-bench")]
     pub(crate) prefix: String,
     #[arg(long, default_value_t = 32)]

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bytes::Bytes;
+use idempotency_guard::store::nats::NatsStore;
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::sqlite::SqliteStore;
@@ -20,7 +21,7 @@ use crate::cli::{App, RunArgs, StoreName};
 use crate::load::{self, Keys, Load};
 use crate::raw::{self, RawOp};
 use crate::results::{Row, Scenario};
-use crate::setup::{BenchDatabase, Child, ChildConfig, delete_redis_keys};
+use crate::setup::{BenchDatabase, Child, ChildConfig, delete_nats_buckets, delete_redis_keys};
 use crate::stats::Sample;
 
 /// One planned run.
@@ -93,7 +94,8 @@ impl Bench {
         Ok(rows)
     }
 
-    /// A Redis key prefix of its own for the next run.
+    /// A Redis key prefix of its own for the next run (and the NATS
+    /// store's bucket: `idem-bench-<run>-<n>`).
     pub(crate) fn next_prefix(&mut self) -> String {
         self.counter += 1;
         format!("idem-bench-{}-{}", self.run_id, self.counter)
@@ -119,6 +121,9 @@ impl Bench {
             Some(StoreName::RedisCluster) => {
                 self.delete_keys(&self.args.redis_cluster_urls, prefix)
                     .await?;
+            }
+            Some(StoreName::Nats) => {
+                delete_nats_buckets(&self.args.nats_url, |bucket| bucket == prefix).await?;
             }
             Some(StoreName::Sqlite) | None => {}
         }
@@ -167,6 +172,8 @@ impl Bench {
             database_url: &database_url,
             redis_url: &self.args.redis_url,
             redis_cluster_urls: &self.args.redis_cluster_urls,
+            nats_url: &self.args.nats_url,
+            nats_replicas: self.args.nats_replicas,
             prefix,
             pool_size: self.args.pool_size,
             metrics: !self.args.no_server_metrics,
@@ -299,6 +306,14 @@ impl Bench {
                 PostgresStore::connect(&self.db.url, pool_size).await?,
                 RedisStore::connect(&self.args.redis_url, prefix).await?,
             )),
+            StoreName::Nats => AnyStore::from(
+                NatsStore::connect_with_replicas(
+                    &self.args.nats_url,
+                    prefix,
+                    self.args.nats_replicas,
+                )
+                .await?,
+            ),
         })
     }
 

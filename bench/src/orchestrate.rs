@@ -9,7 +9,7 @@ use crate::cli::{App, RunArgs, StoreName};
 use crate::harness::{Bench, Step};
 use crate::raw::RawOp;
 use crate::results::{Results, Row, Scenario, Settings};
-use crate::setup::{BenchDatabase, delete_redis_keys};
+use crate::setup::{BenchDatabase, delete_nats_buckets, delete_redis_keys};
 
 /// Runs the benchmark with `args`.
 pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
@@ -68,6 +68,10 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         settings.machine_before
     );
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let nats = args.stores.iter().any(|store| store == "nats");
+    if nats {
+        probe_nats(&args, &run_id).await?;
+    }
     let db = BenchDatabase::create(&args.postgres_url, &format!("idem_bench_{run_id}")).await?;
     let mut bench = Bench {
         warmup: settings.warmup,
@@ -111,6 +115,14 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     nodes.extend(bench.args.redis_cluster_urls.iter().cloned());
     if let Err(error) = delete_redis_keys(&nodes, &pattern).await {
         eprintln!("warning: could not delete the Redis keys {pattern}: {error:#}");
+    }
+    if nats {
+        let run = format!("idem-bench-{}-", bench.run_id);
+        let deleted =
+            delete_nats_buckets(&bench.args.nats_url, |bucket| bucket.starts_with(&run)).await;
+        if let Err(error) = deleted {
+            eprintln!("warning: could not delete the NATS buckets {run}*: {error:#}");
+        }
     }
     if let Err(error) = bench.db.drop_database().await {
         eprintln!("warning: could not drop the benchmark database: {error:#}");
@@ -159,6 +171,34 @@ pub(crate) async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Opens (and deletes) a bucket on `--nats-url` before any run, so that a
+/// missing server, or one older than 2.11, fails the run at once with what
+/// to do rather than after the other stores' runs.
+async fn probe_nats(args: &RunArgs, run_id: &str) -> anyhow::Result<()> {
+    let bucket = format!("idem-bench-{run_id}-probe");
+    let store = idempotency_guard::store::nats::NatsStore::connect_with_replicas(
+        &args.nats_url,
+        &bucket,
+        args.nats_replicas,
+    )
+    .await
+    .map_err(|error| {
+        anyhow::anyhow!(
+            "--stores nats needs NATS 2.11 or later with JetStream at --nats-url {} ({error}); \
+             see `idempotency-bench --help` for a private NATS 2.15",
+            args.nats_url
+        )
+    })?;
+    eprintln!(
+        "NATS at {}: buckets with {} replica(s)",
+        args.nats_url,
+        store.replicas()
+    );
+    drop(store);
+    delete_nats_buckets(&args.nats_url, |name| name == bucket).await?;
+    Ok(())
+}
+
 /// The command line that reproduces this run, for the report.
 fn command_line(args: &RunArgs) -> String {
     let mut command = String::from("cargo run --release -p idempotency-bench");
@@ -195,6 +235,12 @@ fn command_line(args: &RunArgs) -> String {
     }
     if args.stores != ["postgres", "sqlite", "redis", "tiered"] {
         extra.push(format!("--stores {}", args.stores.join(",")));
+    }
+    if args.stores.iter().any(|store| store == "nats") {
+        extra.push(format!("--nats-url {}", args.nats_url));
+        if let Some(replicas) = args.nats_replicas {
+            extra.push(format!("--nats-replicas {replicas}"));
+        }
     }
     if args.concurrency != [1, 16, 64, 256] && !args.smoke {
         let levels: Vec<String> = args.concurrency.iter().map(ToString::to_string).collect();

@@ -20,7 +20,14 @@ const NOTES_BEGIN: &str = "<!-- notes:begin (kept by the harness) -->";
 const NOTES_END: &str = "<!-- notes:end -->";
 
 /// The stores in the order the report lists them.
-const STORES: [&str; 5] = ["postgres", "sqlite", "redis", "tiered", "redis-cluster"];
+const STORES: [&str; 6] = [
+    "postgres",
+    "sqlite",
+    "redis",
+    "tiered",
+    "redis-cluster",
+    "nats",
+];
 
 fn find<'a>(
     rows: &'a [Row],
@@ -107,7 +114,7 @@ fn targets(results: &Results, out: &mut String) {
             );
         }
     }
-    for store in ["postgres", "sqlite", "redis", "tiered"] {
+    for store in ["postgres", "sqlite", "redis", "tiered", "nats"] {
         for (scenario, with) in [
             (Scenario::GuardReplay, ""),
             (Scenario::GuardCachedReplay, " (replay cache)"),
@@ -167,7 +174,7 @@ fn targets(results: &Results, out: &mut String) {
         }
     }
     let bare = find(rows, "-", Scenario::Bare, one);
-    for store in ["postgres", "sqlite", "redis", "tiered"] {
+    for store in ["postgres", "sqlite", "redis", "tiered", "nats"] {
         let (Some(guard), Some(raw), Some(bare)) = (
             find(rows, store, Scenario::GuardFresh, one),
             find(rows, store, Scenario::RawWrite, one),

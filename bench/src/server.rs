@@ -21,6 +21,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use idempotency_guard::store::nats::NatsStore;
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::sqlite::SqliteStore;
@@ -201,6 +202,14 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     postgres(&args).await?,
                     RedisStore::connect(&args.redis_url, &args.prefix).await?,
                 )),
+                StoreName::Nats => guarded.over(
+                    NatsStore::connect_with_replicas(
+                        &args.nats_url,
+                        &args.prefix,
+                        args.nats_replicas,
+                    )
+                    .await?,
+                ),
             }
         }
         App::GuardReplicaAcks => {

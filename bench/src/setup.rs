@@ -1,7 +1,8 @@
 //! The benchmark's own resources: a PostgreSQL database created for the run
 //! and dropped after it, SQLite files in a temporary directory, Redis keys
-//! under a prefix of the run (deleted after each measurement), and the
-//! child processes that serve the apps under test.
+//! under a prefix of the run (deleted after each measurement), NATS KV
+//! buckets named after that prefix (deleted likewise), and the child
+//! processes that serve the apps under test.
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -138,6 +139,30 @@ pub(crate) async fn delete_redis_keys(nodes: &[String], pattern: &str) -> anyhow
     Ok(deleted)
 }
 
+/// Deletes every NATS KV bucket whose name `matches` (the stream
+/// `KV_<bucket>` of each) on the NATS at `url`; returns how many.
+pub(crate) async fn delete_nats_buckets(
+    url: &str,
+    matches: impl Fn(&str) -> bool,
+) -> anyhow::Result<usize> {
+    use futures_util::TryStreamExt as _;
+    let servers: Vec<&str> = url.split(',').map(str::trim).collect();
+    let client = async_nats::connect(servers.as_slice())
+        .await
+        .with_context(|| format!("NATS at {url}"))?;
+    let jetstream = async_nats::jetstream::new(client);
+    let streams: Vec<String> = jetstream.stream_names().try_collect().await?;
+    let mut deleted = 0;
+    for stream in streams
+        .iter()
+        .filter(|name| name.strip_prefix("KV_").is_some_and(&matches))
+    {
+        jetstream.delete_stream(stream).await?;
+        deleted += 1;
+    }
+    Ok(deleted)
+}
+
 /// A server under test, running as a child process.
 pub(crate) struct Child {
     process: tokio::process::Child,
@@ -152,6 +177,9 @@ pub(crate) struct ChildConfig<'a> {
     pub(crate) database_url: &'a str,
     pub(crate) redis_url: &'a str,
     pub(crate) redis_cluster_urls: &'a [String],
+    pub(crate) nats_url: &'a str,
+    pub(crate) nats_replicas: Option<usize>,
+    /// The Redis key prefix, and the NATS store's bucket.
     pub(crate) prefix: &'a str,
     pub(crate) pool_size: u32,
     /// Serve the guard's metrics at `/metrics` (guard apps).
@@ -177,6 +205,8 @@ impl Child {
             .arg(config.database_url)
             .arg("--redis-url")
             .arg(config.redis_url)
+            .arg("--nats-url")
+            .arg(config.nats_url)
             .arg("--prefix")
             .arg(config.prefix)
             .arg("--pool-size")
@@ -189,6 +219,9 @@ impl Child {
             command
                 .arg("--redis-cluster-urls")
                 .arg(config.redis_cluster_urls.join(","));
+        }
+        if let Some(replicas) = config.nats_replicas {
+            command.arg("--nats-replicas").arg(replicas.to_string());
         }
         if let Some(store) = config.store {
             command.arg("--store").arg(store.as_str());
