@@ -232,7 +232,7 @@ impl<S: Store> IdempotencyLayer<S> {
     /// stored releases its key, so a retry runs the handler again. (400,
     /// 413, 415 and 422 are stored only when marked [`FinalResponse`](super::FinalResponse).)
     ///
-    /// The default value is [`default_stored_status`]: below 500, except
+    /// The default value is [`default_stored_status`](crate::response::default_stored_status): below 500, except
     /// 408, 425 and 429.
     pub fn with_stored_statuses(mut self, rule: fn(StatusCode) -> bool) -> Self {
         self.config_mut().stored_statuses = rule;
