@@ -96,7 +96,7 @@ struct NewPayment {
     delay_ms: Option<u64>,
 }
 
-#[derive(Serialize, sqlx::FromRow)]
+#[derive(Serialize)]
 struct Payment {
     id: i64,
     tenant: String,
@@ -245,7 +245,8 @@ async fn show(
     Path(id): Path<i64>,
 ) -> Result<Response, Failure> {
     let tenant = tenant_of(&headers);
-    let payment: Option<Payment> = match &state.db {
+    // A row as the SELECTs list it: id, tenant, amount, currency.
+    let row: Option<(i64, String, i64, String)> = match &state.db {
         Db::Postgres(pool) => {
             sqlx::query_as(SELECT_POSTGRES)
                 .bind(id)
@@ -261,8 +262,14 @@ async fn show(
                 .await?
         }
     };
-    Ok(match payment {
-        Some(payment) => Json(payment).into_response(),
+    Ok(match row {
+        Some((id, tenant, amount, currency)) => Json(Payment {
+            id,
+            tenant,
+            amount,
+            currency,
+        })
+        .into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
     })
 }

@@ -4,10 +4,14 @@
 //! examples.
 //!
 //! Each stays in its own crate (this crate compiles none of their files);
-//! the first call builds them all with one `cargo build`, in the profile
-//! and target directory of the program asking (a no-op after `cargo test
-//! --workspace`, which builds every binary and example), and returns the
-//! path of the one asked for.
+//! the first call builds them with `cargo test --workspace --no-run`, in
+//! the profile and target directory of the program asking, and returns the
+//! path of the one asked for. That is the README's test command without
+//! running anything: a no-op after `cargo test --workspace` (which builds
+//! every binary and example), with the same features. A `cargo build` of
+//! the programs alone would resolve the features without the other
+//! packages' dev-dependencies and build the guard and what depends on it
+//! again, and the next `cargo test` would build them back.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -67,14 +71,11 @@ fn build(profile_dir: &Path) -> Result<(), String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
     command
-        .arg("build")
+        .args(["test", "--workspace", "--no-run", "--quiet"])
         .arg("--manifest-path")
         .arg(&manifest)
         .arg("--target-dir")
-        .arg(target_dir)
-        .args(["--workspace", "--bin", "idempotency-service"])
-        .args(["--example", "payments", "--example", "storm-consumer"])
-        .args(["--example", "orders-consumer", "--example", "payments-grpc"]);
+        .arg(target_dir);
     if profile_dir
         .file_name()
         .is_some_and(|name| name == "release")
