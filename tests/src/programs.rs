@@ -76,6 +76,15 @@ fn build(profile_dir: &Path) -> Result<(), String> {
         .arg(&manifest)
         .arg("--target-dir")
         .arg(target_dir);
+    // Without what cargo set for this test process: a build script that
+    // reads one of them (ring's reads `CARGO_MANIFEST_DIR`) would see
+    // another value than in the `cargo test` that built everything, run
+    // again, and make the guard and all that depends on it build again.
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_for_tests) {
+            command.env_remove(name);
+        }
+    }
     if profile_dir
         .file_name()
         .is_some_and(|name| name == "release")
@@ -94,6 +103,22 @@ fn build(profile_dir: &Path) -> Result<(), String> {
             String::from_utf8_lossy(&output.stderr)
         ))
     }
+}
+
+/// Whether cargo sets the variable `name` for the test processes it runs
+/// (<https://doc.rust-lang.org/cargo/reference/environment-variables.html>).
+fn set_by_cargo_for_tests(name: &str) -> bool {
+    ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_BIN_"]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
+        || [
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+            "CARGO_RUSTC_CURRENT_DIR",
+            "OUT_DIR",
+        ]
+        .contains(&name)
 }
 
 /// The path of `program`, built on first use.
@@ -115,5 +140,37 @@ pub fn path(program: Program) -> String {
             path.display().to_string()
         }
         Err(message) => panic!("{message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::set_by_cargo_for_tests;
+
+    #[test]
+    fn only_what_cargo_sets_for_a_test_process_is_left_out() {
+        for name in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_PKG_NAME",
+            "CARGO_BIN_EXE_storm",
+            "CARGO_CRATE_NAME",
+            "CARGO_TARGET_TMPDIR",
+            "OUT_DIR",
+        ] {
+            assert!(set_by_cargo_for_tests(name), "{name}");
+        }
+        // What the user or CI set for every build is kept.
+        for name in [
+            "CARGO_HOME",
+            "CARGO_INCREMENTAL",
+            "CARGO_TARGET_DIR",
+            "CARGO_PROFILE_DEV_DEBUG",
+            "RUSTC_WORKSPACE_WRAPPER",
+            "CLIPPY_ARGS",
+            "PATH",
+        ] {
+            assert!(!set_by_cargo_for_tests(name), "{name}");
+        }
     }
 }
