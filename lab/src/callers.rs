@@ -1,6 +1,7 @@
 //! The clients of the two runs: the naive SDK and the retry client.
 
 use idempotency_client::{Policy, RetryClient, StatusClient};
+use idempotency_guard::Fingerprint;
 use serde_json::json;
 
 use crate::config::NaivePolicy;
@@ -109,13 +110,26 @@ impl Caller {
     }
 }
 
-/// A debit's body: its amount is unique to it.
-fn debit(operation: &Operation) -> serde_json::Value {
+/// A debit's body (`POST /payments`, JSON): its amount is unique to it.
+pub fn debit(operation: &Operation) -> serde_json::Value {
     let mut body = json!({"amount": operation.amount(), "currency": "EUR"});
     if !operation.handler_time.is_zero() {
         body["delay_ms"] = json!(operation.handler_time.as_millis() as u64);
     }
     body
+}
+
+/// The fingerprint the guard gives a debit's request (the key's record
+/// holds it), so that an abandoned key can be traced to its debit.
+pub fn debit_fingerprint(operation: &Operation) -> Fingerprint {
+    use axum::http::{HeaderMap, HeaderValue, Method, header};
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let body = debit(operation).to_string();
+    Fingerprint::of_request(&Method::POST, "/payments", &headers, body.as_bytes())
 }
 
 /// The story's SDK: every 5xx, timeout and connection error retried after

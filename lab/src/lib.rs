@@ -12,7 +12,10 @@
 //!
 //! Everything runs on this machine with nothing started beforehand: each
 //! run has its own SQLite file; the app and the status service are the
-//! workspace's own programs, started as processes.
+//! workspace's own programs, started as processes ([`Programs`]: the
+//! command line builds the workspace's; the tests start this package's
+//! `lab-payments` and `lab-status-service`, the same files built with the
+//! test build).
 
 pub mod callers;
 pub mod config;
@@ -29,7 +32,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 
 pub use config::{IncidentConfig, Mode, NaivePolicy};
-pub use run::Programs;
+pub use run::{AbandonedKey, Programs};
 pub use schedule::FaultSchedule;
 pub use tally::{Series, Summary};
 

@@ -160,7 +160,7 @@ pub fn page(config: &IncidentConfig, naive: &Summary, guarded: &Summary, plot: &
          {timeout} s per attempt, the app without its guard. Guarded: the app behind the guard, \
          the retry client's defaults, the status service asked before a write is resent. \
          Counted at the proxy (requests, retries, whether the client got the answer) and \
-         at the ledger (executions per debit).{crash}\n\n{table}\n![Both runs over time]({plot})\n",
+         at the ledger (executions per debit).{crash}\n\n{table}\n{keys}![Both runs over time]({plot})\n",
         command = command(config),
         operations = naive.reads.operations + naive.writes.operations,
         duration = config.duration.as_secs_f64(),
@@ -177,6 +177,7 @@ pub fn page(config: &IncidentConfig, naive: &Summary, guarded: &Summary, plot: &
         pauses = naive_pauses.join(", "),
         timeout = config.naive.timeout.as_secs_f64(),
         table = table(naive, guarded),
+        keys = to_reconcile(guarded),
         crash = config
             .crash_at
             .map(|at| format!(
@@ -188,6 +189,27 @@ pub fn page(config: &IncidentConfig, naive: &Summary, guarded: &Summary, plot: &
             ))
             .unwrap_or_default(),
     )
+}
+
+/// The guarded run's abandoned keys and the debit each was claimed for:
+/// the list finance needs (empty when there is none).
+pub fn to_reconcile(guarded: &Summary) -> String {
+    if guarded.abandoned.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "Keys left to reconcile (abandoned: outcome unknown; the status service \
+         answers `reconcile`):\n\n| key | debit | amount |\n|---|---:|---:|\n",
+    );
+    for abandoned in &guarded.abandoned {
+        let (debit, amount) = match &abandoned.debit {
+            Some(debit) => (debit.index.to_string(), debit.amount().to_string()),
+            None => ("?".to_owned(), "?".to_owned()),
+        };
+        let _ = writeln!(out, "| `{}` | {debit} | {amount} |", abandoned.key);
+    }
+    out.push('\n');
+    out
 }
 
 #[cfg(test)]

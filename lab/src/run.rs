@@ -60,6 +60,20 @@ pub struct Unsettled {
     pub in_flight_past_lease: u64,
 }
 
+/// A key the run left abandoned (its outcome unknown), and the debit it
+/// was claimed for: what finance needs to reconcile it, and what a retry
+/// resends once an operator released it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbandonedKey {
+    /// The idempotency key (the retry client's, one per debit).
+    pub key: String,
+    /// Its record's fingerprint (`sha256:...`).
+    pub fingerprint: String,
+    /// The debit whose request has that fingerprint, when one of the run
+    /// has (its body is [`crate::callers::debit`] of it).
+    pub debit: Option<Operation>,
+}
+
 /// Everything one run leaves to count.
 #[derive(Debug, Clone)]
 pub struct RunRecord {
@@ -77,6 +91,8 @@ pub struct RunRecord {
     /// The records left to reconcile (guarded only: the naive run has no
     /// keys to ask about).
     pub unsettled: Option<Unsettled>,
+    /// The abandoned keys among them, not marked reconciled, by key.
+    pub abandoned: Vec<AbandonedKey>,
     /// From the first operation to the last answer.
     pub elapsed: Duration,
 }
@@ -165,19 +181,30 @@ pub async fn run(
         Some(at) => {
             let writes = proxy.writes_at_upstream();
             let program = programs.payments.clone();
+            let admin = service.as_ref().map(|service| service.address);
             let crash = tokio::spawn(async move {
                 tokio::time::sleep_until((origin + at).into()).await;
-                // Kill while a debit runs in its handler: once the first
-                // attempt of one (a new key: it runs) has been at the app
-                // for half its handler time, its key is claimed and its
-                // handler asleep (waiting up to 5 s for one).
+                // Kill while a debit runs in its handler (waiting up to
+                // 5 s for one). Guarded: once the store holds a claimed
+                // record (its handler asleep), so that the crash leaves
+                // its key abandoned; the proxy's view is not enough, as a
+                // loaded machine may take longer than half the handler
+                // time to claim. Naive (no records): once the first
+                // attempt of a debit has been at the app for half its
+                // handler time.
+                let http = reqwest::Client::new();
                 let waiting = Instant::now();
-                while writes
-                    .oldest()
-                    .is_none_or(|age| age < CRASH_HANDLER_TIME / 2)
-                    && waiting.elapsed() < Duration::from_secs(5)
-                {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                while waiting.elapsed() < Duration::from_secs(5) {
+                    let running = match admin {
+                        Some(service) => claimed(&http, service).await,
+                        None => writes
+                            .oldest()
+                            .is_some_and(|age| age >= CRASH_HANDLER_TIME / 2),
+                    };
+                    if running {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
                 }
                 app.kill().await;
                 start_app(&program, Some(app_address), &app_env).await
@@ -193,6 +220,11 @@ pub async fn run(
     };
     let caller = Arc::new(caller);
     let base: Arc<str> = format!("http://{}", proxy.address).into();
+    let debits: Vec<Operation> = operations
+        .iter()
+        .filter(|o| o.kind == Kind::Write)
+        .copied()
+        .collect();
     let mut running = JoinSet::new();
     for operation in operations {
         tokio::time::sleep_until((origin + operation.at).into()).await;
@@ -218,9 +250,12 @@ pub async fn run(
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let ledger = ledger(&url).await?;
-    let unsettled = match &service {
-        Some(service) => Some(unsettled(service.address).await?),
-        None => None,
+    let (unsettled, abandoned) = match &service {
+        Some(service) => {
+            let (unsettled, abandoned) = unsettled(service.address, &debits).await?;
+            (Some(unsettled), abandoned)
+        }
+        None => (None, Vec::new()),
     };
     let lookups = status_proxy
         .map(|proxy| proxy.exchanges().iter().map(|e| e.at).collect())
@@ -232,6 +267,7 @@ pub async fn run(
         lookups,
         ledger,
         unsettled,
+        abandoned,
         elapsed,
     })
 }
@@ -248,6 +284,27 @@ async fn start_app(
         Some(address) => Process::start_at(program, address, &env, "/metrics").await,
         None => Process::start(program, &env, "/metrics").await,
     }
+}
+
+/// Whether the store holds a claimed record (a debit in its handler), from
+/// the admin API.
+async fn claimed(http: &reqwest::Client, service: std::net::SocketAddr) -> bool {
+    let listing = http
+        .get(format!(
+            "http://{service}/v1/admin/keys?scope=default&state=in_flight&limit=1"
+        ))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await;
+    let page: Option<serde_json::Value> = match listing {
+        Ok(answer) if answer.status().is_success() => answer.json().await.ok(),
+        _ => None,
+    };
+    page.is_some_and(|page| {
+        page["records"]
+            .as_array()
+            .is_some_and(|records| !records.is_empty())
+    })
 }
 
 /// Writes the payments reads read, straight to the app.
@@ -288,11 +345,20 @@ async fn ledger(url: &str) -> anyhow::Result<HashMap<i64, u64>> {
         .collect())
 }
 
-/// The records that need a decision, from the admin API.
-async fn unsettled(service: std::net::SocketAddr) -> anyhow::Result<Unsettled> {
+/// The records that need a decision, from the admin API, and the
+/// abandoned keys among them with the debits (of `debits`) they belong to.
+async fn unsettled(
+    service: std::net::SocketAddr,
+    debits: &[Operation],
+) -> anyhow::Result<(Unsettled, Vec<AbandonedKey>)> {
     let http = reqwest::Client::new();
     let now = time::OffsetDateTime::now_utc();
+    let by_fingerprint: HashMap<String, Operation> = debits
+        .iter()
+        .map(|debit| (crate::callers::debit_fingerprint(debit).to_string(), *debit))
+        .collect();
     let mut found = Unsettled::default();
+    let mut abandoned = Vec::new();
     for state in ["abandoned", "in_flight"] {
         let mut after: Option<String> = None;
         loop {
@@ -330,7 +396,15 @@ async fn unsettled(service: std::net::SocketAddr) -> anyhow::Result<Unsettled> {
                     })
                     .is_some_and(|at| at < now);
                 match state {
-                    "abandoned" if record["needs_decision"] == true => found.abandoned += 1,
+                    "abandoned" if record["needs_decision"] == true => {
+                        found.abandoned += 1;
+                        let fingerprint = record["fingerprint"].as_str().unwrap_or_default();
+                        abandoned.push(AbandonedKey {
+                            key: record["key"].as_str().unwrap_or_default().to_owned(),
+                            fingerprint: fingerprint.to_owned(),
+                            debit: by_fingerprint.get(fingerprint).copied(),
+                        });
+                    }
                     "in_flight" if lapsed => found.in_flight_past_lease += 1,
                     _ => {}
                 }
@@ -341,7 +415,7 @@ async fn unsettled(service: std::net::SocketAddr) -> anyhow::Result<Unsettled> {
             }
         }
     }
-    Ok(found)
+    Ok((found, abandoned))
 }
 
 impl RunRecord {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::callers::CallOutcome;
 use crate::config::Mode;
 use crate::proxy::Exchange;
-use crate::run::{RunRecord, Unsettled};
+use crate::run::{AbandonedKey, RunRecord, Unsettled};
 use crate::schedule::Fate;
 use crate::traffic::Kind;
 
@@ -92,6 +92,8 @@ pub struct Summary {
     pub reset: u64,
     /// Records left to reconcile (guarded only).
     pub unsettled: Option<Unsettled>,
+    /// The abandoned keys among them, with their debits.
+    pub abandoned: Vec<AbandonedKey>,
     /// How long the run's traffic took, to its last answer.
     pub elapsed: Duration,
 }
@@ -143,6 +145,7 @@ impl Summary {
             dropped: fates(|f| *f == Fate::Drop),
             reset: fates(|f| *f == Fate::Reset),
             unsettled: record.unsettled,
+            abandoned: record.abandoned.clone(),
             elapsed: record.elapsed,
         }
     }
@@ -339,6 +342,7 @@ mod tests {
             lookups: vec![],
             ledger: HashMap::from([(2, 2), (3, 1)]),
             unsettled: None,
+            abandoned: vec![],
             elapsed: Duration::from_secs(3),
         };
         let summary = Summary::of(&record);

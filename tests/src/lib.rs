@@ -11,6 +11,7 @@
 
 pub mod answer;
 pub mod broker_server;
+pub mod console_browser;
 pub mod fixtures;
 pub mod mcp_sdk;
 pub mod nats_server;

@@ -3,10 +3,10 @@
 //! (Debian's, through `playwright-core`; `scripts/console-browser`
 //! installs both) against the real service binary.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -89,34 +89,6 @@ async fn the_console_is_off_unless_configured_and_served_with_its_policy() {
     }
 }
 
-/// `service/console-tests/`, with `playwright-core` installed (by
-/// `scripts/console-browser`, run once per test process when missing).
-fn console_tests() -> PathBuf {
-    static READY: OnceLock<PathBuf> = OnceLock::new();
-    READY
-        .get_or_init(|| {
-            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("console-tests");
-            let installed = || {
-                dir.join("node_modules/playwright-core/package.json")
-                    .exists()
-                    && Path::new("/usr/bin/chromium").exists()
-            };
-            if !installed() {
-                let script =
-                    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/console-browser");
-                let status = std::process::Command::new(&script).status();
-                assert!(
-                    matches!(status, Ok(s) if s.success()) && installed(),
-                    "Chromium (/usr/bin/chromium) or playwright-core ({}) is missing and {} could not install them: run it by hand (it needs apt and npm)",
-                    dir.display(),
-                    script.display()
-                );
-            }
-            dir
-        })
-        .clone()
-}
-
 /// The status code and body of a `GET` over a raw connection.
 async fn http_get(address: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -177,7 +149,7 @@ fn audit_lines(log: &Path) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
-    let tests = console_tests();
+    let tests = idempotency_tests::console_browser::dir();
     let dir = tempfile::tempdir().unwrap();
     let database_url = format!("sqlite://{}?mode=rwc", dir.path().join("s.db").display());
     let store = AnyStore::open(&StoreOptions::sql(&database_url))

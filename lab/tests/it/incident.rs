@@ -1,0 +1,62 @@
+//! The incident lab at CI size: the same traffic and faults for both
+//! runs; the naive one double-charges, the guarded one never does, and
+//! the crash leaves it keys to reconcile, each traced to its debit.
+
+use crate::lab_run::lab_run;
+
+#[test]
+fn through_the_same_faults_the_naive_run_double_charges_and_the_guarded_run_does_not() {
+    let run = lab_run();
+    let incident = &run.incident;
+    let (naive, guarded) = (&incident.naive, &incident.guarded);
+
+    // The same traffic, the same faults for the first attempts.
+    assert_eq!(naive.writes.operations, guarded.writes.operations);
+    assert!(naive.writes.operations > 20, "{naive:?}");
+    assert!(
+        naive.delayed + naive.dropped + naive.reset > 0,
+        "the window injected faults: {naive:?}"
+    );
+    // The naive SDK resends what already ran: more requests than calls,
+    // and the ledger shows it.
+    assert!(naive.writes.amplification() > 1.0, "{naive:?}");
+    assert!(naive.executions_per_debit() > 1.0, "{naive:?}");
+    assert!(naive.double_charged > 0, "{naive:?}");
+    // The guard runs every debit at most once, whatever the retries.
+    assert_eq!(guarded.double_charged, 0, "{guarded:?}");
+    assert_eq!(guarded.extra_executions, 0, "{guarded:?}");
+    assert!(guarded.most_executions <= 1, "{guarded:?}");
+    assert!(guarded.executions <= guarded.debits, "{guarded:?}");
+    // A debit the crash cut off is abandoned: never run again, its outcome
+    // unknown, a key for a person to reconcile; none is left in flight
+    // past its lease.
+    let unsettled = guarded.unsettled.expect("the guarded run asks the store");
+    assert!(
+        unsettled.abandoned >= 1,
+        "the crash leaves at least one abandoned key: {guarded:?}"
+    );
+    assert_eq!(unsettled.in_flight_past_lease, 0, "{guarded:?}");
+    assert_eq!(guarded.abandoned.len() as u64, unsettled.abandoned);
+    for abandoned in &guarded.abandoned {
+        let debit = abandoned
+            .debit
+            .unwrap_or_else(|| panic!("{abandoned:?} is traced to a debit of the run"));
+        assert!(
+            !debit.handler_time.is_zero(),
+            "a debit of the crash run: {debit:?}"
+        );
+    }
+    // The naive run has no key to ask about.
+    assert_eq!(naive.unsettled, None);
+    assert!(naive.abandoned.is_empty());
+
+    let page = std::fs::read_to_string(&incident.table).expect("the table");
+    assert!(page.contains("| **double charges** (debits executed more than once) |"));
+    assert!(page.contains("Keys left to reconcile"), "{page}");
+    for abandoned in &guarded.abandoned {
+        assert!(page.contains(&format!("| `{}` |", abandoned.key)), "{page}");
+    }
+    let svg = std::fs::read_to_string(&incident.plot).expect("the plot");
+    assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
+    assert!(run.store.is_file(), "the store is kept");
+}

@@ -1,0 +1,79 @@
+//! The lab run the tests share: a short window at a low rate, both runs
+//! over the same seed, a crash mid-debit, the guarded run's store kept.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use idempotency_lab::{Incident, IncidentConfig, Programs};
+
+/// The payments example, built as this package's binary.
+pub(crate) const PAYMENTS: &str = env!("CARGO_BIN_EXE_lab-payments");
+/// `idempotency-service`, built as this package's binary.
+pub(crate) const STATUS_SERVICE: &str = env!("CARGO_BIN_EXE_lab-status-service");
+
+/// What the shared run left.
+pub(crate) struct LabRun {
+    /// Its figures, page and plot.
+    pub(crate) incident: Incident,
+    /// The guarded run's SQLite file (`--keep-store`).
+    pub(crate) store: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// The run, made by the first test that asks (the others wait for it).
+///
+/// # Panics
+///
+/// When the run failed (every test that asks says so).
+pub(crate) fn lab_run() -> &'static LabRun {
+    static RUN: OnceLock<Result<LabRun, String>> = OnceLock::new();
+    let run = RUN.get_or_init(|| {
+        // On a runtime of its own: the tests' runtimes end with them.
+        std::thread::spawn(run_once)
+            .join()
+            .unwrap_or_else(|_| Err("the lab run panicked (its message is above)".to_owned()))
+    });
+    run.as_ref()
+        .unwrap_or_else(|error| panic!("the lab run: {error}"))
+}
+
+fn run_once() -> Result<LabRun, String> {
+    let mut config = IncidentConfig::new(7);
+    config.rate = 12.0;
+    config.writes = 0.4;
+    config.duration = Duration::from_secs(12);
+    config.schedule.start = Duration::from_secs(2);
+    config.schedule.window = Duration::from_secs(8);
+    // The app killed once, mid-debit, before the window: the guarded run
+    // is left with an abandoned key (the console's test releases it).
+    config.crash_at = Some(Duration::from_secs(1));
+    let programs = Programs {
+        payments: PAYMENTS.to_owned(),
+        status_service: STATUS_SERVICE.to_owned(),
+    };
+    let dir = tempfile::tempdir().map_err(|error| format!("a temporary directory: {error}"))?;
+    let kept = dir.path().join("store");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|error| format!("a runtime: {error}"))?;
+    let incident = runtime
+        .block_on(idempotency_lab::incident(
+            &config,
+            &programs,
+            dir.path(),
+            Some(&kept),
+        ))
+        .map_err(|error| format!("{error:#}"))?;
+    println!(
+        "{}",
+        idempotency_lab::report::table(&incident.naive, &incident.guarded)
+    );
+    Ok(LabRun {
+        incident,
+        store: kept.join("guarded.db"),
+        _dir: dir,
+    })
+}
