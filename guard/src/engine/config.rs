@@ -45,8 +45,9 @@ pub(crate) struct EngineConfig {
     pub(crate) failure_mode: FailureMode,
     /// 5 s: a store slower than that is as good as down.
     pub(crate) store_timeout: Duration,
-    /// 15 s: almost twice the longest store election measured (a NATS
-    /// JetStream leader's, 8.3 s), so a completion rides one out.
+    /// 30 s: beyond two NATS JetStream leader elections back to back (one
+    /// took up to 8.3 s; the storm's outages lasted up to 16 s), so a
+    /// completion rides them out.
     pub(crate) completion_retry_window: Duration,
     /// Off: it needs PostgreSQL and work that writes through a [`crate::Tx`].
     pub(crate) transactions: Option<super::transaction::Transactions>,
@@ -82,7 +83,7 @@ impl Default for EngineConfig {
 
 /// The default completion retry window (see
 /// [`Engine::with_completion_retry_window`]).
-pub(super) const COMPLETION_RETRY_WINDOW: Duration = Duration::from_secs(15);
+pub(super) const COMPLETION_RETRY_WINDOW: Duration = Duration::from_secs(30);
 
 /// The replay cache's default bound on the bytes it holds: 16 MiB, a few
 /// thousand typical JSON answers, small beside any server's memory.
@@ -251,9 +252,10 @@ macro_rules! engine_settings {
             /// to end in a task of its own. `Duration::ZERO` sends a
             /// completion once.
             ///
-            /// The default value is 15 seconds: almost twice the longest NATS
-            /// JetStream leader election measured (4.6 to 8.3 s), longer than
-            /// a Redis Sentinel or PostgreSQL failover usually takes.
+            /// The default value is 30 seconds: a NATS JetStream leader
+            /// election took 4.6 to 8.3 s, and the NATS storm's two leader
+            /// kills held a completion up for as long as 16 s; a Redis
+            /// Sentinel or PostgreSQL failover usually takes less.
             pub fn with_completion_retry_window(mut self, window: std::time::Duration) -> Self {
                 self.config_mut().completion_retry_window = window;
                 self

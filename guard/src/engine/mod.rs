@@ -62,7 +62,7 @@
 //!    transaction, so the work's writes and the outcome commit together. A
 //!    completion that fails transiently (the store unavailable, or electing
 //!    a leader) is sent again with capped exponential backoff (`retry.rs`)
-//!    for up to the completion retry window (15 s by default), never once
+//!    for up to the completion retry window (30 s by default), never once
 //!    its lease may have ended (`lease_end.rs`); its lease is still renewed
 //!    meanwhile, and the caller's answer waits for it.
 //! 6. **Answer**: the caller, if still there, gets the reply; waiters on the

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 
 /// How long the store stays cut off in the first test: far longer than the
 /// engine's former three attempts (pauses of 50 and 100 ms), as long as a
-/// NATS JetStream leader election (4.6 to 8.3 s), within the default 15 s
+/// NATS JetStream leader election (4.6 to 8.3 s), within the default 30 s
 /// completion retry window.
 const OUTAGE: Duration = Duration::from_secs(6);
 /// The most a test waits for a run's answer: far beyond what the bounds

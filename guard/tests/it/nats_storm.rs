@@ -188,11 +188,17 @@ async fn open(cluster: &NatsCluster, bucket: &str, replicas: usize) -> NatsStore
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_storm_with_two_leader_kills_runs_every_payment_once_and_loses_none() {
+    // The engine's warnings and errors (a completion not stored, and why),
+    // shown when the storm fails.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("idempotency_guard=warn")
+        .with_test_writer()
+        .try_init();
     let mut cluster = start_cluster().await;
     let store = open(&cluster, "storm", 3).await;
     assert_eq!(store.replicas(), 3);
     // Every setting at its default: the store's 4 s retry budget, the
-    // engine's 5 s store timeout, 60 s lease and 15 s completion retry
+    // engine's 5 s store timeout, 60 s lease and 30 s completion retry
     // window, which a completion held up by an election (5 to 8 s) rides
     // out.
     let engine = Engine::new(store);

@@ -60,7 +60,7 @@
 //! A write refused with 503 (no responders: an election is under way)
 //! stored nothing and is sent again for up to [`RETRY_BUDGET`] (and a
 //! completion that still fails, by the engine for its completion retry
-//! window, 15 s by default: an election is ridden out). A write
+//! window, 30 s by default: an election is ridden out). A write
 //! whose answer timed out may or may not have landed: the operation reads
 //! the record from the leader, and a record that carries its own token
 //! (the value always carries the claimant's) tells that it did.
@@ -91,7 +91,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// the bucket answers 503 or not at all (its stream is electing a
 /// leader): below the engine's store timeout (5 s by default), so that the
 /// engine sees the failure and decides; it sends a completion again for its
-/// completion retry window (15 s by default), which outlasts an election.
+/// completion retry window (30 s by default), which outlasts an election.
 /// See [`NatsStore::with_retry_budget`].
 pub const RETRY_BUDGET: Duration = Duration::from_secs(4);
 /// How many times one operation reads and writes again after another
@@ -321,7 +321,7 @@ impl NatsStore {
     /// up answers 503 `store-unavailable` after this budget (the client
     /// retries), and a completion it holds up is sent again by the engine
     /// for its completion retry window (`Engine::with_completion_retry_window`,
-    /// 15 s), so it is stored once the new leader answers. Raise this above
+    /// 30 s), so it is stored once the new leader answers. Raise this above
     /// an election to have claims wait it out instead of answering 503, and
     /// keep the engine's store timeout (`Engine::with_store_timeout`) above
     /// it.
