@@ -45,6 +45,10 @@ pub(crate) struct EngineConfig {
     pub(crate) failure_mode: FailureMode,
     /// 5 s: a store slower than that is as good as down.
     pub(crate) store_timeout: Duration,
+    /// 30 s: beyond two NATS JetStream leader elections back to back (one
+    /// took up to 8.3 s; the storm's outages lasted up to 16 s), so a
+    /// completion rides them out.
+    pub(crate) completion_retry_window: Duration,
     /// Off: it needs PostgreSQL and work that writes through a [`crate::Tx`].
     pub(crate) transactions: Option<super::transaction::Transactions>,
     /// Off: only work whose every write goes through its transaction may
@@ -69,12 +73,17 @@ impl Default for EngineConfig {
             },
             failure_mode: FailureMode::Closed,
             store_timeout: Duration::from_secs(5),
+            completion_retry_window: COMPLETION_RETRY_WINDOW,
             transactions: None,
             transactional_claims: false,
             single_commit: false,
         }
     }
 }
+
+/// The default completion retry window (see
+/// [`Engine::with_completion_retry_window`]).
+pub(super) const COMPLETION_RETRY_WINDOW: Duration = Duration::from_secs(30);
 
 /// The replay cache's default bound on the bytes it holds: 16 MiB, a few
 /// thousand typical JSON answers, small beside any server's memory.
@@ -219,6 +228,36 @@ macro_rules! engine_settings {
             /// The default value is 5 seconds.
             pub fn with_store_timeout(mut self, timeout: std::time::Duration) -> Self {
                 self.config_mut().store_timeout = timeout;
+                self
+            }
+
+            /// Sets how long the engine keeps sending a run's completion
+            /// again while the store fails transiently (unavailable, or no
+            /// answer within the store timeout): a store that elects a new
+            /// leader, fails over or restarts in that time still stores the
+            /// outcome, and the key replays it rather than answering
+            /// `outcome-unknown`. Pauses double from 50 ms up to 1 s between
+            /// attempts; no attempt starts past the window, and none runs
+            /// past a tenth of the lease before the lease's end (a resend's
+            /// store timeout is cut to end there; renewals go on meanwhile):
+            /// a completion under a live lease is still valid, one past it is
+            /// not sent. Past either bound the
+            /// outcome is not stored ([`Settled::NotStored`](crate::engine::Settled::NotStored))
+            /// and the key lapses into abandoned when its lease ends.
+            ///
+            /// The caller's answer waits for the completion (the response is
+            /// stored before it is sent): at most this window and one store
+            /// timeout more. Meanwhile other requests with the key are
+            /// answered in flight, and a caller that goes away leaves the run
+            /// to end in a task of its own. `Duration::ZERO` sends a
+            /// completion once.
+            ///
+            /// The default value is 30 seconds: a NATS JetStream leader
+            /// election took 4.6 to 8.3 s, and the NATS storm's two leader
+            /// kills held a completion up for as long as 16 s; a Redis
+            /// Sentinel or PostgreSQL failover usually takes less.
+            pub fn with_completion_retry_window(mut self, window: std::time::Duration) -> Self {
+                self.config_mut().completion_retry_window = window;
                 self
             }
         }

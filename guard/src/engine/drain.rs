@@ -36,7 +36,8 @@ impl Drain {
     }
 
     /// Waits until every run has ended, at most the maximum handler time
-    /// (plus two store timeouts for the last writes); returns whether all
+    /// plus the completion retry window (and two store timeouts for the
+    /// last writes); returns whether all
     /// ended. Runs started meanwhile are waited for too.
     pub async fn wait(self) -> bool {
         self.tracker.close();

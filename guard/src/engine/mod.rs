@@ -59,12 +59,17 @@
 //!    refuses to revive a lapsed lease), then the record is abandoned.
 //! 5. **Settle** (`settle.rs`): store the outcome (complete) or release the
 //!    key, fenced by the token; in transactional mode inside the work's
-//!    transaction, so the work's writes and the outcome commit together.
+//!    transaction, so the work's writes and the outcome commit together. A
+//!    completion that fails transiently (the store unavailable, or electing
+//!    a leader) is sent again with capped exponential backoff (`retry.rs`)
+//!    for up to the completion retry window (30 s by default), never once
+//!    its lease may have ended (`lease_end.rs`); its lease is still renewed
+//!    meanwhile, and the caller's answer waits for it.
 //! 6. **Answer**: the caller, if still there, gets the reply; waiters on the
 //!    key are woken.
 //!
 //! On shutdown, [`Drain::wait`] waits for every task of steps 1 and 3 to end,
-//! bounded by the maximum handler time.
+//! bounded by the maximum handler time and the completion retry window.
 
 mod answer;
 mod cache;
@@ -73,7 +78,9 @@ mod config;
 mod drain;
 mod handoff;
 mod job;
+mod lease_end;
 mod release;
+mod retry;
 mod settle;
 mod supervise;
 mod timed;
@@ -176,7 +183,9 @@ impl<S: Store> Engine<S> {
     pub fn drain(&self) -> Drain {
         Drain::new(
             self.tracker.clone(),
-            self.config.max_handler_time + 2 * self.config.store_timeout,
+            self.config.max_handler_time
+                + self.config.completion_retry_window
+                + 2 * self.config.store_timeout,
         )
     }
 
@@ -248,6 +257,8 @@ impl<S: Store> Engine<S> {
         Fut: Future<Output = Settle<T>> + Send + 'static,
         T: Send + 'static,
     {
+        // The lease taken below ends no earlier than a lease after this.
+        let claim_sent = tokio::time::Instant::now();
         let (lease, held) = match self.acquire(&job).await {
             claim::Acquired::Lease(lease) => (lease, Held::default()),
             claim::Acquired::Locked(lease, transaction) => (lease, Some(transaction)),
@@ -257,7 +268,11 @@ impl<S: Store> Engine<S> {
         // No await between the claim's answer and this hand-off: from here
         // on the run goes on to its end, whatever becomes of the caller.
         let engine = self.clone();
-        let run = async move { engine.run_acquired(job, lease, held, work).await };
+        let run = async move {
+            engine
+                .run_acquired(job, lease, held, claim_sent, work)
+                .await
+        };
         // The run stays inside the caller's span, in a task of its own too.
         #[cfg(feature = "otel")]
         let run = tracing::Instrument::in_current_span(run);
@@ -307,7 +322,14 @@ impl<S: Store> Engine<S> {
     }
 
     /// Steps 4 to 6 of the module docs, inside the run's own task.
-    async fn run_acquired<F, Fut, T>(self, job: Job, lease: Lease, held: Held, work: F) -> Answer<T>
+    async fn run_acquired<F, Fut, T>(
+        self,
+        job: Job,
+        lease: Lease,
+        held: Held,
+        claim_sent: tokio::time::Instant,
+        work: F,
+    ) -> Answer<T>
     where
         F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Settle<T>> + Send + 'static,
@@ -334,7 +356,7 @@ impl<S: Store> Engine<S> {
             tracing::Instrument::instrument(work, tracing::info_span!("idempotency.handler"));
         // Boxed before it is handed on: the work's future (the handler's)
         // is then never copied along with the run's.
-        self.supervise_and_settle(&job, lease, transaction, Box::pin(work))
+        self.supervise_and_settle(&job, lease, transaction, claim_sent, Box::pin(work))
             .await
     }
 

@@ -3,8 +3,12 @@
 
 use std::time::Duration;
 
-use super::Engine;
+use tokio::time::Instant;
+
 use super::answer::Settle;
+use super::retry::RetrySchedule;
+use super::supervise::Keeper;
+use super::{Engine, timed};
 use crate::record::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 
@@ -44,7 +48,8 @@ impl<S: Store> Engine<S> {
     /// maximum handler time is abandoned): in the work's transaction when it
     /// began one, else with the fenced store operations. `Ok(true)` when it
     /// went through the transaction (for an abandoned run: the writes were
-    /// rolled back and the key released).
+    /// rolled back and the key released). `keeper` holds the lease meanwhile
+    /// and bounds a completion's retries.
     #[cfg_attr(feature = "otel", tracing::instrument(
         name = "idempotency.settle",
         skip_all,
@@ -52,10 +57,11 @@ impl<S: Store> Engine<S> {
     ))]
     pub(super) async fn settle(
         &self,
-        lease: &Lease,
         transaction: &Transaction,
         ending: Settle<(), &StoredResponse>,
+        keeper: &mut Keeper<'_>,
     ) -> Result<bool, SettleError> {
+        let lease = keeper.lease();
         let ending = match &transaction.0 {
             Some(slot) => match self.settle_in_slot(lease, slot, ending).await {
                 Ok(settled) => return settled,
@@ -67,7 +73,7 @@ impl<S: Store> Engine<S> {
         let result = match ending {
             Settle::Complete {
                 response: stored, ..
-            } => self.complete_with_retries(lease, stored).await,
+            } => self.complete_with_retries(lease, stored, keeper).await,
             Settle::Release { .. } => self.timed("release", self.store.release(lease)).await,
             Settle::Abandon { .. } => {
                 self.timed("renew", self.store.renew(lease, Duration::ZERO))
@@ -80,44 +86,88 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    /// Completes the record, trying again on transient failures: an outcome
-    /// that is not stored turns into an unknown outcome for every retry.
+    /// Completes the record, trying again on transient failures for as
+    /// long as the retry schedule (`retry.rs`) allows: an outcome that is
+    /// not stored turns into an unknown outcome for every retry.
     async fn complete_with_retries(
         &self,
         lease: &Lease,
         stored: &StoredResponse,
+        keeper: &mut Keeper<'_>,
     ) -> Result<(), StoreError> {
-        let mut pause = Duration::from_millis(50);
-        for attempt in 0..3 {
-            match self
-                .timed("complete", self.store.complete(lease, stored))
-                .await
-            {
-                Err(StoreError::Unavailable(_) | StoreError::Timeout(_)) if attempt < 2 => {
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
+        let schedule = RetrySchedule {
+            window: self.config.completion_retry_window,
+            attempt_timeout: self.config.store_timeout,
+            lease: self.config.lease,
+        };
+        let first = Instant::now();
+        let mut failed = 0u32;
+        // The first attempt has the whole store timeout; a resend, what the
+        // schedule gives it.
+        let mut timeout = self.config.store_timeout;
+        // Once a resend is refused, only a read can tell whether an earlier
+        // attempt landed.
+        let mut verifying = false;
+        loop {
+            let result = if verifying {
+                self.landed(lease, timeout).await
+            } else {
+                let sent = timed(
+                    &self.metrics,
+                    "complete",
+                    timeout,
+                    self.store.complete(lease, stored),
+                );
+                match sent.await {
+                    // A resend refused: the attempt that failed may have
+                    // landed (its answer lost, or it ran after the timeout),
+                    // which completed the record with this lease. Only this
+                    // lease can complete a record with its token, so that is
+                    // success.
+                    Err(StoreError::LeaseLost) if failed > 0 => {
+                        verifying = true;
+                        self.landed(lease, timeout).await
+                    }
+                    other => other,
                 }
-                // A resend refused: the attempt that failed may have landed
-                // (its answer lost, or it ran after the timeout), which
-                // completed the record with this lease. Only this lease can
-                // complete a record with its token, so that is success.
-                Err(StoreError::LeaseLost) if attempt > 0 => {
-                    return match self
-                        .timed("get", self.store.get(&lease.scope, &lease.key))
-                        .await
-                    {
-                        Ok(Some(record))
-                            if record.lease_token == lease.token
-                                && record.state() == crate::record::RecordState::Completed =>
-                        {
-                            Ok(())
-                        }
-                        _ => Err(StoreError::LeaseLost),
+            };
+            match result {
+                Err(error @ (StoreError::Unavailable(_) | StoreError::Timeout(_))) => {
+                    failed += 1;
+                    // Renewals go on while the completion is retried.
+                    keeper.keep_alive(self);
+                    let now = Instant::now();
+                    let elapsed = now.saturating_duration_since(first);
+                    let Some(next) = schedule.next(failed, elapsed, keeper.end().left(now)) else {
+                        return Err(error);
                     };
+                    tracing::debug!(error = %error, attempts = failed, "completion failed; sending it again");
+                    tokio::time::sleep(next.pause).await;
+                    timeout = next.timeout;
                 }
                 other => return other,
             }
         }
-        unreachable!("the last attempt returns")
+    }
+
+    /// Whether this lease's completion landed, read back: `LeaseLost` when
+    /// the record is not completed with its token.
+    async fn landed(&self, lease: &Lease, timeout: Duration) -> Result<(), StoreError> {
+        match timed(
+            &self.metrics,
+            "get",
+            timeout,
+            self.store.get(&lease.scope, &lease.key),
+        )
+        .await?
+        {
+            Some(record)
+                if record.lease_token == lease.token
+                    && record.state() == crate::record::RecordState::Completed =>
+            {
+                Ok(())
+            }
+            _ => Err(StoreError::LeaseLost),
+        }
     }
 }

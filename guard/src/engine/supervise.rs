@@ -5,21 +5,25 @@ use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::lease_end::LeaseEnd;
 use super::settle::{SettleError, Transaction};
 use super::{Answer, Engine, Job, Refusal, Settle, Settled, timed};
 use crate::record::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 use crate::telemetry::count_lease_lost;
 
-/// The renewals of one lease, started only for work that outlives a third
-/// of it (most work finishes first and costs one timer).
+/// The renewals of one lease, started only for a run that outlives a third
+/// of it (most work finishes and is stored first, and costs one timer).
 struct Renewals {
     stop: CancellationToken,
+    /// See [`Keeper::settling`].
+    settling: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
 
@@ -32,14 +36,76 @@ impl Renewals {
     }
 }
 
+/// A run's hold on its lease until its outcome is settled: what is known of
+/// the lease's end, and its renewals, started once the run (its work, then
+/// its completion's retries) outlives a third of the lease.
+pub(super) struct Keeper<'a> {
+    lease: &'a Lease,
+    route: &'a str,
+    /// `None` for a key held by its transaction's lock (no lease to renew).
+    renew_at: Option<Instant>,
+    renewals: Option<Renewals>,
+    end: LeaseEnd,
+    /// Set once the outcome is being written: a renewal refused from then
+    /// on is the completion's doing (or the completion will say the lease
+    /// was lost), not a lost lease to report.
+    settling: bool,
+}
+
+impl<'a> Keeper<'a> {
+    /// The lease the run holds.
+    pub(super) fn lease(&self) -> &'a Lease {
+        self.lease
+    }
+
+    /// What the run's lease keeps its outcome's retries to.
+    pub(super) fn end(&self) -> &LeaseEnd {
+        &self.end
+    }
+
+    /// Starts the renewals if the run is past a third of its lease and they
+    /// have not started yet.
+    pub(super) fn keep_alive<S: Store>(&mut self, engine: &Engine<S>) {
+        if self.renew_at.is_some_and(|at| Instant::now() >= at) {
+            self.renew(engine);
+        }
+    }
+
+    /// Starts the renewals, unless they have started or the key has no
+    /// lease to renew.
+    fn renew<S: Store>(&mut self, engine: &Engine<S>) {
+        if self.renewals.is_none() && self.renew_at.is_some() {
+            self.renewals = Some(engine.renew_periodically(self));
+        }
+    }
+
+    /// The outcome is being written from now on.
+    fn settling(&mut self) {
+        self.settling = true;
+        if let Some(renewals) = &self.renewals {
+            renewals.settling.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Stops the renewals (if any) and waits for one already sent.
+    async fn stop(&mut self) {
+        if let Some(renewals) = self.renewals.take() {
+            renewals.stop().await;
+        }
+    }
+}
+
 impl<S: Store> Engine<S> {
     /// Runs the work (already wrapped to catch panics), renewing its lease,
-    /// then settles the record and answers.
+    /// then settles the record and answers. `claim_sent` is when the claim
+    /// that took the lease was sent (its lease ends no earlier than a lease
+    /// after it).
     pub(super) async fn supervise_and_settle<Fut, T>(
         &self,
         job: &Job,
         lease: Lease,
         transaction: Transaction,
+        claim_sent: Instant,
         mut work: Pin<Box<Fut>>,
     ) -> Answer<T>
     where
@@ -54,13 +120,18 @@ impl<S: Store> Engine<S> {
         } else {
             max
         };
-        let mut renewals = None;
+        let mut keeper = Keeper {
+            lease: &lease,
+            route: &job.route,
+            renew_at: renew.then_some(started + first),
+            renewals: None,
+            end: LeaseEnd::claimed(claim_sent, self.config.lease),
+            settling: false,
+        };
         let ended = match tokio::time::timeout(first, &mut work).await {
             Ok(ended) => Some(ended),
             Err(_) => {
-                if renew {
-                    renewals = Some(self.renew_periodically(&lease, &job.route));
-                }
+                keeper.renew(self);
                 let left = max.saturating_sub(started.elapsed());
                 tokio::time::timeout(left, &mut work).await.ok()
             }
@@ -68,15 +139,15 @@ impl<S: Store> Engine<S> {
         // Drop the work (and with it any transaction handle it held) before
         // the transaction is taken back.
         drop(work);
+        keeper.settling();
         let answer = match ended {
             Some(Ok(settle)) => {
-                if matches!(settle, Settle::Abandon { .. })
-                    && let Some(renewals) = renewals.take()
-                {
+                if matches!(settle, Settle::Abandon { .. }) {
                     // No renewal may land after the lease is ended.
-                    renewals.stop().await;
+                    keeper.stop().await;
                 }
-                self.settle_outcome(job, &lease, &transaction, settle).await
+                self.settle_outcome(job, &transaction, settle, &mut keeper)
+                    .await
             }
             Some(Err(_panic)) => {
                 tracing::error!(route = %job.route, "the work panicked; its key is released");
@@ -84,24 +155,20 @@ impl<S: Store> Engine<S> {
                     reply: (),
                     keep_writes: false,
                 };
-                Box::pin(self.settle_logged(job, &lease, &transaction, ending)).await;
+                Box::pin(self.settle_logged(job, &transaction, ending, &mut keeper)).await;
                 Answer::Refused(Refusal::Failed)
             }
             None => {
                 tracing::warn!(route = %job.route, "the work exceeded the maximum handler time");
                 // No renewal may land after the lease is ended.
-                if let Some(renewals) = renewals.take() {
-                    renewals.stop().await;
-                }
+                keeper.stop().await;
                 let cut_off = Settle::Abandon { reply: () };
                 let rolled_back =
-                    Box::pin(self.settle_logged(job, &lease, &transaction, cut_off)).await;
+                    Box::pin(self.settle_logged(job, &transaction, cut_off, &mut keeper)).await;
                 Answer::Refused(Refusal::TimedOut { rolled_back })
             }
         };
-        if let Some(renewals) = renewals {
-            renewals.stop().await;
-        }
+        keeper.stop().await;
         // Wakes waiters, and drops any copy of an older record of the key
         // from the replay cache (which this run does not fill: the first
         // replay does, so a key never replayed costs the cache nothing).
@@ -115,10 +182,11 @@ impl<S: Store> Engine<S> {
     async fn settle_outcome<T>(
         &self,
         job: &Job,
-        lease: &Lease,
         transaction: &Transaction,
         settle: Settle<T>,
+        keeper: &mut Keeper<'_>,
     ) -> Answer<T> {
+        let lease = keeper.lease;
         let (response, reply) = match settle {
             Settle::Complete { response, reply } => (response, reply),
             Settle::Release { reply, keep_writes } => {
@@ -126,7 +194,7 @@ impl<S: Store> Engine<S> {
                     reply: (),
                     keep_writes,
                 };
-                Box::pin(self.settle_logged(job, lease, transaction, ending)).await;
+                Box::pin(self.settle_logged(job, transaction, ending, keeper)).await;
                 return Answer::Ran {
                     reply,
                     settled: Settled::Released,
@@ -135,7 +203,7 @@ impl<S: Store> Engine<S> {
             Settle::Abandon { reply } => {
                 let ending = Settle::Abandon { reply: () };
                 let rolled_back =
-                    Box::pin(self.settle_logged(job, lease, transaction, ending)).await;
+                    Box::pin(self.settle_logged(job, transaction, ending, keeper)).await;
                 let settled = if rolled_back {
                     Settled::Released
                 } else {
@@ -146,12 +214,12 @@ impl<S: Store> Engine<S> {
         };
         match self
             .settle(
-                lease,
                 transaction,
                 Settle::Complete {
                     response: &response,
                     reply: (),
                 },
+                keeper,
             )
             .await
         {
@@ -199,12 +267,12 @@ impl<S: Store> Engine<S> {
     async fn settle_logged(
         &self,
         job: &Job,
-        lease: &Lease,
         transaction: &Transaction,
         ending: Settle<(), &StoredResponse>,
+        keeper: &mut Keeper<'_>,
     ) -> bool {
         let operation = ending.operation();
-        match self.settle(lease, transaction, ending).await {
+        match self.settle(transaction, ending, keeper).await {
             Ok(via_transaction) => via_transaction,
             Err(SettleError { error, rolled_back }) => {
                 if matches!(error, StoreError::LeaseLost) {
@@ -217,21 +285,30 @@ impl<S: Store> Engine<S> {
     }
 
     /// Renews the lease at once, then every third of its length, until
-    /// stopped or lost.
-    fn renew_periodically(&self, lease: &Lease, route: &str) -> Renewals {
+    /// stopped or lost; each renewal answered in time moves the lease's
+    /// known end on.
+    fn renew_periodically(&self, keeper: &mut Keeper<'_>) -> Renewals {
         let stop = CancellationToken::new();
         let store = self.store.clone();
-        let lease = lease.clone();
+        let lease = keeper.lease.clone();
+        let end = keeper.end.share();
+        let settling = Arc::new(AtomicBool::new(keeper.settling));
+        let flag = Arc::clone(&settling);
         let length = self.config.lease;
         let timeout = self.config.store_timeout;
-        let route = route.to_owned();
+        let route = keeper.route.to_owned();
         let stopped = stop.clone();
         let metrics = Arc::clone(&self.metrics);
         let task = self.tracker.spawn(async move {
             let period = length / 3;
             loop {
+                let sent = Instant::now();
                 match timed(&metrics, "renew", timeout, store.renew(&lease, length)).await {
-                    Ok(()) => {}
+                    Ok(()) => end.renewed(sent, Instant::now(), length),
+                    // Refused once the outcome is being written: the
+                    // completion (or release) got there first, or its own
+                    // answer reports the lost lease.
+                    Err(StoreError::LeaseLost) if flag.load(Ordering::SeqCst) => return,
                     Err(StoreError::LeaseLost) => {
                         count_lease_lost(&route, "renew");
                         tracing::error!(
@@ -249,6 +326,10 @@ impl<S: Store> Engine<S> {
                 }
             }
         });
-        Renewals { stop, task }
+        Renewals {
+            stop,
+            settling,
+            task,
+        }
     }
 }

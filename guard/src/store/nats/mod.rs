@@ -58,7 +58,9 @@
 //! # Unknown outcomes
 //!
 //! A write refused with 503 (no responders: an election is under way)
-//! stored nothing and is sent again for up to [`RETRY_BUDGET`]. A write
+//! stored nothing and is sent again for up to [`RETRY_BUDGET`] (and a
+//! completion that still fails, by the engine for its completion retry
+//! window, 30 s by default: an election is ridden out). A write
 //! whose answer timed out may or may not have landed: the operation reads
 //! the record from the leader, and a record that carries its own token
 //! (the value always carries the claimant's) tells that it did.
@@ -87,8 +89,10 @@ use codec::Stored;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one operation sends a write or read again, by default, while
 /// the bucket answers 503 or not at all (its stream is electing a
-/// leader): below the engine's store timeout (5 s by default). See
-/// [`NatsStore::with_retry_budget`].
+/// leader): below the engine's store timeout (5 s by default), so that the
+/// engine sees the failure and decides; it sends a completion again for its
+/// completion retry window (30 s by default), which outlasts an election.
+/// See [`NatsStore::with_retry_budget`].
 pub const RETRY_BUDGET: Duration = Duration::from_secs(4);
 /// How many times one operation reads and writes again after another
 /// write won the race for the record's revision.
@@ -313,11 +317,14 @@ impl NatsStore {
 
     /// Sets how long one operation sends its reads and writes again while
     /// the bucket elects a leader (default [`RETRY_BUDGET`], 4 s). An
-    /// election takes about 5 to 8 s: to ride it out rather than answer
-    /// 503 `store-unavailable`, raise this above it and the engine's store
-    /// timeout above this (`Engine::with_store_timeout`), so that a
-    /// completion the election holds up is stored late rather than lost to
-    /// an unknown outcome.
+    /// election takes about 5 to 8 s. With the defaults, a claim it holds
+    /// up answers 503 `store-unavailable` after this budget (the client
+    /// retries), and a completion it holds up is sent again by the engine
+    /// for its completion retry window (`Engine::with_completion_retry_window`,
+    /// 30 s), so it is stored once the new leader answers. Raise this above
+    /// an election to have claims wait it out instead of answering 503, and
+    /// keep the engine's store timeout (`Engine::with_store_timeout`) above
+    /// it.
     #[must_use]
     pub fn with_retry_budget(mut self, budget: Duration) -> Self {
         self.retry_budget = budget;
