@@ -1,5 +1,5 @@
 """Sends N emails through an MCP server with the official MCP Python SDK
-(`mcp` on PyPI), each with its own idempotency key, retrying every call
+(`mcp` on PyPI), all at once, each with its own idempotency key, retrying every call
 (a new connection and session each time) until it is answered.
 
     python_client.py URL N
@@ -18,6 +18,9 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 ATTEMPTS = 30
+# The server is local and answers in milliseconds: after 2 s an answer was
+# dropped (or cut), and the call is retried with the same key.
+READ_TIMEOUT = 2
 
 
 async def attempt(url: str, index: int) -> dict:
@@ -25,7 +28,7 @@ async def attempt(url: str, index: int) -> dict:
     async with httpx2.AsyncClient(headers=headers, timeout=10) as http:
         async with streamable_http_client(url, http_client=http, terminate_on_close=False) as streams:
             read, write = streams[0], streams[1]
-            async with ClientSession(read, write, read_timeout_seconds=5) as session:
+            async with ClientSession(read, write, read_timeout_seconds=READ_TIMEOUT) as session:
                 await session.initialize()
                 result = await session.call_tool(
                     "send_email",
@@ -35,7 +38,7 @@ async def attempt(url: str, index: int) -> dict:
                         "body": "hello",
                         "idempotency_key": f"python-email-{index}",
                     },
-                    read_timeout_seconds=5,
+                    read_timeout_seconds=READ_TIMEOUT,
                 )
                 meta = result.meta or {}
                 return {
@@ -46,23 +49,30 @@ async def attempt(url: str, index: int) -> dict:
                 }
 
 
+async def send(url: str, index: int) -> dict | None:
+    """One email: its call, retried with the same key until answered."""
+    for tries in range(1, ATTEMPTS + 1):
+        try:
+            answer = await asyncio.wait_for(attempt(url, index), timeout=3 * READ_TIMEOUT)
+        except BaseException as error:  # a dropped answer: retry, same key
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            print(f"email {index} attempt {tries}: {type(error).__name__}: {error}", file=sys.stderr)
+            continue
+        answer["attempts"] = tries
+        return answer
+    print(f"email {index}: no answer after {ATTEMPTS} attempts", file=sys.stderr)
+    return None
+
+
 async def main() -> int:
     url, count = sys.argv[1], int(sys.argv[2])
-    for index in range(count):
-        for tries in range(1, ATTEMPTS + 1):
-            try:
-                answer = await asyncio.wait_for(attempt(url, index), timeout=15)
-            except BaseException as error:  # a dropped answer: retry, same key
-                if isinstance(error, (KeyboardInterrupt, SystemExit)):
-                    raise
-                print(f"email {index} attempt {tries}: {type(error).__name__}: {error}", file=sys.stderr)
-                continue
-            answer["attempts"] = tries
-            print(json.dumps(answer), flush=True)
-            break
-        else:
-            print(f"email {index}: no answer after {ATTEMPTS} attempts", file=sys.stderr)
+    # Every email at once (each with its own key), answers printed in order.
+    answers = await asyncio.gather(*(send(url, index) for index in range(count)))
+    for answer in answers:
+        if answer is None:
             return 1
+        print(json.dumps(answer), flush=True)
     return 0
 
 

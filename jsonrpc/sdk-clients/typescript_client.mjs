@@ -1,5 +1,5 @@
 // Sends N emails through an MCP server with the official MCP TypeScript SDK
-// (`@modelcontextprotocol/sdk` on npm), each with its own idempotency key,
+// (`@modelcontextprotocol/sdk` on npm), all at once, each with its own idempotency key,
 // retrying every call (a new connection each time) until it is answered.
 //
 //     node typescript_client.mjs URL N
@@ -12,6 +12,9 @@ import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
 const ATTEMPTS = 30;
+// The server is local and answers in milliseconds: after 2 s an answer was
+// dropped (or cut), and the call is retried with the same key.
+const READ_TIMEOUT_MS = 2000;
 
 async function attempt(url, index) {
   const transport = new StreamableHTTPClientTransport(new URL(url), {
@@ -20,7 +23,7 @@ async function attempt(url, index) {
   });
   const client = new Client({ name: "idempotency-test", version: "1.0.0" });
   try {
-    await client.connect(transport, { timeout: 5000 });
+    await client.connect(transport, { timeout: READ_TIMEOUT_MS });
     const result = await client.callTool(
       {
         name: "send_email",
@@ -32,7 +35,7 @@ async function attempt(url, index) {
         },
       },
       undefined,
-      { timeout: 5000 },
+      { timeout: READ_TIMEOUT_MS },
     );
     return {
       index,
@@ -45,25 +48,29 @@ async function attempt(url, index) {
   }
 }
 
+// One email: its call, retried with the same key until answered.
+async function send(url, index) {
+  for (let tries = 1; tries <= ATTEMPTS; tries++) {
+    try {
+      const answer = await attempt(url, index);
+      answer.attempts = tries;
+      return answer;
+    } catch (error) {
+      // A dropped answer: retry, same key.
+      console.error(`email ${index} attempt ${tries}: ${error}`);
+    }
+  }
+  console.error(`email ${index}: no answer after ${ATTEMPTS} attempts`);
+  return null;
+}
+
 async function main() {
   const [url, count] = [process.argv[2], Number(process.argv[3])];
-  for (let index = 0; index < count; index++) {
-    let answered = false;
-    for (let tries = 1; tries <= ATTEMPTS && !answered; tries++) {
-      try {
-        const answer = await attempt(url, index);
-        answer.attempts = tries;
-        console.log(JSON.stringify(answer));
-        answered = true;
-      } catch (error) {
-        // A dropped answer: retry, same key.
-        console.error(`email ${index} attempt ${tries}: ${error}`);
-      }
-    }
-    if (!answered) {
-      console.error(`email ${index}: no answer after ${ATTEMPTS} attempts`);
-      return 1;
-    }
+  // Every email at once (each with its own key), answers printed in order.
+  const answers = await Promise.all(Array.from({ length: count }, (_, index) => send(url, index)));
+  for (const answer of answers) {
+    if (answer === null) return 1;
+    console.log(JSON.stringify(answer));
   }
   return 0;
 }

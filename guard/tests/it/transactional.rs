@@ -438,6 +438,31 @@ async fn single_commit_holds_the_key_by_its_lock_alone() {
     assert_eq!(payments(&db.store).await, 1);
 }
 
+/// Advisory locks are per database: two stores in two schemas of one
+/// database (one per tenant) each hold the same key at once; neither
+/// answers "in flight" because of the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_commit_stores_in_two_schemas_do_not_share_locks() {
+    let (tenant_a, router_a, hooks_a) = setup(Mode::SingleCommit, |l| l).await;
+    let (tenant_b, router_b, _) = setup(Mode::SingleCommit, |l| l).await;
+    let held = tokio::spawn({
+        let router = router_a.clone();
+        async move { call(&router, post_with("k", "x-hold", "1")).await }
+    });
+    hooks_a.wrote.notified().await;
+    assert_eq!(
+        tenant_b.store.locks_held("default", &["k"]).await.unwrap(),
+        vec![false],
+        "tenant a's lock is not tenant b's"
+    );
+    let other = send(&router_b, "k", "{}").await;
+    assert_eq!(other.status, StatusCode::CREATED, "{:?}", other.body);
+    hooks_a.proceed.notify_one();
+    assert_eq!(held.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(payments(&tenant_a.store).await, 1);
+    assert_eq!(payments(&tenant_b.store).await, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn single_commit_waiters_get_the_replay() {
     let (db, router, _) = setup(Mode::SingleCommit, |l| {

@@ -22,9 +22,11 @@
 //! Two keys whose hashes collide share a lock: one of them waits or answers
 //! in flight while the other runs (with 64 bits, about one pair in 4·10⁹
 //! keys running *at the same moment*); neither ever runs twice, because the
-//! record, not the lock, says what ran. Advisory locks are per database: an
-//! application that takes its own advisory locks on 64-bit keys there may
-//! collide in the same harmless way.
+//! record, not the lock, says what ran. Advisory locks are per database, so
+//! the lock taken is the key's hash XOR the records table's OID: stores in
+//! two schemas of one database (one per tenant, say) do not hold each
+//! other's keys. An application that takes its own advisory locks on 64-bit
+//! keys there may collide in the same harmless way.
 
 use std::time::Duration;
 
@@ -36,11 +38,12 @@ use crate::record::Record;
 use crate::store::{Lease, NewRecord, StoreError};
 
 /// The lock, the read and the claim of one key, in one statement. `$10` is
-/// the lock's key, `$11` the server's bound on the transaction's idle time
+/// the key's [`lock_key`], taken XOR the records table's OID (so two
+/// stores in different schemas of one database never share a lock), `$11` the server's bound on the transaction's idle time
 /// (`idle_in_transaction_session_timeout`, local to the transaction).
 const CLAIM_LOCKED: &str = concat!(
     "with lock as (
-        select pg_try_advisory_xact_lock($10) as held,
+        select pg_try_advisory_xact_lock($10 # 'idempotency_records'::regclass::oid::int8) as held,
                set_config('idle_in_transaction_session_timeout', $11, true) as idle_bound
     ), existing as (
         select ",
@@ -67,14 +70,17 @@ pub(super) const LOCKS_HELD: &str = "select exists (
         select 1 from pg_locks l
         where l.locktype = 'advisory' and l.granted and l.objsubid = 1
           and l.database = (select oid from pg_database where datname = current_database())
-          and ((l.classid::int8 << 32) | l.objid::int8) = input.lock
+          and ((l.classid::int8 << 32) | l.objid::int8)
+              = input.lock # 'idempotency_records'::regclass::oid::int8
     ) as held
     from unnest($1::int8[]) with ordinality as input(lock, n)
     order by input.n";
 
 /// The advisory lock key of `(scope, key)`: the first 8 bytes of a
 /// SHA-256 over a domain tag, the scope's length, the scope and the key
-/// (so no two `(scope, key)` pairs are spelled alike).
+/// (so no two `(scope, key)` pairs are spelled alike). The lock the store
+/// takes is this value XOR the OID of its `idempotency_records` table, so
+/// that stores in different schemas of one database never share one.
 pub fn lock_key(scope: &str, key: &str) -> i64 {
     let mut hash = Sha256::new();
     hash.update(b"idempotency-guard single-commit lock v1\0");
