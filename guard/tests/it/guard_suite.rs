@@ -702,13 +702,26 @@ pub(crate) async fn same_key_in_two_scopes_is_two_records<S: Store>(db: TestDb<S
 pub(crate) async fn disconnected_client_does_not_cancel_the_handler<S: Store>(db: TestDb<S>) {
     use tower::ServiceExt;
     let (router, runs) = app(IdempotencyLayer::new(db.store.clone()));
-    let request = with_body(post("gone").header("x-delay-ms", "300"), "{}");
-    // Dropping the response future is what hyper does when the client goes away.
-    let dropped =
-        tokio::time::timeout(Duration::from_millis(50), router.clone().oneshot(request)).await;
-    assert!(dropped.is_err(), "the client gave up before the answer");
-    // The handler sleeps 300 ms; on a loaded machine its completion may
-    // take longer to be stored, so poll (bounded) instead of one fixed wait.
+    let request = with_body(post("gone").header("x-delay-ms", "1000"), "{}");
+    // The request is driven until its handler runs (on a loaded machine the
+    // claim may take longer than any fixed wait: a client gone before it
+    // landed has the claim released, and nothing runs), then dropped, as
+    // hyper drops it when the client goes away.
+    let mut answer = Box::pin(router.clone().oneshot(request));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while runs.get() == 0 {
+        tokio::select! {
+            _ = &mut answer => panic!("answered before the client went away"),
+            () = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the handler started within 10 s"
+        );
+    }
+    drop(answer);
+    // The handler sleeps 1 s; on a loaded machine its completion may take
+    // longer to be stored, so poll (bounded) instead of one fixed wait.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let record = loop {
         let record = db

@@ -1,8 +1,8 @@
 //! Clients nobody here wrote: the official MCP SDKs for Python (`mcp` on
 //! PyPI) and TypeScript (`@modelcontextprotocol/sdk` on npm) call
 //! `send_email` on the example's MCP server through a proxy that drops 30 %
-//! of the answers after the server sent them, retrying each call with the
-//! same key: every email is sent once, every call answered with its own
+//! of the answers after the server sent them, all emails at once, retrying
+//! each call with the same key: every email is sent once, every call answered with its own
 //! email's result (the SDKs match answers by request id: a replay under
 //! another id would never reach them).
 //!
