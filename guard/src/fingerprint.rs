@@ -307,7 +307,9 @@ impl<'a> Parser<'a> {
         // and where its canonical value lies in `values`: two allocations
         // per object, whatever its size.
         let mut members: Vec<(Cow<'_, [u8]>, Range<usize>)> = Vec::new();
-        let mut values = Vec::new();
+        // Sized for a small object's values at once (they are shorter than
+        // the text left), so it is not grown chunk by chunk.
+        let mut values = Vec::with_capacity((self.text.len() - self.pos).min(256));
         self.skip_whitespace();
         if self.peek() == Some(b'}') {
             self.pos += 1;

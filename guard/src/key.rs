@@ -332,7 +332,7 @@ pub const MAX_SCOPE_LEN: usize = 255;
 /// assert!(Scope::new("nul\0inside").is_err());
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Scope(String);
+pub struct Scope(std::borrow::Cow<'static, str>);
 
 /// Why a scope was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -366,8 +366,12 @@ impl Scope {
         if scope.chars().any(char::is_control) {
             return Err(ScopeError::ControlCharacter);
         }
-        Ok(Self(scope))
+        Ok(Self(std::borrow::Cow::Owned(scope)))
     }
+
+    /// `default`, the layer's scope when none is set: a constant, so a
+    /// request in it allocates nothing for its scope.
+    pub(crate) const DEFAULT: Self = Self(std::borrow::Cow::Borrowed("default"));
 
     /// The scope as a string slice.
     pub fn as_str(&self) -> &str {
@@ -376,7 +380,7 @@ impl Scope {
 
     /// Consumes the scope and returns its string.
     pub fn into_string(self) -> String {
-        self.0
+        self.0.into_owned()
     }
 }
 

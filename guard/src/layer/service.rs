@@ -170,8 +170,12 @@ where
             Err(error) => return Counted::rejected(Rejection::KeyInvalid(error)),
         };
         let (parts, body) = request.into_parts();
-        let Ok(scope) = Scope::new((self.config.scope)(&parts)) else {
-            return Counted::rejected(Rejection::ScopeInvalid);
+        let scope = match &self.config.scope {
+            None => Scope::DEFAULT,
+            Some(name) => match Scope::new(name(&parts)) {
+                Ok(scope) => scope,
+                Err(_) => return Counted::rejected(Rejection::ScopeInvalid),
+            },
         };
         // The reservation, if any, is held until the guard answers.
         let budget = self.config.body_budget.as_ref();

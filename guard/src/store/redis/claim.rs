@@ -152,7 +152,10 @@ impl RedisRecords {
                 _ => return Err(CorruptRecord("SET IFEQ answered an unexpected shape").into()),
             }
         }
-        let mut call = ScriptCall::new(&COMPLETE, 1, 80 + response.len());
+        // The key, the token (16 bytes), the response and the channel, and
+        // room for their lengths: one buffer, never grown.
+        let size = at.len() + 16 + response.len() + self.channel.len() + 64;
+        let mut call = ScriptCall::new(&COMPLETE, 1, size);
         call.arg(&at)
             .arg(lease.token.as_uuid().as_bytes().as_slice())
             .arg(response)
