@@ -86,7 +86,12 @@ impl<S: Store> Engine<S> {
             loop {
                 let wait_left = wait_until.saturating_duration_since(Instant::now());
                 let refuse = |refusal| Acquired::Answer(Answer::Refused(refusal));
-                match decide(&record, &job.fingerprint, &self.inner.config.policy, wait_left) {
+                match decide(
+                    &record,
+                    &job.fingerprint,
+                    &self.inner.config.policy,
+                    wait_left,
+                ) {
                     Decision::Replay => return Acquired::Answer(self.replay(job, record)),
                     Decision::ResponseNotStored => return refuse(Refusal::ResponseNotStored),
                     Decision::KeyReused => return refuse(Refusal::KeyReused),
@@ -108,9 +113,10 @@ impl<S: Store> Engine<S> {
                     }
                     Decision::TakeOver => {
                         let pending = PendingClaim::arm(self, &new);
-                        let taken = Box::pin(
-                            self.timed("take_over", self.inner.store.take_over(record.lease_token, &new)),
-                        )
+                        let taken = Box::pin(self.timed(
+                            "take_over",
+                            self.inner.store.take_over(record.lease_token, &new),
+                        ))
                         .await;
                         pending.disarm();
                         match taken {
@@ -194,7 +200,10 @@ impl<S: Store> Engine<S> {
             .events()
             .subscribe(job.scope.as_str(), job.key.as_str());
         let current = self
-            .timed("get", self.inner.store.get(job.scope.as_str(), job.key.as_str()))
+            .timed(
+                "get",
+                self.inner.store.get(job.scope.as_str(), job.key.as_str()),
+            )
             .await?;
         match current {
             Some(current)
@@ -205,8 +214,11 @@ impl<S: Store> Engine<S> {
                 // and by its lease (a crashed holder publishes nothing).
                 let bound = wait_left.min(current.lease_remaining());
                 let _ = tokio::time::timeout(bound, subscription.changed()).await;
-                self.timed("get", self.inner.store.get(job.scope.as_str(), job.key.as_str()))
-                    .await
+                self.timed(
+                    "get",
+                    self.inner.store.get(job.scope.as_str(), job.key.as_str()),
+                )
+                .await
             }
             other => Ok(other),
         }

@@ -425,7 +425,12 @@ impl<S: Store> Engine<S> {
     where
         F: Future<Output = Result<R, StoreError>>,
     {
-        timed(&self.inner.metrics, operation, self.inner.config.store_timeout, future)
+        timed(
+            &self.inner.metrics,
+            operation,
+            self.inner.config.store_timeout,
+            future,
+        )
     }
 
     /// The `Retry-After` hint of the engine's refusals (see

@@ -173,7 +173,8 @@ impl<S: Store> Engine<S> {
         // Wakes waiters, and drops any copy of an older record of the key
         // from the replay cache (which this run does not fill: the first
         // replay does, so a key never replayed costs the cache nothing).
-        self.inner.store
+        self.inner
+            .store
             .events()
             .publish(job.scope.as_str(), job.key.as_str());
         answer

@@ -211,12 +211,12 @@ where
         let result = match answer {
             Answer::Ran { reply, .. } => reply,
             Answer::Replay(stored) => Ok(self.config.replay.replay_owned(stored, key.as_str())),
-            Answer::Refused(refusal) => Ok(Rejection::from_refusal(
-                refusal,
-                key.as_str(),
-                self.config.mismatch_status,
-            )
-            .into_response()),
+            Answer::Refused(refusal) => {
+                Ok(
+                    Rejection::from_refusal(refusal, key.as_str(), self.config.mismatch_status)
+                        .into_response(),
+                )
+            }
         };
         Counted { outcome, result }
     }
