@@ -169,14 +169,20 @@ fn hex_digit(c: u8) -> Result<u8, FingerprintParseError> {
     }
 }
 
-/// The media type without parameters, lowercased (`application/json`).
-fn media_type_essence(content_type: Option<&HeaderValue>) -> String {
-    content_type
+/// The media type without parameters, lowercased (`application/json`):
+/// borrowed from the header when it is lowercase already, as it nearly
+/// always is.
+fn media_type_essence(content_type: Option<&HeaderValue>) -> Cow<'_, str> {
+    let essence = content_type
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase()
+        .trim();
+    if essence.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(essence.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(essence)
+    }
 }
 
 /// Whether a content type names JSON: `application/json` or `application/*+json`.
@@ -301,7 +307,9 @@ impl<'a> Parser<'a> {
         // and where its canonical value lies in `values`: two allocations
         // per object, whatever its size.
         let mut members: Vec<(Cow<'_, [u8]>, Range<usize>)> = Vec::new();
-        let mut values = Vec::new();
+        // Sized for a small object's values at once (they are shorter than
+        // the text left), so it is not grown chunk by chunk.
+        let mut values = Vec::with_capacity((self.text.len() - self.pos).min(256));
         self.skip_whitespace();
         if self.peek() == Some(b'}') {
             self.pos += 1;

@@ -4,6 +4,7 @@
 //! [`Job`](crate::engine::Job), so none validates on its own.
 
 use std::fmt;
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName};
 
@@ -28,8 +29,11 @@ pub const MAX_KEY_LEN: usize = 255;
 /// assert!("".parse::<IdempotencyKey>().is_err());
 /// assert!("has space".parse::<IdempotencyKey>().is_err());
 /// ```
+///
+/// Cloning it shares its text (one allocation per key, however many parts
+/// of a request hold it).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct IdempotencyKey(String);
+pub struct IdempotencyKey(Arc<str>);
 
 /// Why a key was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -66,10 +70,12 @@ impl IdempotencyKey {
     /// Returns a [`KeyError`] saying what is wrong with the value.
     pub fn parse_bytes(raw: &[u8]) -> Result<Self, KeyError> {
         let raw = trim_ows(raw);
+        // A bare value (the common case) is checked where it is and copied
+        // once, into the key.
         let unquoted = if raw.first() == Some(&b'"') {
-            unquote_sf_string(raw)?
+            std::borrow::Cow::Owned(unquote_sf_string(raw)?)
         } else {
-            raw.to_vec()
+            std::borrow::Cow::Borrowed(raw)
         };
         if unquoted.is_empty() {
             return Err(KeyError::Empty);
@@ -81,8 +87,8 @@ impl IdempotencyKey {
             return Err(KeyError::InvalidCharacter);
         }
         // Every byte is visible ASCII, so this cannot fail.
-        String::from_utf8(unquoted)
-            .map(Self)
+        std::str::from_utf8(&unquoted)
+            .map(|text| Self(Arc::from(text)))
             .map_err(|_| KeyError::InvalidCharacter)
     }
 
@@ -102,7 +108,7 @@ impl IdempotencyKey {
         if !raw.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
             return Err(KeyError::InvalidCharacter);
         }
-        Ok(Self(raw.to_owned()))
+        Ok(Self(Arc::from(raw)))
     }
 
     /// Reads the key from request headers.
@@ -126,9 +132,10 @@ impl IdempotencyKey {
         &self.0
     }
 
-    /// Consumes the key and returns its string.
+    /// Consumes the key and returns its string (a copy: the text is
+    /// shared).
     pub fn into_string(self) -> String {
-        self.0
+        String::from(&*self.0)
     }
 }
 
@@ -325,7 +332,7 @@ pub const MAX_SCOPE_LEN: usize = 255;
 /// assert!(Scope::new("nul\0inside").is_err());
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Scope(String);
+pub struct Scope(std::borrow::Cow<'static, str>);
 
 /// Why a scope was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -359,8 +366,12 @@ impl Scope {
         if scope.chars().any(char::is_control) {
             return Err(ScopeError::ControlCharacter);
         }
-        Ok(Self(scope))
+        Ok(Self(std::borrow::Cow::Owned(scope)))
     }
+
+    /// `default`, the layer's scope when none is set: a constant, so a
+    /// request in it allocates nothing for its scope.
+    pub(crate) const DEFAULT: Self = Self(std::borrow::Cow::Borrowed("default"));
 
     /// The scope as a string slice.
     pub fn as_str(&self) -> &str {
@@ -369,7 +380,7 @@ impl Scope {
 
     /// Consumes the scope and returns its string.
     pub fn into_string(self) -> String {
-        self.0
+        self.0.into_owned()
     }
 }
 

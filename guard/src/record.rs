@@ -153,7 +153,13 @@ impl StoredResponse {
     /// form stores keep them in. Field values cannot hold CR or LF, so the
     /// encoding is unambiguous and binary-safe.
     pub fn encode_headers(&self) -> Vec<u8> {
-        let mut out = Vec::new();
+        // Sized up front: one allocation, not one per doubling.
+        let size = self
+            .headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 4)
+            .sum();
+        let mut out = Vec::with_capacity(size);
         for (name, value) in &self.headers {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");

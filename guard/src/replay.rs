@@ -175,12 +175,10 @@ impl ReplayPolicy {
         if self.status_only {
             return status_only(response.status);
         }
-        let mut headers = HeaderMap::with_capacity(response.headers.len());
-        for (name, value) in &response.headers {
-            if self.keeps_header(name) {
-                headers.append(name.clone(), value.clone());
-            }
-        }
+        // The default policy keeps every header: the map is kept as it is,
+        // not copied.
+        let mut headers = response.headers;
+        headers.retain_allowed(self);
         let body = match response.body {
             Some(body) if self.redacts() && !body.is_empty() => match self.redact(&body) {
                 Redacted::Unchanged => Some(body),

@@ -44,8 +44,8 @@ impl<S: Store> Engine<S> {
             method: &job.method,
             path: &job.path,
             token,
-            lease: self.config.lease,
-            retention: self.config.retention,
+            lease: self.inner.config.lease,
+            retention: self.inner.config.retention,
             // Marked when the work begins its transaction, not before: a
             // run that never does is an ordinary one (see `Tx`); unless the
             // engine was told every write goes through it.
@@ -64,7 +64,7 @@ impl<S: Store> Engine<S> {
         }
         let token = LeaseToken::new();
         let new = self.new_record(job, token);
-        let wait_until = match self.config.policy.in_flight {
+        let wait_until = match self.inner.config.policy.in_flight {
             InFlightPolicy::Wait(bound) => Instant::now() + bound,
             InFlightPolicy::Reject => Instant::now(),
         };
@@ -86,7 +86,12 @@ impl<S: Store> Engine<S> {
             loop {
                 let wait_left = wait_until.saturating_duration_since(Instant::now());
                 let refuse = |refusal| Acquired::Answer(Answer::Refused(refusal));
-                match decide(&record, &job.fingerprint, &self.config.policy, wait_left) {
+                match decide(
+                    &record,
+                    &job.fingerprint,
+                    &self.inner.config.policy,
+                    wait_left,
+                ) {
                     Decision::Replay => return Acquired::Answer(self.replay(job, record)),
                     Decision::ResponseNotStored => return refuse(Refusal::ResponseNotStored),
                     Decision::KeyReused => return refuse(Refusal::KeyReused),
@@ -108,9 +113,10 @@ impl<S: Store> Engine<S> {
                     }
                     Decision::TakeOver => {
                         let pending = PendingClaim::arm(self, &new);
-                        let taken = Box::pin(
-                            self.timed("take_over", self.store.take_over(record.lease_token, &new)),
-                        )
+                        let taken = Box::pin(self.timed(
+                            "take_over",
+                            self.inner.store.take_over(record.lease_token, &new),
+                        ))
                         .await;
                         pending.disarm();
                         match taken {
@@ -125,7 +131,7 @@ impl<S: Store> Engine<S> {
             }
         }
         Acquired::Answer(Answer::Refused(Refusal::InFlight {
-            retry_after: self.config.policy.retry_after,
+            retry_after: self.inner.config.policy.retry_after,
         }))
     }
 
@@ -160,7 +166,7 @@ impl<S: Store> Engine<S> {
     /// released in the background if the caller goes away meanwhile.
     pub(super) async fn claim_committed(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
         let pending = PendingClaim::arm(self, new);
-        let claimed = self.timed("claim", self.store.claim(new)).await;
+        let claimed = self.timed("claim", self.inner.store.claim(new)).await;
         pending.disarm();
         claimed
     }
@@ -175,7 +181,7 @@ impl<S: Store> Engine<S> {
         error: StoreError,
     ) -> Acquired<T> {
         tracing::warn!(error = %error, operation, "idempotency store failed; releasing the claim in case it landed");
-        self.release_in_background(new.lease());
+        self.release_in_background(std::sync::Arc::new(new.lease()));
         Acquired::StoreFailed
     }
 
@@ -189,11 +195,15 @@ impl<S: Store> Engine<S> {
     ) -> Result<Option<Record>, StoreError> {
         // Subscribe before reading again, so a completion in between is seen.
         let subscription = self
+            .inner
             .store
             .events()
             .subscribe(job.scope.as_str(), job.key.as_str());
         let current = self
-            .timed("get", self.store.get(job.scope.as_str(), job.key.as_str()))
+            .timed(
+                "get",
+                self.inner.store.get(job.scope.as_str(), job.key.as_str()),
+            )
             .await?;
         match current {
             Some(current)
@@ -204,8 +214,11 @@ impl<S: Store> Engine<S> {
                 // and by its lease (a crashed holder publishes nothing).
                 let bound = wait_left.min(current.lease_remaining());
                 let _ = tokio::time::timeout(bound, subscription.changed()).await;
-                self.timed("get", self.store.get(job.scope.as_str(), job.key.as_str()))
-                    .await
+                self.timed(
+                    "get",
+                    self.inner.store.get(job.scope.as_str(), job.key.as_str()),
+                )
+                .await
             }
             other => Ok(other),
         }

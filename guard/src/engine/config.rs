@@ -130,8 +130,8 @@ macro_rules! engine_settings {
                         cache.invalidate(scope, key);
                     }
                 });
-                self.store.events().watch(&watcher);
-                self.cache = Some(Arc::new(ReplayCacheHandle {
+                self.inner.store.events().watch(&watcher);
+                self.inner_mut().cache = Some(Arc::new(ReplayCacheHandle {
                     cache,
                     _watcher: watcher,
                 }));
@@ -143,7 +143,7 @@ macro_rules! engine_settings {
             /// process ([`Engine::with_replay_cache`](crate::engine::Engine::with_replay_cache)
             /// is on by default).
             pub fn without_replay_cache(mut self) -> Self {
-                self.cache = None;
+                self.inner_mut().cache = None;
                 self
             }
 
@@ -276,7 +276,7 @@ pub(crate) use as_written;
 
 impl<S: Store> Engine<S> {
     pub(super) fn config_mut(&mut self) -> &mut EngineConfig {
-        Arc::make_mut(&mut self.config)
+        &mut self.inner_mut().config
     }
 
     engine_settings!(as_written);

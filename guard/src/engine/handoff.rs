@@ -25,8 +25,9 @@ type Run<T> = Pin<Box<dyn Future<Output = Answer<T>> + Send>>;
 pub(super) struct HandOff<T: Send + 'static> {
     /// `None` once it ended (or panicked).
     run: Option<Run<T>>,
-    tracker: TaskTracker,
-    _token: TaskTrackerToken,
+    /// Counts the run as the tracker's while the caller holds it; its
+    /// tracker is where the run moves if the caller goes away.
+    token: TaskTrackerToken,
 }
 
 impl<T: Send + 'static> HandOff<T> {
@@ -37,8 +38,7 @@ impl<T: Send + 'static> HandOff<T> {
     ) -> Self {
         Self {
             run: Some(Box::pin(run)),
-            tracker: tracker.clone(),
-            _token: tracker.token(),
+            token: tracker.token(),
         }
     }
 }
@@ -74,7 +74,7 @@ impl<T: Send + 'static> Drop for HandOff<T> {
         // The caller went away mid-run: the run goes on in a task of its own.
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                self.tracker.spawn_on(run, &runtime);
+                self.token.task_tracker().spawn_on(run, &runtime);
             }
             Err(_) => {
                 // Only when the caller's future is dropped outside any

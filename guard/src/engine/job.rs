@@ -2,6 +2,8 @@
 //! scope and key it runs under, the request's fingerprint, and what the
 //! status service and the metrics show).
 
+use std::sync::Arc;
+
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
 
@@ -24,8 +26,8 @@ pub struct Job {
     /// status service.
     pub path: String,
     /// A name of few values for metrics (a route template, a queue); empty
-    /// by default.
-    pub route: String,
+    /// by default. Shared (an adapter's tally of the request holds it too).
+    pub route: Arc<str>,
 }
 
 impl Job {
@@ -39,7 +41,7 @@ impl Job {
             fingerprint,
             method: String::from("RUN"),
             path: String::new(),
-            route: String::new(),
+            route: Arc::default(),
         }
     }
 
@@ -51,7 +53,7 @@ impl Job {
     }
 
     /// Sets the name the run's metrics carry (a route template, a queue).
-    pub fn with_route(mut self, route: impl Into<String>) -> Self {
+    pub fn with_route(mut self, route: impl Into<Arc<str>>) -> Self {
         self.route = route.into();
         self
     }

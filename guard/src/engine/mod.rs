@@ -112,7 +112,8 @@ use transaction::Held;
 /// What the work gets to know about its run.
 #[derive(Debug)]
 pub struct RunContext {
-    lease: Option<Lease>,
+    /// Shared with the run that supervises it, not copied.
+    lease: Option<Arc<Lease>>,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     slot: Option<transaction::TransactionSlot>,
 }
@@ -121,17 +122,33 @@ impl RunContext {
     /// The lease the run holds, or `None` when it runs unguarded (the store
     /// failed and the engine fails open).
     pub fn lease(&self) -> Option<&Lease> {
-        self.lease.as_ref()
+        self.lease.as_deref()
     }
 }
 
 /// The run-once engine over a store. Cloning shares it (and its [`Drain`]).
 ///
 /// Every setting has a safe default; see each `with_*` method.
-#[derive(Clone)]
 pub struct Engine<S> {
+    /// Everything, behind one pointer: every request clones the engine
+    /// (into its run, and the layer's service with it), and one reference
+    /// count costs less than one per field.
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for Engine<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+/// What an [`Engine`] and its clones share.
+#[derive(Clone)]
+struct Inner<S> {
     store: S,
-    config: Arc<EngineConfig>,
+    config: EngineConfig,
     tracker: TaskTracker,
     cache: Option<Arc<ReplayCacheHandle>>,
     metrics: Arc<MetricHandles>,
@@ -147,9 +164,9 @@ struct ReplayCacheHandle {
 impl<S: std::fmt::Debug> std::fmt::Debug for Engine<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("store", &self.store)
-            .field("config", &self.config)
-            .field("runs", &self.tracker.len())
+            .field("store", &self.inner.store)
+            .field("config", &self.inner.config)
+            .field("runs", &self.inner.tracker.len())
             .finish()
     }
 }
@@ -159,33 +176,42 @@ impl<S: Store> Engine<S> {
     /// (the replay cache on: [`Engine::with_replay_cache`]).
     pub fn new(store: S) -> Self {
         Self {
-            store,
-            config: Arc::new(EngineConfig::default()),
-            tracker: TaskTracker::new(),
-            cache: None,
-            metrics: Arc::default(),
+            inner: Arc::new(Inner {
+                store,
+                config: EngineConfig::default(),
+                tracker: TaskTracker::new(),
+                cache: None,
+                metrics: Arc::default(),
+            }),
         }
         .with_replay_cache(config::REPLAY_CACHE_BYTES, config::REPLAY_CACHE_MAX_AGE)
     }
 
+    /// The shared state, to change a setting: this engine's own copy when
+    /// it is shared (a builder called on a clone changes that clone alone;
+    /// its runs, metrics and replay cache stay shared, as before).
+    fn inner_mut(&mut self) -> &mut Inner<S> {
+        Arc::make_mut(&mut self.inner)
+    }
+
     /// The replay cache, when the engine keeps one.
     fn replay_cache(&self) -> Option<&cache::ReplayCache> {
-        self.cache.as_deref().map(|handle| &*handle.cache)
+        self.inner.cache.as_deref().map(|handle| &*handle.cache)
     }
 
     /// The store the engine keeps records in.
     pub fn store(&self) -> &S {
-        &self.store
+        &self.inner.store
     }
 
     /// A handle that waits, on shutdown, for every run this engine (and its
     /// clones) started.
     pub fn drain(&self) -> Drain {
         Drain::new(
-            self.tracker.clone(),
-            self.config.max_handler_time
-                + self.config.completion_retry_window
-                + 2 * self.config.store_timeout,
+            self.inner.tracker.clone(),
+            self.inner.config.max_handler_time
+                + self.inner.config.completion_retry_window
+                + 2 * self.inner.config.store_timeout,
         )
     }
 
@@ -196,7 +222,7 @@ impl<S: Store> Engine<S> {
     /// When the retention does not exceed the maximum handler time plus the
     /// lease: a running record could be purged.
     pub(crate) fn check(&self) {
-        let config = &self.config;
+        let config = &self.inner.config;
         assert!(
             config.retention > config.max_handler_time + config.lease,
             "retention ({:?}) must exceed the maximum handler time plus the lease ({:?}), \
@@ -276,7 +302,7 @@ impl<S: Store> Engine<S> {
         // The run stays inside the caller's span, in a task of its own too.
         #[cfg(feature = "otel")]
         let run = tracing::Instrument::in_current_span(run);
-        handoff::HandOff::new(run, &self.tracker).await
+        handoff::HandOff::new(run, &self.inner.tracker).await
     }
 
     /// Runs `work` once for `job`'s key and keeps its JSON value as the
@@ -335,10 +361,16 @@ impl<S: Store> Engine<S> {
         Fut: Future<Output = Settle<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let slot =
-            transaction::TransactionSlot::for_run(held, self.config.transactions.as_ref(), &lease);
+        // One allocation shared by the work, the supervision and its
+        // renewals, where each had its copy of the scope and key.
+        let lease = Arc::new(lease);
+        let slot = transaction::TransactionSlot::for_run(
+            held,
+            self.inner.config.transactions.as_ref(),
+            &lease,
+        );
         let context = RunContext {
-            lease: Some(lease.clone()),
+            lease: Some(Arc::clone(&lease)),
             slot: slot.clone(),
         };
         let transaction = settle::Transaction(slot);
@@ -366,9 +398,9 @@ impl<S: Store> Engine<S> {
         F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Settle<T>> + Send + 'static,
     {
-        match self.config.failure_mode {
+        match self.inner.config.failure_mode {
             FailureMode::Closed => Answer::Refused(Refusal::StoreUnavailable {
-                retry_after: self.config.policy.retry_after,
+                retry_after: self.inner.config.policy.retry_after,
             }),
             FailureMode::Open => {
                 let context = RunContext {
@@ -393,13 +425,18 @@ impl<S: Store> Engine<S> {
     where
         F: Future<Output = Result<R, StoreError>>,
     {
-        timed(&self.metrics, operation, self.config.store_timeout, future)
+        timed(
+            &self.inner.metrics,
+            operation,
+            self.inner.config.store_timeout,
+            future,
+        )
     }
 
     /// The `Retry-After` hint of the engine's refusals (see
     /// [`Engine::with_retry_after`]).
     pub fn retry_after(&self) -> std::time::Duration {
-        self.config.policy.retry_after
+        self.inner.config.policy.retry_after
     }
 
     /// Counts one request of an adapter over this engine (a JSON-RPC tool
@@ -420,7 +457,7 @@ impl<S: Store> Engine<S> {
         outcome: crate::telemetry::Outcome,
         attempt: &'static str,
     ) {
-        self.metrics.count_request(route, outcome, attempt);
+        self.inner.metrics.count_request(route, outcome, attempt);
     }
 
     /// A [`Tally`](crate::telemetry::Tally) of one request of an adapter
@@ -429,9 +466,9 @@ impl<S: Store> Engine<S> {
     /// `route` and `attempt` as for [`Engine::count_request`].
     pub fn tally(
         &self,
-        route: impl Into<String>,
+        route: impl Into<Arc<str>>,
         attempt: &'static str,
     ) -> crate::telemetry::Tally {
-        crate::telemetry::Tally::new(Arc::clone(&self.metrics), route.into(), attempt)
+        crate::telemetry::Tally::new(Arc::clone(&self.inner.metrics), route.into(), attempt)
     }
 }

@@ -4,6 +4,7 @@
 //! released from a tracked background task, fenced by its own token, for
 //! as long as a late claim may still land.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::Engine;
@@ -18,30 +19,32 @@ const RELEASE_PAUSE: Duration = Duration::from_millis(250);
 /// release.
 pub(super) struct PendingClaim<'a, S: Store> {
     engine: &'a Engine<S>,
-    lease: Option<Lease>,
+    /// The claim; its lease is made only if it must be released (a claim
+    /// answered, the common case, copies nothing).
+    new: Option<&'a NewRecord<'a>>,
 }
 
 impl<'a, S: Store> PendingClaim<'a, S> {
-    pub(super) fn arm(engine: &'a Engine<S>, new: &NewRecord<'_>) -> Self {
+    pub(super) fn arm(engine: &'a Engine<S>, new: &'a NewRecord<'a>) -> Self {
         Self {
             engine,
-            lease: Some(new.lease()),
+            new: Some(new),
         }
     }
 
     /// The answer came back: whoever reads it owns what it says.
     pub(super) fn disarm(mut self) {
-        self.lease = None;
+        self.new = None;
     }
 }
 
 impl<S: Store> Drop for PendingClaim<'_, S> {
     fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
+        if let Some(new) = self.new.take() {
             tracing::warn!(
                 "the caller went away while its claim was on its way; releasing it in case it landed"
             );
-            self.engine.release_if_running(lease);
+            self.engine.release_if_running(Arc::new(new.lease()));
         }
     }
 }
@@ -50,7 +53,7 @@ impl<S: Store> Engine<S> {
     /// Frees a lease from a tracked task of its own, when called inside a
     /// runtime (a drop during a runtime's shutdown has none: the process is
     /// going away, and its claim lapses into abandoned).
-    fn release_if_running(&self, lease: Lease) {
+    fn release_if_running(&self, lease: Arc<Lease>) {
         if tokio::runtime::Handle::try_current().is_ok() {
             self.release_in_background(lease);
         }
@@ -62,10 +65,10 @@ impl<S: Store> Engine<S> {
     /// up, so the release is tried every quarter second for twice the store
     /// timeout, whatever each try answers. The token is this run's own, so
     /// nothing else is ever touched.
-    pub(super) fn release_in_background(&self, lease: Lease) {
-        let store = self.store.clone();
-        let timeout = self.config.store_timeout;
-        self.tracker.spawn(async move {
+    pub(super) fn release_in_background(&self, lease: Arc<Lease>) {
+        let store = self.inner.store.clone();
+        let timeout = self.inner.config.store_timeout;
+        self.inner.tracker.spawn(async move {
             let attempts = (2 * timeout.as_millis() / RELEASE_PAUSE.as_millis()).max(4);
             for _ in 0..attempts {
                 // A refusal (`LeaseLost`) may mean the claim has not landed

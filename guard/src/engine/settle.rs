@@ -74,9 +74,9 @@ impl<S: Store> Engine<S> {
             Settle::Complete {
                 response: stored, ..
             } => self.complete_with_retries(lease, stored, keeper).await,
-            Settle::Release { .. } => self.timed("release", self.store.release(lease)).await,
+            Settle::Release { .. } => self.timed("release", self.inner.store.release(lease)).await,
             Settle::Abandon { .. } => {
-                self.timed("renew", self.store.renew(lease, Duration::ZERO))
+                self.timed("renew", self.inner.store.renew(lease, Duration::ZERO))
                     .await
             }
         };
@@ -96,15 +96,15 @@ impl<S: Store> Engine<S> {
         keeper: &mut Keeper<'_>,
     ) -> Result<(), StoreError> {
         let schedule = RetrySchedule {
-            window: self.config.completion_retry_window,
-            attempt_timeout: self.config.store_timeout,
-            lease: self.config.lease,
+            window: self.inner.config.completion_retry_window,
+            attempt_timeout: self.inner.config.store_timeout,
+            lease: self.inner.config.lease,
         };
         let first = Instant::now();
         let mut failed = 0u32;
         // The first attempt has the whole store timeout; a resend, what the
         // schedule gives it.
-        let mut timeout = self.config.store_timeout;
+        let mut timeout = self.inner.config.store_timeout;
         // Once a resend is refused, only a read can tell whether an earlier
         // attempt landed.
         let mut verifying = false;
@@ -113,10 +113,10 @@ impl<S: Store> Engine<S> {
                 self.landed(lease, timeout).await
             } else {
                 let sent = timed(
-                    &self.metrics,
+                    &self.inner.metrics,
                     "complete",
                     timeout,
-                    self.store.complete(lease, stored),
+                    self.inner.store.complete(lease, stored),
                 );
                 match sent.await {
                     // A resend refused: the attempt that failed may have
@@ -154,10 +154,10 @@ impl<S: Store> Engine<S> {
     /// the record is not completed with its token.
     async fn landed(&self, lease: &Lease, timeout: Duration) -> Result<(), StoreError> {
         match timed(
-            &self.metrics,
+            &self.inner.metrics,
             "get",
             timeout,
-            self.store.get(&lease.scope, &lease.key),
+            self.inner.store.get(&lease.scope, &lease.key),
         )
         .await?
         {

@@ -40,8 +40,9 @@ impl Renewals {
 /// the lease's end, and its renewals, started once the run (its work, then
 /// its completion's retries) outlives a third of the lease.
 pub(super) struct Keeper<'a> {
-    lease: &'a Lease,
-    route: &'a str,
+    /// Shared with the renewals' task, once they start.
+    lease: &'a Arc<Lease>,
+    route: &'a Arc<str>,
     /// `None` for a key held by its transaction's lock (no lease to renew).
     renew_at: Option<Instant>,
     renewals: Option<Renewals>,
@@ -103,7 +104,7 @@ impl<S: Store> Engine<S> {
     pub(super) async fn supervise_and_settle<Fut, T>(
         &self,
         job: &Job,
-        lease: Lease,
+        lease: Arc<Lease>,
         transaction: Transaction,
         claim_sent: Instant,
         mut work: Pin<Box<Fut>>,
@@ -112,11 +113,11 @@ impl<S: Store> Engine<S> {
         Fut: Future<Output = Result<Settle<T>, Box<dyn Any + Send>>> + Send,
     {
         let started = Instant::now();
-        let max = self.config.max_handler_time;
+        let max = self.inner.config.max_handler_time;
         // A key held by its transaction's lock has no lease to renew.
         let renew = !transaction.holds_lock();
         let first = if renew {
-            (self.config.lease / 3).min(max)
+            (self.inner.config.lease / 3).min(max)
         } else {
             max
         };
@@ -125,7 +126,7 @@ impl<S: Store> Engine<S> {
             route: &job.route,
             renew_at: renew.then_some(started + first),
             renewals: None,
-            end: LeaseEnd::claimed(claim_sent, self.config.lease),
+            end: LeaseEnd::claimed(claim_sent, self.inner.config.lease),
             settling: false,
         };
         let ended = match tokio::time::timeout(first, &mut work).await {
@@ -172,7 +173,8 @@ impl<S: Store> Engine<S> {
         // Wakes waiters, and drops any copy of an older record of the key
         // from the replay cache (which this run does not fill: the first
         // replay does, so a key never replayed costs the cache nothing).
-        self.store
+        self.inner
+            .store
             .events()
             .publish(job.scope.as_str(), job.key.as_str());
         answer
@@ -234,12 +236,12 @@ impl<S: Store> Engine<S> {
                 // The work's writes did not commit: this answer must not say
                 // they did. A retry is safe either way.
                 tracing::error!(error = %error, route = %job.route, "transactional completion failed; writes rolled back");
-                let retry_after = self.config.policy.retry_after;
+                let retry_after = self.inner.config.policy.retry_after;
                 if matches!(error, StoreError::LeaseLost) {
                     count_lease_lost(&job.route, "complete");
                     Answer::Refused(Refusal::InFlight { retry_after })
                 } else {
-                    self.release_in_background(lease.clone());
+                    self.release_in_background(Arc::clone(lease));
                     Answer::Refused(Refusal::StoreUnavailable { retry_after })
                 }
             }
@@ -289,17 +291,17 @@ impl<S: Store> Engine<S> {
     /// known end on.
     fn renew_periodically(&self, keeper: &mut Keeper<'_>) -> Renewals {
         let stop = CancellationToken::new();
-        let store = self.store.clone();
-        let lease = keeper.lease.clone();
+        let store = self.inner.store.clone();
+        let lease = Arc::clone(keeper.lease);
         let end = keeper.end.share();
         let settling = Arc::new(AtomicBool::new(keeper.settling));
         let flag = Arc::clone(&settling);
-        let length = self.config.lease;
-        let timeout = self.config.store_timeout;
-        let route = keeper.route.to_owned();
+        let length = self.inner.config.lease;
+        let timeout = self.inner.config.store_timeout;
+        let route = Arc::clone(keeper.route);
         let stopped = stop.clone();
-        let metrics = Arc::clone(&self.metrics);
-        let task = self.tracker.spawn(async move {
+        let metrics = Arc::clone(&self.inner.metrics);
+        let task = self.inner.tracker.spawn(async move {
             let period = length / 3;
             loop {
                 let sent = Instant::now();

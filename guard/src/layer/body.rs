@@ -249,28 +249,76 @@ where
     B: HttpBody<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    let mut buffer = BytesMut::new();
+    let mut read = Read::default();
     while let Some(frame) = body.frame().await {
         let frame = match frame {
             Ok(frame) => frame,
             Err(error) => {
                 return Captured::Broken {
-                    prefix: buffer.freeze(),
+                    prefix: read.into_bytes(),
                     error: error.into(),
                 };
             }
         };
         if let Ok(data) = frame.into_data() {
-            buffer.extend_from_slice(&data);
-            if buffer.len() > limit {
+            read.push(data);
+            if read.len() > limit {
                 return Captured::TooLarge {
-                    prefix: buffer.freeze(),
+                    prefix: read.into_bytes(),
                     rest: body,
                 };
             }
         }
     }
-    Captured::Whole(buffer.freeze())
+    Captured::Whole(read.into_bytes())
+}
+
+/// The bytes [`capture`] has read: the first chunk as it came (a body of
+/// one chunk, as most responses are, is neither copied nor allocated
+/// again), the chunks joined in one buffer from the second on.
+#[derive(Default)]
+enum Read {
+    #[default]
+    Nothing,
+    One(Bytes),
+    Joined(BytesMut),
+}
+
+impl Read {
+    fn push(&mut self, data: Bytes) {
+        if data.is_empty() {
+            return;
+        }
+        *self = match std::mem::take(self) {
+            Self::Nothing => Self::One(data),
+            Self::One(first) => {
+                let mut joined = BytesMut::with_capacity(first.len() + data.len());
+                joined.extend_from_slice(&first);
+                joined.extend_from_slice(&data);
+                Self::Joined(joined)
+            }
+            Self::Joined(mut joined) => {
+                joined.extend_from_slice(&data);
+                Self::Joined(joined)
+            }
+        };
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::Nothing => 0,
+            Self::One(bytes) => bytes.len(),
+            Self::Joined(joined) => joined.len(),
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Self::Nothing => Bytes::new(),
+            Self::One(bytes) => bytes,
+            Self::Joined(joined) => joined.freeze(),
+        }
+    }
 }
 
 /// A body that sends `prefix` and then streams the rest of `rest` (its
@@ -307,7 +355,9 @@ where
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    Ok(match capture(Box::pin(body), limit).await {
+    // As a `Body` (what an axum route answers already: then it is not
+    // boxed again), which is `Unpin` as `capture` needs.
+    Ok(match capture(Body::new(body), limit).await {
         Captured::Whole(bytes) => (Some(bytes.clone()), Body::from(bytes)),
         Captured::TooLarge { prefix, rest } => (None, resume(prefix, rest)),
         Captured::Broken { error, .. } => return Err(error),

@@ -22,8 +22,9 @@ pub(crate) struct Config {
     pub(crate) methods: Vec<Method>,
     /// Required: a write without a key cannot be made safe to retry.
     pub(crate) key_required: bool,
-    /// One fixed scope, `default`: apps without tenants need nothing more.
-    pub(crate) scope: ScopeFn,
+    /// One fixed scope, `default` (`None`: the constant `Scope::DEFAULT`,
+    /// nothing to allocate): apps without tenants need nothing more.
+    pub(crate) scope: Option<ScopeFn>,
     /// 1 MiB: the body is buffered to fingerprint it, so it must be bounded.
     pub(crate) body_limit: usize,
     /// 1 MiB: stored responses live in the store for the whole retention.
@@ -46,7 +47,7 @@ impl Default for Config {
         Self {
             methods: vec![Method::POST, Method::PATCH],
             key_required: true,
-            scope: Arc::new(|_| String::from("default")),
+            scope: None,
             body_limit: 1024 * 1024,
             stored_response_limit: 1024 * 1024,
             body_budget: None,

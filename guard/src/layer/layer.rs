@@ -161,7 +161,7 @@ impl<S: Store> IdempotencyLayer<S> {
     where
         F: Fn(&Parts) -> String + Send + Sync + 'static,
     {
-        self.config_mut().scope = Arc::new(scope);
+        self.config_mut().scope = Some(Arc::new(scope));
         self
     }
 

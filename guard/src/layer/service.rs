@@ -115,17 +115,18 @@ where
         let service = self.clone();
         #[cfg(feature = "otel")]
         let span = crate::telemetry::otel::request_span(&request);
-        let route = request
-            .extensions()
-            .get::<MatchedPath>()
-            .map_or("unmatched", MatchedPath::as_str)
-            .to_owned();
+        let route: Arc<str> = Arc::from(
+            request
+                .extensions()
+                .get::<MatchedPath>()
+                .map_or("unmatched", MatchedPath::as_str),
+        );
         // Only requests of a guarded method are counted (and counted as
         // `caller-gone` when their caller goes away first).
         let tally = service.config.methods.contains(request.method()).then(|| {
             service
                 .engine
-                .tally(route.clone(), attempt_label(request.headers()))
+                .tally(Arc::clone(&route), attempt_label(request.headers()))
         });
         // `handle`'s own future, mapped, goes into the box: an `async`
         // block awaiting it would hold the request and the service twice.
@@ -150,7 +151,7 @@ where
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    async fn handle(self, request: Request<Body>, route: String) -> Counted<I::Error> {
+    async fn handle(self, request: Request<Body>, route: Arc<str>) -> Counted<I::Error> {
         if !self.config.methods.contains(request.method()) {
             return Counted {
                 outcome: None,
@@ -169,8 +170,12 @@ where
             Err(error) => return Counted::rejected(Rejection::KeyInvalid(error)),
         };
         let (parts, body) = request.into_parts();
-        let Ok(scope) = Scope::new((self.config.scope)(&parts)) else {
-            return Counted::rejected(Rejection::ScopeInvalid);
+        let scope = match &self.config.scope {
+            None => Scope::DEFAULT,
+            Some(name) => match Scope::new(name(&parts)) {
+                Ok(scope) => scope,
+                Err(_) => return Counted::rejected(Rejection::ScopeInvalid),
+            },
         };
         // The reservation, if any, is held until the guard answers.
         let budget = self.config.body_budget.as_ref();
@@ -184,7 +189,7 @@ where
             };
         let path = path_and_query(&parts);
         let fingerprint = Fingerprint::of_request(&parts.method, &path, &parts.headers, &body);
-        let job_key = key.as_str().to_owned();
+        // The key's text is shared by the job, the work and the answer.
         let job = Job {
             scope,
             key: key.clone(),
@@ -195,19 +200,20 @@ where
         };
         let request = Request::from_parts(parts, Body::from(body));
         let (inner, config) = (self.inner, Arc::clone(&self.config));
+        let work_key = key.clone();
         let answer = self
             .engine
             .run(job, move |context| {
-                run_route(context, inner, request, config, key.as_str().to_owned())
+                run_route(context, inner, request, config, work_key)
             })
             .await;
         let outcome = Some(answer.outcome());
         let result = match answer {
             Answer::Ran { reply, .. } => reply,
-            Answer::Replay(stored) => Ok(self.config.replay.replay_owned(stored, &job_key)),
+            Answer::Replay(stored) => Ok(self.config.replay.replay_owned(stored, key.as_str())),
             Answer::Refused(refusal) => {
                 Ok(
-                    Rejection::from_refusal(refusal, &job_key, self.config.mismatch_status)
+                    Rejection::from_refusal(refusal, key.as_str(), self.config.mismatch_status)
                         .into_response(),
                 )
             }
@@ -224,7 +230,7 @@ async fn run_route<I, B>(
     inner: I,
     request: Request<Body>,
     config: Arc<Config>,
-    key: String,
+    key: IdempotencyKey,
 ) -> Settle<Result<Response<Body>, I::Error>>
 where
     I: Service<Request<Body>, Response = Response<B>> + Send + 'static,
@@ -271,7 +277,10 @@ where
         Err(error) => {
             tracing::error!(error = %error, "the handler's response body failed");
             return Settle::Release {
-                reply: Ok(Rejection::HandlerFailed { key }.into_response()),
+                reply: Ok(Rejection::HandlerFailed {
+                    key: key.into_string(),
+                }
+                .into_response()),
                 keep_writes: false,
             };
         }
@@ -335,7 +344,7 @@ mod tests {
             .header("idempotency-key", "k")
             .body(Body::empty())
             .expect("a request");
-        let handle = service.clone().handle(request, String::from("/orders"));
+        let handle = service.clone().handle(request, Arc::from("/orders"));
         let job = Job::new(
             Scope::new("s").expect("a scope"),
             "k".parse().expect("a key"),

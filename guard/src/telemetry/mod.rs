@@ -208,7 +208,7 @@ impl MetricHandles {
 #[must_use = "dropped uncounted, it counts the request as caller-gone"]
 pub struct Tally {
     metrics: Arc<MetricHandles>,
-    route: String,
+    route: Arc<str>,
     attempt: &'static str,
     /// Whether dropping it counts a caller gone.
     armed: bool,
@@ -216,7 +216,7 @@ pub struct Tally {
 
 impl Tally {
     /// A tally of one request on `route` with `attempt`.
-    pub(crate) fn new(metrics: Arc<MetricHandles>, route: String, attempt: &'static str) -> Self {
+    pub(crate) fn new(metrics: Arc<MetricHandles>, route: Arc<str>, attempt: &'static str) -> Self {
         Self {
             metrics,
             route,

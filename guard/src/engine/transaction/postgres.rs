@@ -210,11 +210,12 @@ macro_rules! transactional_settings {
             pub fn with_transactional_mode(mut self, on: bool) -> Self {
                 let transactions = on.then(|| {
                     let postgres = self
+                        .inner
                         .store
                         .postgres()
                         .cloned()
                         .expect("transactional mode needs a PostgreSQL store");
-                    let store = self.store.clone();
+                    let store = self.inner.store.clone();
                     Transactions {
                         postgres,
                         committed: Arc::new(move |lease: Lease| {
@@ -307,7 +308,7 @@ impl<S: crate::store::Store> Engine<S> {
         wait_until: tokio::time::Instant,
     ) -> LockedStep {
         use crate::store::postgres::LockedClaim;
-        let idle_bound = self.config.max_handler_time + self.config.store_timeout;
+        let idle_bound = self.inner.config.max_handler_time + self.inner.config.store_timeout;
         let mut subscription = None;
         loop {
             let claimed = self
@@ -327,14 +328,14 @@ impl<S: crate::store::Store> Engine<S> {
                     // Subscribed before the next claim, so a commit right
                     // after it is not missed.
                     if let Some(subscription) = subscription.take() {
-                        let bound = wait_left.min(self.config.policy.retry_after);
+                        let bound = wait_left.min(self.inner.config.policy.retry_after);
                         let _ = tokio::time::timeout(
                             bound,
                             crate::events::Subscription::changed(&subscription),
                         )
                         .await;
                     }
-                    subscription = Some(self.store.events().subscribe(new.scope, new.key));
+                    subscription = Some(self.inner.store.events().subscribe(new.scope, new.key));
                 }
                 Err(error) => {
                     // Nothing committed: the lock went with the transaction.
@@ -347,7 +348,7 @@ impl<S: crate::store::Store> Engine<S> {
 
     /// The PostgreSQL store that holds keys by lock, in single-commit mode.
     pub(super) fn single_commit_store(&self) -> Option<&PostgresStore> {
-        let config = &self.config;
+        let config = &self.inner.config;
         config
             .transactions
             .as_ref()
@@ -401,7 +402,7 @@ impl RunContext {
 impl<S: crate::store::Store> Engine<S> {
     /// Whether a claim is marked transactional from the start.
     pub(in crate::engine) fn claims_transactional(&self) -> bool {
-        self.config.transactional_claims && self.config.transactions.is_some()
+        self.inner.config.transactional_claims && self.inner.config.transactions.is_some()
     }
 
     /// One claim: by the key's lock in single-commit mode, else the
@@ -419,7 +420,7 @@ impl<S: crate::store::Store> Engine<S> {
             LockedStep::Record(record) => Ok(Ok(Claim::Existing(record))),
             LockedStep::InFlight => Err(Acquired::Answer(crate::engine::Answer::Refused(
                 crate::engine::Refusal::InFlight {
-                    retry_after: self.config.policy.retry_after,
+                    retry_after: self.inner.config.policy.retry_after,
                 },
             ))),
             LockedStep::Failed => Err(Acquired::StoreFailed),
@@ -452,7 +453,7 @@ impl<S: crate::store::Store> Engine<S> {
                 tracing::error!(
                     "the work kept its Tx after it returned; its writes are rolled back"
                 );
-                let error = match self.timed("release", self.store.release(lease)).await {
+                let error = match self.timed("release", self.inner.store.release(lease)).await {
                     Ok(()) => StoreError::Unsupported("a Tx outliving its work"),
                     Err(error) => error,
                 };
@@ -477,7 +478,7 @@ impl<S: crate::store::Store> Engine<S> {
             error,
             rolled_back: true,
         };
-        let Some(transactions) = self.config.transactions.as_ref() else {
+        let Some(transactions) = self.inner.config.transactions.as_ref() else {
             return Err(rolled_back(StoreError::Unsupported("transactions")));
         };
         let postgres = &transactions.postgres;
@@ -510,7 +511,7 @@ impl<S: crate::store::Store> Engine<S> {
                     return Ok(());
                 }
                 return self
-                    .timed("release", self.store.release(lease))
+                    .timed("release", self.inner.store.release(lease))
                     .await
                     .map_err(rolled_back);
             }

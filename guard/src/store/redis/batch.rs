@@ -211,7 +211,7 @@ impl RedisRecords {
             }
             claims.push(
                 match self
-                    .claim_answer(&new, value, sent_at, answers, &acked)
+                    .claim_answer(&new, value.into(), sent_at, answers, &acked)
                     .await
                 {
                     Ok(Some(claim)) => Ok(claim),

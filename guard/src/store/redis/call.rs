@@ -58,6 +58,17 @@ pub(super) struct RecordKey<'a> {
 }
 
 impl RecordKey<'_> {
+    /// How many bytes the key takes.
+    pub(super) fn len(&self) -> usize {
+        let mut length = [0; 20];
+        self.prefix.len()
+            + self.namespace.len()
+            + decimal(self.scope.len(), &mut length).len()
+            + self.scope.len()
+            + self.key.len()
+            + 4
+    }
+
     /// The key's bytes.
     pub(super) fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
@@ -125,6 +136,7 @@ mod tests {
         command.arg(&arg);
         let built = arg.to_bytes();
         assert_eq!(built, b"idem:r:3:a:b:c d");
+        assert_eq!(arg.len(), built.len());
         let sent: Vec<&[u8]> = command
             .args_iter()
             .map(|arg| match arg {

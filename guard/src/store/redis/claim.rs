@@ -5,6 +5,7 @@
 //! batches of `batch.rs` build their pipelines from the same commands and
 //! read their answers with the same [`RedisRecords::claim_answer`].
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use redis::Value;
@@ -57,11 +58,13 @@ impl RedisRecords {
 
     /// What one claim's `SET … NX GET` and `PTTL` answered: acquired, the
     /// existing record, or `None` when a release 1 record vanished between
-    /// the claim and its read (the caller claims again).
+    /// the claim and its read (the caller claims again). `value` is what the
+    /// claim wrote, kept (copied, if borrowed) only where completions use
+    /// `IFEQ`.
     pub(super) async fn claim_answer(
         &self,
         new: &NewRecord<'_>,
-        value: Vec<u8>,
+        value: Cow<'_, [u8]>,
         sent_at: std::time::Instant,
         answers: &[Value],
         acked: &Acked,
@@ -70,7 +73,8 @@ impl RedisRecords {
             [Value::Nil, _] => {
                 acked.replicated()?;
                 if self.native_fence {
-                    self.claimed.remember(new.token, value, sent_at);
+                    self.claimed
+                        .remember(new.token, value.into_owned(), sent_at);
                 }
                 Ok(Some(Claim::Acquired(new.lease())))
             }
@@ -114,7 +118,7 @@ impl RedisRecords {
             let sent_at = std::time::Instant::now();
             let acked = self.send(pipe, &at, true).await?;
             if let Some(claim) = self
-                .claim_answer(new, value.clone(), sent_at, &acked.values, &acked)
+                .claim_answer(new, Cow::Borrowed(&value), sent_at, &acked.values, &acked)
                 .await?
             {
                 return Ok(claim);
@@ -148,7 +152,10 @@ impl RedisRecords {
                 _ => return Err(CorruptRecord("SET IFEQ answered an unexpected shape").into()),
             }
         }
-        let mut call = ScriptCall::new(&COMPLETE, 1, 80 + response.len());
+        // The key, the token (16 bytes), the response and the channel, and
+        // room for their lengths: one buffer, never grown.
+        let size = at.len() + 16 + response.len() + self.channel.len() + 64;
+        let mut call = ScriptCall::new(&COMPLETE, 1, size);
         call.arg(&at)
             .arg(lease.token.as_uuid().as_bytes().as_slice())
             .arg(response)

@@ -158,6 +158,16 @@ impl RedisRecords {
         call: &ScriptCall,
         route: &RecordKey<'_>,
     ) -> Result<(Value, Acked), StoreError> {
+        if self.replica_acks.is_none() {
+            // No `WAIT` to send behind it: the call goes on its own, not
+            // copied into a pipeline of one.
+            let value = self.invoke(call).await?;
+            let acked = Acked {
+                values: Vec::new(),
+                acks: None,
+            };
+            return Ok((value, acked));
+        }
         let pipe = || {
             let mut pipe = redis::pipe();
             pipe.add_command(call.command().clone());
