@@ -156,9 +156,17 @@ impl Guarded {
 /// The Redis store of the guard apps. `BENCH_REDIS_BATCHING=on` turns its
 /// batcher on (`PIPELINED_BATCHING`; off is the default), for the A/B of
 /// batching against the multiplexed connection's own pipelining
-/// (scripts/cost-per-request's `guard-batched`).
+/// (scripts/cost-per-request's `guard-batched`); `BENCH_REDIS_NATIVE_FENCE=off`
+/// completes by the fenced script even on a server with `SET … IFEQ`
+/// (`guard-scripted`: what a completion costs the server, and the server's
+/// idleness the guard's process, on Valkey).
 async fn redis_store(args: &ServeArgs) -> anyhow::Result<RedisStore> {
     let store = RedisStore::connect(&args.redis_url, &args.prefix).await?;
+    let store = match std::env::var("BENCH_REDIS_NATIVE_FENCE").as_deref() {
+        Ok("off") => store.with_native_fence(false),
+        Ok("on") | Err(_) => store,
+        Ok(other) => anyhow::bail!("BENCH_REDIS_NATIVE_FENCE: on or off, not {other:?}"),
+    };
     Ok(match std::env::var("BENCH_REDIS_BATCHING").as_deref() {
         Ok("on") => store.with_batching(idempotency_guard::store::redis::PIPELINED_BATCHING),
         Ok("off") | Err(_) => store,

@@ -39,6 +39,7 @@ use std::ops::Range;
 
 use http::{HeaderMap, HeaderValue, Method, header::CONTENT_TYPE};
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 
 /// The deepest nesting of arrays and objects the canonical form follows.
 ///
@@ -232,7 +233,10 @@ pub enum CanonicalJsonError {
 /// deeply or repeats a key inside one object.
 pub fn canonical_json(text: &[u8]) -> Result<Vec<u8>, CanonicalJsonError> {
     let mut parser = Parser { text, pos: 0 };
-    let mut out = Vec::with_capacity(text.len());
+    // Twice the text: an object writes its members' values first, then
+    // itself in key order after them (see `Parser::object`), and the
+    // canonical form is no longer than the text but for escapes.
+    let mut out = Vec::with_capacity(text.len().saturating_mul(2));
     parser.skip_whitespace();
     parser.value(&mut out, 0)?;
     parser.skip_whitespace();
@@ -241,6 +245,10 @@ pub fn canonical_json(text: &[u8]) -> Result<Vec<u8>, CanonicalJsonError> {
     }
     Ok(out)
 }
+
+/// An object's member while it is parsed: its key, and where its
+/// canonical value lies in the output.
+type Member<'a> = (Cow<'a, [u8]>, Range<usize>);
 
 struct Parser<'a> {
     text: &'a [u8],
@@ -303,13 +311,13 @@ impl<'a> Parser<'a> {
             return Err(CanonicalJsonError::TooDeep);
         }
         self.expect(b'{')?;
-        // Each member's key (borrowed from the text unless it has escapes)
-        // and where its canonical value lies in `values`: two allocations
-        // per object, whatever its size.
-        let mut members: Vec<(Cow<'_, [u8]>, Range<usize>)> = Vec::new();
-        // Sized for a small object's values at once (they are shorter than
-        // the text left), so it is not grown chunk by chunk.
-        let mut values = Vec::with_capacity((self.text.len() - self.pos).min(256));
+        // Each member's value is written at the end of `out` first, in the
+        // text's order; then the object, in key order, after them; then it
+        // is moved back over them. Each member's key (borrowed from the text
+        // unless it has escapes) and where its value lies stay on the stack
+        // for a small object: no allocation per object.
+        let mut members: SmallVec<[Member<'_>; 8]> = SmallVec::new();
+        let start = out.len();
         self.skip_whitespace();
         if self.peek() == Some(b'}') {
             self.pos += 1;
@@ -322,9 +330,9 @@ impl<'a> Parser<'a> {
             self.skip_whitespace();
             self.expect(b':')?;
             self.skip_whitespace();
-            let start = values.len();
-            self.value(&mut values, depth)?;
-            members.push((key, start..values.len()));
+            let from = out.len();
+            self.value(out, depth)?;
+            members.push((key, from..out.len()));
             self.skip_whitespace();
             match self.peek() {
                 Some(b',') => self.pos += 1,
@@ -339,6 +347,7 @@ impl<'a> Parser<'a> {
         if members.windows(2).any(|pair| pair[0].0 == pair[1].0) {
             return Err(CanonicalJsonError::DuplicateKey(self.pos));
         }
+        let values_end = out.len();
         out.push(b'{');
         for (i, (key, value)) in members.iter().enumerate() {
             if i > 0 {
@@ -346,9 +355,11 @@ impl<'a> Parser<'a> {
             }
             write_string(out, key);
             out.push(b':');
-            out.extend_from_slice(&values[value.clone()]);
+            out.extend_from_within(value.clone());
         }
         out.push(b'}');
+        out.copy_within(values_end.., start);
+        out.truncate(out.len() - (values_end - start));
         Ok(())
     }
 

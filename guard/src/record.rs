@@ -154,19 +154,28 @@ impl StoredResponse {
     /// encoding is unambiguous and binary-safe.
     pub fn encode_headers(&self) -> Vec<u8> {
         // Sized up front: one allocation, not one per doubling.
-        let size = self
-            .headers
+        let mut out = Vec::with_capacity(self.encoded_headers_len());
+        self.encode_headers_into(&mut out);
+        out
+    }
+
+    /// How many bytes [`StoredResponse::encode_headers`] writes.
+    pub fn encoded_headers_len(&self) -> usize {
+        self.headers
             .iter()
             .map(|(name, value)| name.as_str().len() + value.len() + 4)
-            .sum();
-        let mut out = Vec::with_capacity(size);
+            .sum()
+    }
+
+    /// Appends the headers, encoded as [`StoredResponse::encode_headers`]
+    /// encodes them, to `out` (a store's buffer for the whole record).
+    pub fn encode_headers_into(&self, out: &mut Vec<u8>) {
         for (name, value) in &self.headers {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
             out.extend_from_slice(value.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
-        out
     }
 
     /// Rebuilds a stored response from what a store keeps: the status as

@@ -96,6 +96,12 @@ impl<'a> Keeper<'a> {
     }
 }
 
+/// The work, pinned in its `Option` until it is dropped.
+fn running<F>(work: Pin<&mut Option<F>>) -> Pin<&mut F> {
+    work.as_pin_mut()
+        .expect("the work is polled only before it is dropped")
+}
+
 impl<S: Store> Engine<S> {
     /// Runs the work (already wrapped to catch panics), renewing its lease,
     /// then settles the record and answers. `claim_sent` is when the claim
@@ -107,7 +113,7 @@ impl<S: Store> Engine<S> {
         lease: Arc<Lease>,
         transaction: Transaction,
         claim_sent: Instant,
-        mut work: Pin<Box<Fut>>,
+        work: Fut,
     ) -> Answer<T>
     where
         Fut: Future<Output = Result<Settle<T>, Box<dyn Any + Send>>> + Send,
@@ -129,17 +135,23 @@ impl<S: Store> Engine<S> {
             end: LeaseEnd::claimed(claim_sent, self.inner.config.lease),
             settling: false,
         };
-        let ended = match tokio::time::timeout(first, &mut work).await {
+        // Pinned in this future's own state (already on the heap, in the
+        // hand-off's box), not boxed again: in an `Option`, so that it can
+        // be dropped in place.
+        let mut work = std::pin::pin!(Some(work));
+        let ended = match tokio::time::timeout(first, running(work.as_mut())).await {
             Ok(ended) => Some(ended),
             Err(_) => {
                 keeper.renew(self);
                 let left = max.saturating_sub(started.elapsed());
-                tokio::time::timeout(left, &mut work).await.ok()
+                tokio::time::timeout(left, running(work.as_mut()))
+                    .await
+                    .ok()
             }
         };
         // Drop the work (and with it any transaction handle it held) before
         // the transaction is taken back.
-        drop(work);
+        work.set(None);
         keeper.settling();
         let answer = match ended {
             Some(Ok(settle)) => {

@@ -197,10 +197,30 @@ where
 {
     let declared = declared_length(headers, limit)?;
     let Some(budget) = budget else {
-        return match Limited::new(body, limit).collect().await {
-            Ok(collected) => Ok((collected.to_bytes(), None)),
-            Err(error) => Err(read_failure(&error, limit)),
-        };
+        // A body of one data frame (the usual one) is kept as it came, with
+        // no buffer to collect it in; more frames are joined in one buffer
+        // sized by the declared length.
+        let mut body = std::pin::pin!(Limited::new(body, limit));
+        let mut whole = Bytes::new();
+        let mut joined: Option<BytesMut> = None;
+        while let Some(frame) = body.as_mut().frame().await {
+            let frame = frame.map_err(|error| read_failure(&error, limit))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            match &mut joined {
+                Some(buffer) => buffer.extend_from_slice(&data),
+                None if whole.is_empty() => whole = data,
+                None => {
+                    let size = declared.unwrap_or(0).max(whole.len() + data.len());
+                    let mut buffer = BytesMut::with_capacity(size);
+                    buffer.extend_from_slice(&whole);
+                    buffer.extend_from_slice(&data);
+                    joined = Some(buffer);
+                }
+            }
+        }
+        return Ok((joined.map_or(whole, BytesMut::freeze), None));
     };
     let mut reservation = budget
         .reserve(declared.unwrap_or(0))
@@ -399,6 +419,39 @@ mod tests {
             }
             other => panic!("a body over the limit was not streamed on: {other:?}"),
         }
+    }
+
+    /// A request body of one frame is kept as it came; several frames are
+    /// joined in order (with or without a declared length, an empty frame
+    /// among them); one over the limit is refused.
+    #[tokio::test]
+    async fn request_bodies_are_read_whole_in_one_frame_or_many() {
+        let none = HeaderMap::new();
+        let (one, _) = read_body(Body::from("hello"), &none, 100, None)
+            .await
+            .unwrap();
+        assert_eq!(one, "hello");
+        let parts = |parts: &[&'static str]| {
+            let chunks: Vec<Result<Bytes, std::io::Error>> = parts
+                .iter()
+                .map(|part| Ok(Bytes::from_static(part.as_bytes())))
+                .collect();
+            Body::from_stream(stream::iter(chunks))
+        };
+        let (many, _) = read_body(parts(&["ab", "", "cd", "e"]), &none, 100, None)
+            .await
+            .unwrap();
+        assert_eq!(many, "abcde");
+        let mut declared = HeaderMap::new();
+        declared.insert(header::CONTENT_LENGTH, http::HeaderValue::from_static("5"));
+        let (sized, _) = read_body(parts(&["", "abc", "de"]), &declared, 100, None)
+            .await
+            .unwrap();
+        assert_eq!(sized, "abcde");
+        assert!(matches!(
+            read_body(parts(&["abc", "def"]), &none, 5, None).await,
+            Err(BodyReadError::TooLarge { .. })
+        ));
     }
 
     #[tokio::test]

@@ -181,9 +181,7 @@ impl RedisRecords {
         let mut values = Vec::with_capacity(group.len());
         for &index in group {
             let new = items[index].as_new();
-            let request =
-                codec::encode_request(new.fingerprint, new.transactional, new.method, new.path);
-            let value = codec::in_flight(new.token, new.lease, new.retention, &request);
+            let value = codec::claim_value(&new);
             Self::claim_commands(
                 &mut pipe,
                 &self.key_arg(RECORDS, new.scope, new.key),

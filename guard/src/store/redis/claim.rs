@@ -1,9 +1,12 @@
 //! The claim and the completion of one record, the path every request
-//! takes without batching: a claim is `SET … NX PX … GET` and `PTTL` in
-//! one round trip; a completion is the native `SET … IFEQ … KEEPTTL` when
-//! this store remembers the claim's value, else the fenced script. The
-//! batches of `batch.rs` build their pipelines from the same commands and
-//! read their answers with the same [`RedisRecords::claim_answer`].
+//! takes without batching: a claim is `SET … NX PX … GET` alone on one
+//! Redis (a fresh key, the common case, costs one command), followed by
+//! `PTTL` only when a record exists, or both in one pipeline where a `WAIT`
+//! or a cluster's routing sends a pipeline anyway; a completion is the
+//! native `SET … IFEQ … KEEPTTL` when this store remembers the claim's
+//! value, else the fenced script. The batches of `batch.rs` build their
+//! pipelines from the same commands and read their answers with the same
+//! [`RedisRecords::claim_answer`].
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -11,6 +14,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::call::{RecordKey, ScriptCall};
+use super::connection::Connection;
 use super::replicas::Acked;
 use super::scripts::COMPLETE;
 use super::{RECORDS, RedisRecords, codec, server_error, wrong_type};
@@ -26,6 +30,13 @@ impl RedisRecords {
         value: &[u8],
         retention: Duration,
     ) {
+        pipe.add_command(Self::claim_set(at, value, retention))
+            .add_command(Self::pttl_command(at));
+    }
+
+    /// `SET key <in flight> NX PX <retention> GET`: writes the claim unless
+    /// a record exists, and answers that record (or nil).
+    fn claim_set(at: &RecordKey<'_>, value: &[u8], retention: Duration) -> redis::Cmd {
         // Sized up front: a command that grows its buffers argument by
         // argument reallocates several times per claim.
         let key = at.prefix.len() + at.namespace.len() + at.scope.len() + at.key.len() + 24;
@@ -37,9 +48,57 @@ impl RedisRecords {
             .arg("PX")
             .arg(codec::millis(retention).max(1))
             .arg("GET");
+        set
+    }
+
+    /// `PTTL key`: how long the record has left.
+    fn pttl_command(at: &RecordKey<'_>) -> redis::Cmd {
+        let key = at.prefix.len() + at.namespace.len() + at.scope.len() + at.key.len() + 24;
         let mut pttl = redis::Cmd::with_capacity(2, key + 4);
         pttl.arg("PTTL").arg(at);
-        pipe.add_command(set).add_command(pttl);
+        pttl
+    }
+
+    /// One claim's answers, `[SET … GET's, PTTL's]` as
+    /// [`RedisRecords::claim_answer`] reads them. On one Redis without
+    /// replica acknowledgements the `SET` goes alone and `PTTL` follows it
+    /// only when a record exists (its answer is nil otherwise): a fresh
+    /// key costs one command, and the existing record's second round trip
+    /// reads the same time left a pipeline would (a pipeline is not atomic
+    /// either; a record gone meanwhile answers `-2`, and the key is claimed
+    /// again). With `WAIT` or on a cluster, both go in one pipeline.
+    async fn claim_round(
+        &self,
+        at: &RecordKey<'_>,
+        value: &[u8],
+        retention: Duration,
+    ) -> Result<([Value; 2], Acked), StoreError> {
+        if let Connection::Single(connection) = &self.connection
+            && self.replica_acks.is_none()
+        {
+            let existing = connection
+                .clone()
+                .send_packed_command(&Self::claim_set(at, value, retention))
+                .await?;
+            let left = match existing {
+                Value::BulkString(_) => {
+                    connection
+                        .clone()
+                        .send_packed_command(&Self::pttl_command(at))
+                        .await?
+                }
+                _ => Value::Nil,
+            };
+            return Ok(([existing, left], Acked::unacked()));
+        }
+        let mut pipe = redis::pipe();
+        Self::claim_commands(&mut pipe, at, value, retention);
+        let mut acked = self.send(pipe, at, true).await?;
+        let mut answers = std::mem::take(&mut acked.values).into_iter();
+        match (answers.next(), answers.next()) {
+            (Some(existing), Some(left)) => Ok(([existing, left], acked)),
+            _ => Err(CorruptRecord("the claim answered too few values").into()),
+        }
     }
 
     /// A native fenced completion: `SET key <completed> IFEQ <claimed>
@@ -78,6 +137,8 @@ impl RedisRecords {
                 }
                 Ok(Some(Claim::Acquired(new.lease())))
             }
+            // Gone between the claim and its `PTTL`: claim again.
+            [Value::BulkString(_), Value::Int(-2)] => Ok(None),
             [Value::BulkString(existing), Value::Int(left)] => {
                 let record = codec::decode(
                     new.scope,
@@ -107,24 +168,26 @@ impl RedisRecords {
     /// One claim on its own.
     pub(super) async fn claim_alone(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
         let at = self.key_arg(RECORDS, new.scope, new.key);
-        let request =
-            codec::encode_request(new.fingerprint, new.transactional, new.method, new.path);
-        let value = codec::in_flight(new.token, new.lease, new.retention, &request);
-        // A release 1 record that is deleted between the claim and its read
-        // leaves the key free: claim again (twice at most, then fail).
+        let mut value = codec::claim_value(new);
+        // A record deleted between the claim and its read (its `PTTL`, or a
+        // release 1 record's own read) leaves the key free: claim again
+        // (twice at most, then fail).
         for _ in 0..3 {
-            let mut pipe = redis::pipe();
-            Self::claim_commands(&mut pipe, &at, &value, new.retention);
             let sent_at = std::time::Instant::now();
-            let acked = self.send(pipe, &at, true).await?;
+            let (answers, acked) = self.claim_round(&at, &value, new.retention).await?;
+            // Acquired, the value is kept (on Valkey) as it is, not copied.
+            let value = match answers[0] {
+                Value::Nil => Cow::Owned(std::mem::take(&mut value)),
+                _ => Cow::Borrowed(value.as_slice()),
+            };
             if let Some(claim) = self
-                .claim_answer(new, Cow::Borrowed(&value), sent_at, &acked.values, &acked)
+                .claim_answer(new, value, sent_at, &answers, &acked)
                 .await?
             {
                 return Ok(claim);
             }
         }
-        Err(CorruptRecord("a release 1 record kept vanishing under its claim").into())
+        Err(CorruptRecord("a record kept vanishing under its claim").into())
     }
 
     /// One completion on its own: native `IFEQ` when this store remembers
@@ -169,13 +232,66 @@ impl RedisRecords {
 
 #[cfg(test)]
 mod tests {
+    use std::borrow::Cow;
     use std::time::Duration;
 
+    use redis::Value;
+
+    use super::super::replicas::Acked;
     use super::super::tests::{raw, record, script_calls};
     use super::super::{RedisStore, codec};
     use crate::fingerprint::Fingerprint;
     use crate::record::{RecordState, StoredResponse};
     use crate::store::{Claim, Store, StoreError};
+
+    /// A fresh key is claimed by one `SET` (no `PTTL` sent); an existing
+    /// record is read with the time it has left; a record that vanished
+    /// between the claim's `SET` and its `PTTL` (`-2`) is claimed again,
+    /// not read as expired.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_reads_the_time_left_only_of_an_existing_record() {
+        let url = idempotency_tests::fixtures::redis_url();
+        let prefix = format!("test-claim-{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect(&url, &prefix)
+            .await
+            .expect("Redis (start one on 127.0.0.1:6379, or set TEST_REDIS_URL)");
+        let fingerprint = Fingerprint::from_bytes([6; 32]);
+        let new = record("k", &fingerprint, Duration::from_secs(30));
+        assert!(matches!(
+            store.claim(&new).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        let again = record("k", &fingerprint, Duration::from_secs(30));
+        match store.claim(&again).await.unwrap() {
+            Claim::Existing(existing) => {
+                assert_eq!(existing.lease_token, new.token);
+                assert_eq!(existing.state(), RecordState::InFlight);
+                let left = existing.expires_at - existing.observed_at;
+                assert!(
+                    left > time::Duration::seconds(3000),
+                    "the time left is the key's PTTL: {left}"
+                );
+            }
+            Claim::Acquired(_) => panic!("a claimed key was claimed twice"),
+        }
+
+        let value = raw(&store, "s", "k").await;
+        let records = store.direct();
+        let answer = |answers: [Value; 2]| {
+            let at = std::time::Instant::now();
+            let value = value.clone();
+            let again = &again;
+            async move {
+                records
+                    .claim_answer(again, Cow::Owned(value), at, &answers, &Acked::unacked())
+                    .await
+            }
+        };
+        let vanished = answer([Value::BulkString(value.clone()), Value::Int(-2)]).await;
+        assert!(matches!(vanished, Ok(None)), "{vanished:?}");
+        let read = answer([Value::BulkString(value.clone()), Value::Int(60_000)]).await;
+        assert!(matches!(read, Ok(Some(Claim::Existing(_)))), "{read:?}");
+    }
 
     /// On Valkey a completion is one native `SET … IFEQ`, no script; a
     /// renewed or watched record misses it and completes by the fenced

@@ -59,6 +59,7 @@ use crate::fingerprint::Fingerprint;
 use crate::record::CorruptRecord;
 use crate::record::LeaseToken;
 use crate::record::{Record, StoredResponse};
+use crate::store::NewRecord;
 
 /// The layout's mark, the value's first bytes.
 pub(super) const MARK: &[u8; 2] = b"I2";
@@ -121,22 +122,44 @@ fn header(
     request: &[u8],
     extra: usize,
 ) -> Vec<u8> {
-    let mut value = Vec::with_capacity(HEADER_LEN + request.len() + extra);
+    let mut value = fixed_part(
+        state,
+        token,
+        [retention, lease_end, completion],
+        request.len(),
+        extra,
+    );
+    value.extend_from_slice(request);
+    value
+}
+
+/// The fixed part of a value alone, ending with the length of the packed
+/// request that follows it, in a buffer with room for that request and
+/// `extra` bytes more. `times` are the retention, the lease's end and the
+/// completion, in milliseconds.
+fn fixed_part(
+    state: u8,
+    token: LeaseToken,
+    times: [u64; 3],
+    request_len: usize,
+    extra: usize,
+) -> Vec<u8> {
+    let mut value = Vec::with_capacity(HEADER_LEN + request_len + extra);
     value.extend_from_slice(MARK);
     value.push(state);
     value.push(b'0');
     value.extend_from_slice(token.as_uuid().as_bytes());
-    for number in [retention, lease_end, completion] {
+    for number in times {
         value.extend_from_slice(&number.min(MAX_MILLIS).to_be_bytes());
     }
-    let length = u32::try_from(request.len()).unwrap_or(u32::MAX);
+    let length = u32::try_from(request_len).unwrap_or(u32::MAX);
     value.extend_from_slice(&length.to_be_bytes());
-    value.extend_from_slice(request);
     value
 }
 
 /// The value a claim writes: in flight, not watched, leased for `lease`
 /// from the claim, expiring `retention` after it (the key's `PX`).
+#[cfg(test)]
 pub(super) fn in_flight(
     token: LeaseToken,
     lease: Duration,
@@ -152,6 +175,26 @@ pub(super) fn in_flight(
         request,
         0,
     )
+}
+
+/// The value `new`'s claim writes (the in-flight value of its request,
+/// packed as [`encode_request`] packs it), built in one buffer.
+pub(super) fn claim_value(new: &NewRecord<'_>) -> Vec<u8> {
+    let mut value = fixed_part(
+        IN_FLIGHT,
+        new.token,
+        [millis(new.retention), millis(new.lease), 0],
+        request_len(new.method, new.path),
+        0,
+    );
+    write_request(
+        &mut value,
+        new.fingerprint,
+        new.transactional,
+        new.method,
+        new.path,
+    );
+    value
 }
 
 /// The value an `IFEQ` completion writes over `in_flight` (the value its
@@ -322,14 +365,30 @@ pub(super) fn encode_request(
     method: &str,
     path: &str,
 ) -> Vec<u8> {
-    let method = &method.as_bytes()[..method.len().min(255)];
-    let mut packed = Vec::with_capacity(34 + method.len() + path.len());
-    packed.extend_from_slice(fingerprint.as_bytes());
-    packed.push(u8::from(transactional));
-    packed.push(u8::try_from(method.len()).unwrap_or(u8::MAX));
-    packed.extend_from_slice(method);
-    packed.extend_from_slice(path.as_bytes());
+    let mut packed = Vec::with_capacity(request_len(method, path));
+    write_request(&mut packed, fingerprint, transactional, method, path);
     packed
+}
+
+/// How many bytes [`encode_request`] packs a request into.
+fn request_len(method: &str, path: &str) -> usize {
+    34 + method.len().min(255) + path.len()
+}
+
+/// Appends the packed request ([`encode_request`]) to `out`.
+fn write_request(
+    out: &mut Vec<u8>,
+    fingerprint: &Fingerprint,
+    transactional: bool,
+    method: &str,
+    path: &str,
+) {
+    let method = &method.as_bytes()[..method.len().min(255)];
+    out.extend_from_slice(fingerprint.as_bytes());
+    out.push(u8::from(transactional));
+    out.push(u8::try_from(method.len()).unwrap_or(u8::MAX));
+    out.extend_from_slice(method);
+    out.extend_from_slice(path.as_bytes());
 }
 
 /// The fingerprint, transactional flag, method and path of a packed request.
@@ -358,17 +417,14 @@ pub(super) fn decode_request(
 /// headers' length (4), the headers, the body. Release 1 packed its
 /// responses the same way (its hash's `p` field).
 pub(super) fn encode_response(response: &StoredResponse) -> Vec<u8> {
-    let headers = response.encode_headers();
+    // One buffer: the headers are written into it, not encoded apart and copied.
+    let headers_len = response.encoded_headers_len();
     let body = response.body.as_deref().unwrap_or_default();
-    let mut packed = Vec::with_capacity(7 + headers.len() + body.len());
+    let mut packed = Vec::with_capacity(7 + headers_len + body.len());
     packed.extend_from_slice(&response.status.as_u16().to_be_bytes());
     packed.push(u8::from(response.body.is_some()));
-    packed.extend_from_slice(
-        &u32::try_from(headers.len())
-            .unwrap_or(u32::MAX)
-            .to_be_bytes(),
-    );
-    packed.extend_from_slice(&headers);
+    packed.extend_from_slice(&u32::try_from(headers_len).unwrap_or(u32::MAX).to_be_bytes());
+    response.encode_headers_into(&mut packed);
     packed.extend_from_slice(body);
     packed
 }
@@ -525,6 +581,48 @@ mod tests {
             );
             assert_eq!(View::parse(&done).unwrap().request, request.as_slice());
         }
+    }
+
+    /// A claim's value, built in one buffer, is the in-flight value of its
+    /// packed request.
+    #[test]
+    fn a_claim_value_is_the_in_flight_value_of_its_request() {
+        let fingerprint = Fingerprint::from_bytes([3; 32]);
+        for (method, path, transactional) in [("POST", "/orders?x=1", false), ("", "", true)] {
+            let new = NewRecord {
+                scope: "s",
+                key: "k",
+                fingerprint: &fingerprint,
+                method,
+                path,
+                token: LeaseToken::new(),
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(3600),
+                transactional,
+            };
+            let request = encode_request(&fingerprint, transactional, method, path);
+            assert_eq!(
+                claim_value(&new),
+                in_flight(new.token, new.lease, new.retention, &request)
+            );
+        }
+    }
+
+    /// A response packed with its headers written in place reads back the same.
+    #[test]
+    fn a_packed_response_keeps_its_headers() {
+        let mut response = StoredResponse::from_bytes("body");
+        response
+            .headers
+            .insert("content-type", http::HeaderValue::from_static("text/plain"));
+        response
+            .headers
+            .append("x-a", http::HeaderValue::from_static("1"));
+        response
+            .headers
+            .append("x-a", http::HeaderValue::from_static("2"));
+        let packed = encode_response(&response);
+        assert_eq!(decode_response(&packed).unwrap(), response);
     }
 
     #[test]

@@ -94,7 +94,14 @@ impl RedisRecords {
     /// Sends one command.
     pub(super) async fn query(&self, command: &redis::Cmd) -> redis::RedisResult<Value> {
         match &self.connection {
-            Connection::Single(connection) => command.query_async(&mut connection.clone()).await,
+            // The manager's own method, not `Cmd::query_async`: that goes
+            // through `ConnectionLike`, which boxes a future of about
+            // 1.4 kB for every command.
+            Connection::Single(connection) => connection
+                .clone()
+                .send_packed_command(command)
+                .await?
+                .extract_error(),
             Connection::Cluster(connection) => command.query_async(&mut connection.clone()).await,
         }
     }

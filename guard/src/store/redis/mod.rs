@@ -352,9 +352,7 @@ impl Store for RedisRecords {
         new: &NewRecord<'_>,
     ) -> Result<Option<Lease>, StoreError> {
         let at = self.key_arg(RECORDS, new.scope, new.key);
-        let request =
-            codec::encode_request(new.fingerprint, new.transactional, new.method, new.path);
-        let value = codec::in_flight(new.token, new.lease, new.retention, &request);
+        let value = codec::claim_value(new);
         let mut call = ScriptCall::new(&TAKE_OVER, 1, 120 + value.len());
         call.arg(&at)
             .arg(previous.as_uuid().as_bytes().as_slice())

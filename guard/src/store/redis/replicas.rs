@@ -81,6 +81,14 @@ pub(super) struct Acked {
 }
 
 impl Acked {
+    /// The answer of a call sent without `WAIT` behind it.
+    pub(super) fn unacked() -> Self {
+        Self {
+            values: Vec::new(),
+            acks: None,
+        }
+    }
+
     /// `Ok` when the store does not wait for replicas or enough of them
     /// acknowledged the write; call it only for an answer that says this
     /// call wrote (a claim acquired, a completion stored).
@@ -120,7 +128,14 @@ impl RedisRecords {
         pipe.ignore_errors();
         let total = pipe.len();
         let mut values: Vec<Value> = match &self.connection {
-            Connection::Single(connection) => pipe.query_async(&mut connection.clone()).await?,
+            // The manager's own method (no boxed future, see `query`);
+            // with `ignore_errors` a server error stays in its place.
+            Connection::Single(connection) => {
+                connection
+                    .clone()
+                    .send_packed_commands(&pipe, 0, total)
+                    .await?
+            }
             Connection::Cluster(connection) => {
                 let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(
                     route.to_bytes(),
@@ -162,11 +177,7 @@ impl RedisRecords {
             // No `WAIT` to send behind it: the call goes on its own, not
             // copied into a pipeline of one.
             let value = self.invoke(call).await?;
-            let acked = Acked {
-                values: Vec::new(),
-                acks: None,
-            };
-            return Ok((value, acked));
+            return Ok((value, Acked::unacked()));
         }
         let pipe = || {
             let mut pipe = redis::pipe();
