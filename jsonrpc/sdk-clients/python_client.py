@@ -23,7 +23,7 @@ ATTEMPTS = 30
 READ_TIMEOUT = 2
 
 
-async def attempt(url: str, index: int) -> dict:
+async def attempt(url: str, index: int) -> dict | None:
     headers = {"Authorization": "Bearer python-sdk"}
     async with httpx2.AsyncClient(headers=headers, timeout=10) as http:
         async with streamable_http_client(url, http_client=http, terminate_on_close=False) as streams:
@@ -58,6 +58,12 @@ async def send(url: str, index: int) -> dict | None:
             if isinstance(error, (KeyboardInterrupt, SystemExit)):
                 raise
             print(f"email {index} attempt {tries}: {type(error).__name__}: {error}", file=sys.stderr)
+            continue
+        if answer is None:
+            # The SDK's task group took a cut answer's error as its own
+            # cancellation and absorbed it: the call ended without a
+            # result. Retry, same key.
+            print(f"email {index} attempt {tries}: ended without a result", file=sys.stderr)
             continue
         answer["attempts"] = tries
         return answer

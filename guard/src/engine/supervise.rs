@@ -266,7 +266,11 @@ impl<S: Store> Engine<S> {
                 if matches!(error, StoreError::LeaseLost) {
                     count_lease_lost(&job.route, "complete");
                 }
-                tracing::error!(error = %error, route = %job.route, "the outcome could not be stored");
+                if matches!(error, StoreError::NotReplicated { .. }) {
+                    tracing::error!(error = %error, route = %job.route, "the outcome is stored on the primary but not acknowledged by enough replicas: a failover may lose it");
+                } else {
+                    tracing::error!(error = %error, route = %job.route, "the outcome could not be stored");
+                }
                 Answer::Ran {
                     reply,
                     settled: Settled::NotStored,
