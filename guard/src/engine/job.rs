@@ -2,6 +2,7 @@
 //! scope and key it runs under, the request's fingerprint, and what the
 //! status service and the metrics show).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::fingerprint::Fingerprint;
@@ -20,8 +21,9 @@ pub struct Job {
     /// The fingerprint of the request.
     pub fingerprint: Fingerprint,
     /// What kind of request it is (an HTTP method; `RUN` by default). Shown
-    /// by the status service.
-    pub method: String,
+    /// by the status service. A constant where it can be (the standard
+    /// methods, `RUN`): most jobs do not allocate one.
+    pub method: Cow<'static, str>,
     /// Where the request went (an HTTP path; empty by default). Shown by the
     /// status service.
     pub path: String,
@@ -39,14 +41,19 @@ impl Job {
             scope,
             key,
             fingerprint,
-            method: String::from("RUN"),
+            method: Cow::Borrowed("RUN"),
             path: String::new(),
             route: Arc::default(),
         }
     }
 
-    /// Sets the method and path the status service shows for the record.
-    pub fn with_request(mut self, method: impl Into<String>, path: impl Into<String>) -> Self {
+    /// Sets the method and path the status service shows for the record
+    /// (a method as a `&'static str` or a `String`).
+    pub fn with_request(
+        mut self,
+        method: impl Into<Cow<'static, str>>,
+        path: impl Into<String>,
+    ) -> Self {
         self.method = method.into();
         self.path = path.into();
         self

@@ -5,6 +5,7 @@
 //! kept). Each request's outcome is counted once, in
 //! [`IdempotencyService::call`].
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -13,7 +14,7 @@ use axum::extract::{MatchedPath, OriginalUri};
 use axum::response::IntoResponse;
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{Request, Response, request::Parts};
+use http::{Method, Request, Response, request::Parts};
 use http_body::Body as HttpBody;
 use tower::{Service, ServiceExt};
 
@@ -194,7 +195,7 @@ where
             scope,
             key: key.clone(),
             fingerprint,
-            method: parts.method.as_str().to_owned(),
+            method: method_name(&parts.method),
             path,
             route,
         };
@@ -306,6 +307,29 @@ where
     inner.oneshot(request).await.map(|r| r.map(Body::new))
 }
 
+/// A request method's name: a constant for the standard methods (no
+/// allocation per request), a copy for an extension method.
+fn method_name(method: &Method) -> Cow<'static, str> {
+    static STANDARD: [(Method, &str); 9] = [
+        (Method::GET, "GET"),
+        (Method::POST, "POST"),
+        (Method::PUT, "PUT"),
+        (Method::PATCH, "PATCH"),
+        (Method::DELETE, "DELETE"),
+        (Method::HEAD, "HEAD"),
+        (Method::OPTIONS, "OPTIONS"),
+        (Method::CONNECT, "CONNECT"),
+        (Method::TRACE, "TRACE"),
+    ];
+    STANDARD
+        .iter()
+        .find(|(standard, _)| standard == method)
+        .map_or_else(
+            || Cow::Owned(method.as_str().to_owned()),
+            |(_, name)| Cow::Borrowed(*name),
+        )
+}
+
 /// The request's path and query as the client sent them: under
 /// `Router::nest` the URI is stripped of the prefix, so the original one
 /// is used when axum kept it (two nested mounts never share fingerprints).
@@ -357,6 +381,18 @@ mod tests {
             }
         });
         (size_of_val(&handle), size_of_val(&run))
+    }
+
+    /// The standard methods are constants, an extension method a copy.
+    #[test]
+    fn standard_method_names_are_constants() {
+        assert!(matches!(method_name(&Method::POST), Cow::Borrowed("POST")));
+        assert!(matches!(
+            method_name(&Method::DELETE),
+            Cow::Borrowed("DELETE")
+        ));
+        let custom = Method::from_bytes(b"PURGE").expect("a method");
+        assert!(matches!(method_name(&custom), Cow::Owned(ref name) if name == "PURGE"));
     }
 
     /// What the futures may grow to before a change must say why (on
