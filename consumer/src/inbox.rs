@@ -136,14 +136,31 @@ impl Ran {
             },
             Answer::Replay(_) => Self::Done,
             Answer::Refused(refusal) => match refusal {
-                Refusal::KeyReused => Self::Reused,
-                Refusal::InFlight { retry_after } | Refusal::StoreUnavailable { retry_after } => {
-                    Self::NotNow(*retry_after)
+                Refusal::KeyReused { .. } => Self::Reused,
+                Refusal::RequestInFlight { retry_after, .. }
+                | Refusal::StoreUnavailable { retry_after, .. }
+                | Refusal::BodyBufferFull { retry_after, .. } => Self::NotNow(*retry_after),
+                Refusal::OutcomeUnknown { .. }
+                | Refusal::HandlerTimeout {
+                    rolled_back: false, ..
+                } => Self::Unknown,
+                Refusal::ResponseNotStored { .. } => Self::Done,
+                Refusal::HandlerTimeout {
+                    rolled_back: true, ..
                 }
-                Refusal::OutcomeUnknown | Refusal::TimedOut { rolled_back: false } => Self::Unknown,
-                Refusal::ResponseNotStored => Self::Done,
-                Refusal::TimedOut { rolled_back: true } | Refusal::Failed => Self::Failed,
-                _ => Self::Unknown,
+                | Refusal::HandlerFailed { .. } => Self::Failed,
+                // A request's own refusals, which the engine never gives a
+                // message (the inbox reads its key and scope itself): were
+                // one to come, the message is not fit to run: retried, then
+                // dead-lettered as poison.
+                Refusal::KeyMissing
+                | Refusal::KeyInvalid(_)
+                | Refusal::ScopeInvalid
+                | Refusal::BodyTooLarge { .. }
+                | Refusal::BodyUnreadable
+                | Refusal::BatchNotGuarded
+                | Refusal::LayerMissing
+                | Refusal::TransactionUnavailable => Self::Failed,
             },
         }
     }
@@ -368,6 +385,10 @@ mod tests {
     const D: Duration = Duration::from_secs(1);
     const W: Duration = Duration::from_millis(300);
 
+    fn key() -> idempotency_guard::IdempotencyKey {
+        idempotency_guard::IdempotencyKey::from_raw("k").expect("a key")
+    }
+
     #[test]
     fn the_policy_as_a_truth_table() {
         let rows = [
@@ -469,26 +490,48 @@ mod tests {
                 Ran::Unknown,
             ),
             (A::Replay(StoredResponse::from_bytes("done")), Ran::Done),
-            (A::Refused(Refusal::KeyReused), Ran::Reused),
+            (A::Refused(Refusal::KeyReused { key: key() }), Ran::Reused),
             (
-                A::Refused(Refusal::InFlight { retry_after: W }),
+                A::Refused(Refusal::RequestInFlight {
+                    key: key(),
+                    retry_after: W,
+                }),
                 Ran::NotNow(W),
             ),
             (
-                A::Refused(Refusal::StoreUnavailable { retry_after: W }),
+                A::Refused(Refusal::StoreUnavailable {
+                    key: Some(key()),
+                    retry_after: W,
+                }),
                 Ran::NotNow(W),
             ),
-            (A::Refused(Refusal::OutcomeUnknown), Ran::Unknown),
             (
-                A::Refused(Refusal::TimedOut { rolled_back: false }),
+                A::Refused(Refusal::OutcomeUnknown { key: key() }),
                 Ran::Unknown,
             ),
             (
-                A::Refused(Refusal::TimedOut { rolled_back: true }),
+                A::Refused(Refusal::HandlerTimeout {
+                    key: key(),
+                    rolled_back: false,
+                }),
+                Ran::Unknown,
+            ),
+            (
+                A::Refused(Refusal::HandlerTimeout {
+                    key: key(),
+                    rolled_back: true,
+                }),
                 Ran::Failed,
             ),
-            (A::Refused(Refusal::Failed), Ran::Failed),
-            (A::Refused(Refusal::ResponseNotStored), Ran::Done),
+            (
+                A::Refused(Refusal::HandlerFailed { key: key() }),
+                Ran::Failed,
+            ),
+            (
+                A::Refused(Refusal::ResponseNotStored { key: key() }),
+                Ran::Done,
+            ),
+            (A::Refused(Refusal::KeyMissing), Ran::Failed),
         ];
         for (answer, expected) in rows {
             assert_eq!(Ran::of(&answer), expected, "{answer:?}");

@@ -14,7 +14,7 @@ use axum::middleware::from_fn_with_state;
 use axum::response::IntoResponse;
 use axum::routing::{any, get};
 use http::{Method, Response, header};
-use idempotency_guard::layer::BodyBudget;
+use idempotency_guard::adapter::BodyBudget;
 use idempotency_guard::problem::types;
 use idempotency_guard::store::{AnyStore, StoreOptions};
 use idempotency_guard::{

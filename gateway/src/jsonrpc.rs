@@ -47,7 +47,7 @@ use axum::middleware::from_fn_with_state;
 use axum::routing::any;
 use http::{Method, Response};
 use idempotency_guard::Engine;
-use idempotency_guard::layer::BodyBudget;
+use idempotency_guard::adapter::BodyBudget;
 use idempotency_guard::store::AnyStore;
 use idempotency_jsonrpc::{JsonRpcLayer, MissingKey};
 

@@ -1,17 +1,15 @@
 //! The adapter's one touchpoint with the guard's engine: a call becomes a
 //! [`Job`], the work settles with the engine's own [`Settle`] (keeping an
 //! `Option<StoredResponse>`: `None` when the answer was too large to
-//! keep), and the engine's answer becomes an [`Answer`] in this crate's
-//! terms (its refusal a [`GrpcRefusal`]).
+//! keep), and the engine's own [`Answer`] comes back (its refusals
+//! rendered by [`crate::refusal::to_status`]).
 
 use std::future::Future;
 
 use futures_util::FutureExt;
-use idempotency_guard::engine::{self as guard, Job, Refusal, RunContext, Settle};
+use idempotency_guard::engine::{Answer, Job, RunContext, Settle};
 use idempotency_guard::telemetry::Outcome;
 use idempotency_guard::{Engine, Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
-
-use crate::refusal::GrpcRefusal;
 
 /// What identifies one guarded call.
 #[derive(Debug)]
@@ -25,17 +23,6 @@ pub(crate) struct Call<'a> {
     /// The request message as it came (for a layer: the length-prefixed
     /// frames of the body; for a typed handler: the encoded message).
     pub(crate) message: &'a [u8],
-}
-
-/// The engine's [`guard::Answer`] to one call, its refusal in gRPC terms.
-#[derive(Debug)]
-pub(crate) enum Answer<T> {
-    /// The work ran for this caller.
-    Ran(T),
-    /// The work ran before: its stored outcome.
-    Replay(StoredResponse),
-    /// The work did not run for this caller (or was cut off).
-    Refused(GrpcRefusal),
 }
 
 /// The fingerprint of a call: SHA-256 over the full method name, a zero
@@ -68,7 +55,6 @@ where
     Fut: Future<Output = Settle<T, Option<StoredResponse>>> + Send + 'static,
     T: Send + 'static,
 {
-    let key = call.key.as_str().to_owned();
     let job = Job::new(call.scope, call.key, fingerprint(call.method, call.message))
         .with_request("POST", call.method)
         .with_route(call.method);
@@ -83,98 +69,15 @@ where
                 })
             })
         })
-        .map(move |answer| {
+        .map(|answer| {
             let outcome = answer.outcome();
-            let answer = match answer {
-                guard::Answer::Ran { reply, .. } => Answer::Ran(reply),
-                guard::Answer::Replay(stored) => Answer::Replay(stored),
-                guard::Answer::Refused(refusal) => Answer::Refused(refused(refusal, key)),
-            };
             (answer, outcome)
         })
 }
 
-/// The gRPC answer for an engine's refusal of the call with `key`.
-fn refused(refusal: Refusal, key: String) -> GrpcRefusal {
-    match refusal {
-        Refusal::KeyReused => GrpcRefusal::KeyReused { key },
-        Refusal::InFlight { retry_after } => GrpcRefusal::InFlight { key, retry_after },
-        Refusal::OutcomeUnknown => GrpcRefusal::OutcomeUnknown {
-            key,
-            cut_off: false,
-        },
-        Refusal::ResponseNotStored => GrpcRefusal::ResponseNotStored { key },
-        Refusal::StoreUnavailable { retry_after } => {
-            GrpcRefusal::StoreUnavailable { key, retry_after }
-        }
-        Refusal::TimedOut { rolled_back: false } => {
-            GrpcRefusal::OutcomeUnknown { key, cut_off: true }
-        }
-        Refusal::TimedOut { rolled_back: true } => GrpcRefusal::TimedOutRolledBack { key },
-        Refusal::Failed => GrpcRefusal::HandlerFailed { key },
-        // A refusal added later: the safe side is "do not retry blindly".
-        _ => GrpcRefusal::OutcomeUnknown {
-            key,
-            cut_off: false,
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-
-    #[test]
-    fn the_engine_refusals_map_to_the_grpc_refusals() {
-        let d = Duration::from_secs(1);
-        let k = || String::from("k");
-        let rows = [
-            (Refusal::KeyReused, GrpcRefusal::KeyReused { key: k() }),
-            (
-                Refusal::InFlight { retry_after: d },
-                GrpcRefusal::InFlight {
-                    key: k(),
-                    retry_after: d,
-                },
-            ),
-            (
-                Refusal::OutcomeUnknown,
-                GrpcRefusal::OutcomeUnknown {
-                    key: k(),
-                    cut_off: false,
-                },
-            ),
-            (
-                Refusal::ResponseNotStored,
-                GrpcRefusal::ResponseNotStored { key: k() },
-            ),
-            (
-                Refusal::StoreUnavailable { retry_after: d },
-                GrpcRefusal::StoreUnavailable {
-                    key: k(),
-                    retry_after: d,
-                },
-            ),
-            // The guard's own bound: outcome unknown, as on HTTP.
-            (
-                Refusal::TimedOut { rolled_back: false },
-                GrpcRefusal::OutcomeUnknown {
-                    key: k(),
-                    cut_off: true,
-                },
-            ),
-            (
-                Refusal::TimedOut { rolled_back: true },
-                GrpcRefusal::TimedOutRolledBack { key: k() },
-            ),
-            (Refusal::Failed, GrpcRefusal::HandlerFailed { key: k() }),
-        ];
-        for (refusal, expected) in rows {
-            assert_eq!(refused(refusal, k()), expected);
-        }
-    }
 
     #[test]
     fn the_fingerprint_covers_the_method_and_the_message() {

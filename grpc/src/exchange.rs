@@ -74,7 +74,7 @@ pub(crate) enum Captured {
 }
 
 /// Reads `response` to its end, keeping at most `limit` bytes of message.
-/// Not the guard's `layer::capture`: a gRPC answer's status is in its
+/// Not the guard's `adapter::capture`: a gRPC answer's status is in its
 /// trailers, which are kept here and dropped there.
 pub(crate) async fn capture<B>(response: Response<B>, limit: usize) -> Captured
 where

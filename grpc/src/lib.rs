@@ -72,7 +72,7 @@ pub use layer::{
     ResponseFuture,
 };
 pub use outcome::{FINAL_STATUS, mark_final};
-pub use refusal::{DOMAIN, GrpcRefusal};
+pub use refusal::DOMAIN;
 pub use request_id::run;
 #[cfg(feature = "postgres")]
 pub use tx::tx;

@@ -1,4 +1,5 @@
-//! The guard's own answers as gRPC statuses with rich error details.
+//! The guard's refusals ([`Refusal`], the one vocabulary of every adapter)
+//! as gRPC statuses with rich error details: [`to_status`].
 //!
 //! Each carries a `google.rpc.ErrorInfo` with `domain` = [`DOMAIN`] and
 //! `reason` = the problem name of the HTTP guard (`key-reused`, …), the
@@ -14,11 +15,14 @@
 //! | request stream broke off | `CANCELLED` | `body-unreadable` | no |
 //! | key used with another request | `FAILED_PRECONDITION` | `key-reused` | no |
 //! | first call with the key still running | `UNAVAILABLE` | `request-in-flight` | yes |
-//! | earlier run abandoned, or this one cut off at the maximum handler time | `FAILED_PRECONDITION` | `outcome-unknown` | no |
+//! | earlier run abandoned | `FAILED_PRECONDITION` | `outcome-unknown` | no |
+//! | this call cut off at the maximum handler time (outcome unknown) | `FAILED_PRECONDITION` | `handler-timeout` | no |
 //! | earlier answer too large to store | `FAILED_PRECONDITION` | `response-not-stored` | no |
 //! | store unreachable or failing (the method did not run) | `UNAVAILABLE` | `store-unavailable` | yes |
 //! | cut off, its writes rolled back (transactional mode) | `UNAVAILABLE` | `handler-timeout` | yes |
 //! | the handler panicked or its answer broke off (key released) | `INTERNAL` | `handler-failed` | no |
+//! | the request bodies being buffered fill the budget | `UNAVAILABLE` | `body-buffer-full` | yes |
+//! | a JSON-RPC batch with a guarded call (never on gRPC) | `INVALID_ARGUMENT` | `batch-not-guarded` | no |
 //! | a typed handler's AIP-155 helper without the layer in front | `INTERNAL` | `layer-missing` | no |
 //! | [`crate::tx()`] outside transactional mode, or taken twice | `INTERNAL` | `transaction-unavailable` | no |
 //!
@@ -40,7 +44,8 @@
 //!   `store-unavailable`), or its writes were rolled back
 //!   (`handler-timeout`). A policy with `retryableStatusCodes:
 //!   ["UNAVAILABLE"]` absorbs them all, the in-flight refusal included.
-//! - `outcome-unknown` is `FAILED_PRECONDITION`, a code no sane policy
+//! - `outcome-unknown` and an unrolled-back `handler-timeout` are
+//!   `FAILED_PRECONDITION`, a code no sane policy
 //!   retries: whether the first run took effect is unknown, so the client
 //!   must reconcile first (for instance through the key-status service);
 //!   resending the key gets the same answer until the record expires.
@@ -50,8 +55,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use idempotency_guard::KeyError;
-use idempotency_guard::problem::types;
+use idempotency_guard::engine::Refusal;
 use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -64,237 +68,162 @@ pub const DOMAIN: &str = "idempotency";
 /// attempt, in milliseconds.
 pub const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
 
-/// Why the guard answered instead of the method.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum GrpcRefusal {
-    /// `INVALID_ARGUMENT` `key-missing`.
-    KeyMissing,
-    /// `INVALID_ARGUMENT` `key-invalid`.
-    KeyInvalid(KeyError),
-    /// `INVALID_ARGUMENT` `scope-invalid`.
-    ScopeInvalid,
-    /// `RESOURCE_EXHAUSTED` `body-too-large`.
-    BodyTooLarge {
-        /// The limit, in bytes.
-        limit: usize,
-    },
-    /// `CANCELLED` `body-unreadable`.
-    BodyUnreadable,
-    /// `FAILED_PRECONDITION` `key-reused`.
-    KeyReused {
-        /// The key.
-        key: String,
-    },
-    /// `UNAVAILABLE` `request-in-flight` with `RetryInfo`.
-    InFlight {
-        /// The key.
-        key: String,
-        /// When to try again.
-        retry_after: Duration,
-    },
-    /// `FAILED_PRECONDITION` `outcome-unknown`, without `RetryInfo`.
-    OutcomeUnknown {
-        /// The key.
-        key: String,
-        /// Whether this call's own run was cut off at the maximum handler time.
-        cut_off: bool,
-    },
-    /// `FAILED_PRECONDITION` `response-not-stored`.
-    ResponseNotStored {
-        /// The key.
-        key: String,
-    },
-    /// `UNAVAILABLE` `store-unavailable` with `RetryInfo`.
-    StoreUnavailable {
-        /// The key.
-        key: String,
-        /// When to try again.
-        retry_after: Duration,
-    },
-    /// `UNAVAILABLE` `handler-timeout` with `RetryInfo`: cut off, its writes
-    /// rolled back with the record.
-    TimedOutRolledBack {
-        /// The key.
-        key: String,
-    },
-    /// `INTERNAL` `handler-failed`: the key was released.
-    HandlerFailed {
-        /// The key.
-        key: String,
-    },
-    /// `INTERNAL` `layer-missing`: [`crate::run`] found no scope from the layer.
-    LayerMissing,
-    /// `INTERNAL` `transaction-unavailable`: [`crate::tx()`] outside
-    /// transactional mode, or while the transaction is taken.
-    TransactionUnavailable,
-}
-
 /// How soon a refusal whose retry may succeed invites it when the
 /// handler's own failure released the key.
 const RELEASED_RETRY: Duration = Duration::from_secs(1);
 
-impl GrpcRefusal {
-    /// The problem name (the `reason` of its `ErrorInfo`).
-    pub fn reason(&self) -> &'static str {
-        let kind = match self {
-            Self::KeyMissing => types::KEY_MISSING,
-            Self::KeyInvalid(_) => types::KEY_INVALID,
-            Self::ScopeInvalid => types::SCOPE_INVALID,
-            Self::BodyTooLarge { .. } => types::BODY_TOO_LARGE,
-            Self::BodyUnreadable => types::BODY_UNREADABLE,
-            Self::KeyReused { .. } => types::KEY_REUSED,
-            Self::InFlight { .. } => types::REQUEST_IN_FLIGHT,
-            Self::OutcomeUnknown { .. } => types::OUTCOME_UNKNOWN,
-            Self::ResponseNotStored { .. } => types::RESPONSE_NOT_STORED,
-            Self::StoreUnavailable { .. } => types::STORE_UNAVAILABLE,
-            Self::TimedOutRolledBack { .. } => types::HANDLER_TIMEOUT,
-            Self::HandlerFailed { .. } => types::HANDLER_FAILED,
-            Self::LayerMissing => types::LAYER_MISSING,
-            Self::TransactionUnavailable => types::TRANSACTION_UNAVAILABLE,
-        };
-        kind.name
+/// The status of `refusal`, with its `ErrorInfo` (`reason` = the problem
+/// name, the key in its metadata when there is one) and, where a retry may
+/// succeed, its `RetryInfo` and the same delay as `grpc-retry-pushback-ms`
+/// (see the [module docs](self)).
+pub fn to_status(refusal: &Refusal) -> Status {
+    let mut metadata = HashMap::new();
+    if let Some(key) = refusal.key() {
+        metadata.insert(String::from("key"), key.as_str().to_owned());
     }
-
-    /// The status code.
-    pub fn code(&self) -> Code {
-        match self {
-            Self::KeyMissing | Self::KeyInvalid(_) | Self::ScopeInvalid => Code::InvalidArgument,
-            Self::BodyTooLarge { .. } => Code::ResourceExhausted,
-            Self::BodyUnreadable => Code::Cancelled,
-            Self::KeyReused { .. }
-            | Self::ResponseNotStored { .. }
-            | Self::OutcomeUnknown { .. } => Code::FailedPrecondition,
-            Self::InFlight { .. }
-            | Self::StoreUnavailable { .. }
-            | Self::TimedOutRolledBack { .. } => Code::Unavailable,
-            Self::HandlerFailed { .. } | Self::LayerMissing | Self::TransactionUnavailable => {
-                Code::Internal
-            }
-        }
+    let reason = refusal.problem_type().name;
+    let mut details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
+    let retry = retry_after(refusal);
+    if let Some(delay) = retry {
+        details.set_retry_info(Some(delay));
     }
-
-    /// The `RetryInfo` delay, where a retry may succeed.
-    pub fn retry_after(&self) -> Option<Duration> {
-        match self {
-            Self::InFlight { retry_after, .. } | Self::StoreUnavailable { retry_after, .. } => {
-                Some(*retry_after)
-            }
-            Self::TimedOutRolledBack { .. } => Some(RELEASED_RETRY),
-            _ => None,
-        }
-    }
-
-    fn key(&self) -> Option<&str> {
-        match self {
-            Self::KeyReused { key }
-            | Self::InFlight { key, .. }
-            | Self::OutcomeUnknown { key, .. }
-            | Self::ResponseNotStored { key }
-            | Self::StoreUnavailable { key, .. }
-            | Self::TimedOutRolledBack { key }
-            | Self::HandlerFailed { key } => Some(key),
-            Self::KeyMissing
-            | Self::KeyInvalid(_)
-            | Self::ScopeInvalid
-            | Self::BodyTooLarge { .. }
-            | Self::BodyUnreadable
-            | Self::LayerMissing
-            | Self::TransactionUnavailable => None,
-        }
-    }
-
-    fn message(&self) -> String {
-        match self {
-            Self::KeyMissing => "this method requires an idempotency key: send one unique key per operation and reuse it on every retry of that operation".into(),
-            Self::KeyInvalid(error) => format!("{error}; a key is 1 to 255 visible ASCII characters, sent once"),
-            Self::ScopeInvalid => "the scope of this call is empty, longer than 255 bytes, or holds a control character".into(),
-            Self::BodyTooLarge { limit } => format!("the request message exceeds the guard's limit of {limit} bytes"),
-            Self::BodyUnreadable => "the request message could not be read to its end".into(),
-            Self::KeyReused { .. } => "this key was already used with a different request (method or message); use a new key for a new operation".into(),
-            Self::InFlight { .. } => "a call with this key is still being processed; retry after the RetryInfo delay to get its answer".into(),
-            Self::OutcomeUnknown { cut_off: true, .. } => "the call exceeded the maximum handler time and was cut off; whether it took effect is unknown: reconcile before resending".into(),
-            Self::OutcomeUnknown { cut_off: false, .. } => "an earlier call with this key started but never completed, so whether it took effect is unknown: reconcile before resending".into(),
-            Self::ResponseNotStored { .. } => "the call with this key ran, but its answer was too large to store for replay; it will not run again".into(),
-            Self::StoreUnavailable { .. } => "the idempotency store could not be reached, so the call was not processed; retry later with the same key".into(),
-            Self::TimedOutRolledBack { .. } => "the call exceeded the maximum handler time and its effects were rolled back; retrying with the same key is safe".into(),
-            Self::HandlerFailed { .. } => "the call failed unexpectedly and its key was released; retrying with the same key is safe".into(),
-            Self::LayerMissing => "the server has no idempotency layer in front of this method, so the call's scope is unknown".into(),
-            Self::TransactionUnavailable => "this method asked for the call's transaction, but it is not guarded in transactional mode or the transaction is already in use".into(),
-        }
-    }
-
-    /// The status, with its `ErrorInfo` and, where a retry may succeed,
-    /// its `RetryInfo` and the same delay as `grpc-retry-pushback-ms`.
-    pub fn to_status(&self) -> Status {
-        let mut metadata = HashMap::new();
-        if let Some(key) = self.key() {
-            metadata.insert(String::from("key"), key.to_owned());
-        }
-        let mut details = ErrorDetails::with_error_info(self.reason(), DOMAIN, metadata);
-        if let Some(delay) = self.retry_after() {
-            details.set_retry_info(Some(delay));
-        }
-        let mut status = Status::with_error_details(self.code(), self.message(), details);
-        if let Some(delay) = self.retry_after() {
-            let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-            status
-                .metadata_mut()
-                .insert(RETRY_PUSHBACK, MetadataValue::from(millis));
-        }
+    let mut status = Status::with_error_details(code(refusal), message(refusal), details);
+    if let Some(delay) = retry {
+        let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         status
+            .metadata_mut()
+            .insert(RETRY_PUSHBACK, MetadataValue::from(millis));
+    }
+    status
+}
+
+/// The status code of each refusal: the one gRPC mapping (no fallback: a
+/// refusal added to the vocabulary is a compile error here).
+fn code(refusal: &Refusal) -> Code {
+    match refusal {
+        Refusal::KeyMissing
+        | Refusal::KeyInvalid(_)
+        | Refusal::ScopeInvalid
+        | Refusal::BatchNotGuarded => Code::InvalidArgument,
+        Refusal::BodyTooLarge { .. } => Code::ResourceExhausted,
+        Refusal::BodyUnreadable => Code::Cancelled,
+        Refusal::KeyReused { .. }
+        | Refusal::ResponseNotStored { .. }
+        | Refusal::OutcomeUnknown { .. }
+        | Refusal::HandlerTimeout {
+            rolled_back: false, ..
+        } => Code::FailedPrecondition,
+        Refusal::RequestInFlight { .. }
+        | Refusal::StoreUnavailable { .. }
+        | Refusal::BodyBufferFull { .. }
+        | Refusal::HandlerTimeout {
+            rolled_back: true, ..
+        } => Code::Unavailable,
+        Refusal::HandlerFailed { .. } | Refusal::LayerMissing | Refusal::TransactionUnavailable => {
+            Code::Internal
+        }
+    }
+}
+
+/// The `RetryInfo` delay, where a retry may succeed: every `UNAVAILABLE`
+/// has one.
+fn retry_after(refusal: &Refusal) -> Option<Duration> {
+    match refusal {
+        Refusal::HandlerTimeout {
+            rolled_back: true, ..
+        } => Some(RELEASED_RETRY),
+        other => other.retry_after(),
+    }
+}
+
+fn message(refusal: &Refusal) -> String {
+    match refusal {
+        Refusal::KeyMissing => "this method requires an idempotency key: send one unique key per operation and reuse it on every retry of that operation".into(),
+        Refusal::KeyInvalid(error) => format!("{error}; a key is 1 to 255 visible ASCII characters, sent once"),
+        Refusal::ScopeInvalid => "the scope of this call is empty, longer than 255 bytes, or holds a control character".into(),
+        Refusal::BodyTooLarge { limit } => format!("the request message exceeds the guard's limit of {limit} bytes"),
+        Refusal::BodyUnreadable => "the request message could not be read to its end".into(),
+        Refusal::BodyBufferFull { .. } => "the server is holding as many request messages as it may at once; retry after the RetryInfo delay with the same key".into(),
+        Refusal::BatchNotGuarded => "a batch may not hold a guarded call: send each guarded call on its own".into(),
+        Refusal::KeyReused { .. } => "this key was already used with a different request (method or message); use a new key for a new operation".into(),
+        Refusal::RequestInFlight { .. } => "a call with this key is still being processed; retry after the RetryInfo delay to get its answer".into(),
+        Refusal::HandlerTimeout { rolled_back: false, .. } => "the call exceeded the maximum handler time and was cut off; whether it took effect is unknown: reconcile before resending".into(),
+        Refusal::OutcomeUnknown { .. } => "an earlier call with this key started but never completed, so whether it took effect is unknown: reconcile before resending".into(),
+        Refusal::ResponseNotStored { .. } => "the call with this key ran, but its answer was too large to store for replay; it will not run again".into(),
+        Refusal::StoreUnavailable { .. } => "the idempotency store could not be reached, so the call was not processed; retry later with the same key".into(),
+        Refusal::HandlerTimeout { rolled_back: true, .. } => "the call exceeded the maximum handler time and its effects were rolled back; retrying with the same key is safe".into(),
+        Refusal::HandlerFailed { .. } => "the call failed unexpectedly and its key was released; retrying with the same key is safe".into(),
+        Refusal::LayerMissing => "the server has no idempotency layer in front of this method, so the call's scope is unknown".into(),
+        Refusal::TransactionUnavailable => "this method asked for the call's transaction, but it is not guarded in transactional mode or the transaction is already in use".into(),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use idempotency_guard::{IdempotencyKey, KeyError};
+
     use super::*;
 
     const D: Duration = Duration::from_secs(2);
 
     #[test]
     fn the_refusal_mapping_as_a_truth_table() {
-        let key = || String::from("k");
+        let key = || IdempotencyKey::from_raw("k").expect("a key");
         // refusal, code, reason, RetryInfo
         let rows = [
             (
-                GrpcRefusal::KeyMissing,
+                Refusal::KeyMissing,
                 Code::InvalidArgument,
                 "key-missing",
                 None,
             ),
             (
-                GrpcRefusal::KeyInvalid(KeyError::Empty),
+                Refusal::KeyInvalid(KeyError::Empty),
                 Code::InvalidArgument,
                 "key-invalid",
                 None,
             ),
             (
-                GrpcRefusal::ScopeInvalid,
+                Refusal::ScopeInvalid,
                 Code::InvalidArgument,
                 "scope-invalid",
                 None,
             ),
             (
-                GrpcRefusal::BodyTooLarge { limit: 1 },
+                Refusal::BodyTooLarge { limit: 1 },
                 Code::ResourceExhausted,
                 "body-too-large",
                 None,
             ),
             (
-                GrpcRefusal::BodyUnreadable,
+                Refusal::BodyUnreadable,
                 Code::Cancelled,
                 "body-unreadable",
                 None,
             ),
             (
-                GrpcRefusal::KeyReused { key: key() },
+                Refusal::BodyBufferFull {
+                    key: Some(key()),
+                    retry_after: D,
+                },
+                Code::Unavailable,
+                "body-buffer-full",
+                Some(D),
+            ),
+            (
+                Refusal::BatchNotGuarded,
+                Code::InvalidArgument,
+                "batch-not-guarded",
+                None,
+            ),
+            (
+                Refusal::KeyReused { key: key() },
                 Code::FailedPrecondition,
                 "key-reused",
                 None,
             ),
             (
-                GrpcRefusal::InFlight {
+                Refusal::RequestInFlight {
                     key: key(),
                     retry_after: D,
                 },
@@ -303,32 +232,29 @@ mod tests {
                 Some(D),
             ),
             (
-                GrpcRefusal::OutcomeUnknown {
-                    key: key(),
-                    cut_off: false,
-                },
+                Refusal::OutcomeUnknown { key: key() },
                 Code::FailedPrecondition,
                 "outcome-unknown",
                 None,
             ),
             (
-                GrpcRefusal::OutcomeUnknown {
+                Refusal::HandlerTimeout {
                     key: key(),
-                    cut_off: true,
+                    rolled_back: false,
                 },
                 Code::FailedPrecondition,
-                "outcome-unknown",
+                "handler-timeout",
                 None,
             ),
             (
-                GrpcRefusal::ResponseNotStored { key: key() },
+                Refusal::ResponseNotStored { key: key() },
                 Code::FailedPrecondition,
                 "response-not-stored",
                 None,
             ),
             (
-                GrpcRefusal::StoreUnavailable {
-                    key: key(),
+                Refusal::StoreUnavailable {
+                    key: Some(key()),
                     retry_after: D,
                 },
                 Code::Unavailable,
@@ -336,37 +262,38 @@ mod tests {
                 Some(D),
             ),
             (
-                GrpcRefusal::TimedOutRolledBack { key: key() },
+                Refusal::HandlerTimeout {
+                    key: key(),
+                    rolled_back: true,
+                },
                 Code::Unavailable,
                 "handler-timeout",
                 Some(RELEASED_RETRY),
             ),
             (
-                GrpcRefusal::HandlerFailed { key: key() },
+                Refusal::HandlerFailed { key: key() },
                 Code::Internal,
                 "handler-failed",
                 None,
             ),
+            (Refusal::LayerMissing, Code::Internal, "layer-missing", None),
             (
-                GrpcRefusal::LayerMissing,
-                Code::Internal,
-                "layer-missing",
-                None,
-            ),
-            (
-                GrpcRefusal::TransactionUnavailable,
+                Refusal::TransactionUnavailable,
                 Code::Internal,
                 "transaction-unavailable",
                 None,
             ),
         ];
         for (refusal, code, reason, retry) in rows {
-            let status = refusal.to_status();
+            let status = to_status(&refusal);
             assert_eq!(status.code(), code, "{refusal:?}");
             let info = status.get_details_error_info().expect("ErrorInfo");
             assert_eq!(info.reason, reason);
             assert_eq!(info.domain, DOMAIN);
-            assert_eq!(info.metadata.get("key").map(String::as_str), refusal.key());
+            assert_eq!(
+                info.metadata.get("key").map(String::as_str),
+                refusal.key().map(IdempotencyKey::as_str)
+            );
             let delay = status.get_details_retry_info().and_then(|r| r.retry_delay);
             assert_eq!(delay, retry, "{refusal:?}");
             let pushback = status

@@ -4,18 +4,18 @@
 use std::future::Future;
 
 use http::HeaderValue;
-use idempotency_guard::engine::Settle;
+use idempotency_guard::engine::{Answer, Refusal, Settle};
 use idempotency_guard::{
     Engine, IDEMPOTENT_REPLAYED, IdempotencyKey, Scope, Store, StoredResponse,
 };
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
-use crate::engine::{self, Answer, Call};
+use crate::engine::{self, Call};
 use crate::exchange::Exchange;
 use crate::layer::CallScope;
 use crate::outcome::{FINAL_STATUS, settle};
-use crate::refusal::GrpcRefusal;
+use crate::refusal::to_status;
 
 /// Runs `work` at most once per key that `key` reads from the request
 /// message (AIP-155: `|m| m.request_id.clone()`), on `engine`, and answers
@@ -64,19 +64,19 @@ where
     let raw = key(request.get_ref());
     let key = match IdempotencyKey::from_raw(&raw) {
         Ok(key) => key,
-        Err(_) if raw.is_empty() => return Err(GrpcRefusal::KeyMissing.to_status()),
-        Err(error) => return Err(GrpcRefusal::KeyInvalid(error).to_status()),
+        Err(_) if raw.is_empty() => return Err(to_status(&Refusal::KeyMissing)),
+        Err(error) => return Err(to_status(&Refusal::KeyInvalid(error))),
     };
     let Some(scope) = request.extensions().get::<CallScope>() else {
-        return Err(GrpcRefusal::LayerMissing.to_status());
+        return Err(to_status(&Refusal::LayerMissing));
     };
     let Ok(valid_scope) = Scope::new(scope.scope()) else {
-        return Err(GrpcRefusal::ScopeInvalid.to_status());
+        return Err(to_status(&Refusal::ScopeInvalid));
     };
     let message = request.get_ref().encode_to_vec();
     let call = Call {
         scope: valid_scope,
-        key,
+        key: key.clone(),
         method: scope.method(),
         message: &message,
     };
@@ -85,9 +85,9 @@ where
     })
     .await;
     match ended {
-        Answer::Ran(reply) => reply,
-        Answer::Replay(stored) => replay(Exchange::from_stored(stored)),
-        Answer::Refused(refusal) => Err(refusal.to_status()),
+        Answer::Ran { reply, .. } => reply,
+        Answer::Replay(stored) => replay(Exchange::from_stored(stored), key),
+        Answer::Refused(refusal) => Err(to_status(&refusal)),
     }
 }
 
@@ -126,9 +126,13 @@ fn settle_result<R: prost::Message>(
 }
 
 /// A typed handler's stored result, marked replayed.
-fn replay<R: prost::Message + Default>(exchange: Option<Exchange>) -> Result<Response<R>, Status> {
+fn replay<R: prost::Message + Default>(
+    exchange: Option<Exchange>,
+    key: IdempotencyKey,
+) -> Result<Response<R>, Status> {
+    let failed = |key| to_status(&Refusal::HandlerFailed { key });
     let Some(exchange) = exchange else {
-        return Err(GrpcRefusal::HandlerFailed { key: String::new() }.to_status());
+        return Err(failed(key));
     };
     let mut headers = exchange.headers;
     headers.insert(
@@ -138,8 +142,7 @@ fn replay<R: prost::Message + Default>(exchange: Option<Exchange>) -> Result<Res
     if let Some(status) = Status::from_header_map(&headers) {
         return Err(status);
     }
-    let message = R::decode(exchange.message)
-        .map_err(|_| GrpcRefusal::HandlerFailed { key: String::new() }.to_status())?;
+    let message = R::decode(exchange.message).map_err(|_| failed(key))?;
     Ok(Response::from_parts(
         MetadataMap::from_headers(headers),
         message,

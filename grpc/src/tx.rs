@@ -35,22 +35,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_guard::engine::RunContext;
-use idempotency_guard::transaction::{Tx, TxRejection};
+use idempotency_guard::IdempotencyKey;
+use idempotency_guard::engine::{Refusal, RunContext};
+use idempotency_guard::transaction::Tx;
 use tonic::{Request, Status};
 
-use crate::refusal::GrpcRefusal;
+use crate::refusal::to_status;
 
 /// The run of a guarded call, in its request's extensions (for [`tx`]).
 #[derive(Clone)]
 pub(crate) struct CallRun {
     context: Arc<RunContext>,
-    key: String,
+    key: IdempotencyKey,
     retry_after: Duration,
 }
 
 impl CallRun {
-    pub(crate) fn new(context: RunContext, key: String, retry_after: Duration) -> Self {
+    pub(crate) fn new(context: RunContext, key: IdempotencyKey, retry_after: Duration) -> Self {
         Self {
             context: Arc::new(context),
             key,
@@ -72,17 +73,10 @@ impl CallRun {
 /// cannot begin. Return the status as it is: it releases the key.
 pub async fn tx<M>(request: &Request<M>) -> Result<Tx, Status> {
     let Some(run) = request.extensions().get::<CallRun>() else {
-        return Err(GrpcRefusal::TransactionUnavailable.to_status());
+        return Err(to_status(&Refusal::TransactionUnavailable));
     };
     run.context.tx().await.map_err(|rejection| {
         tracing::error!(error = %rejection, "transactional mode: no transaction for the method");
-        match rejection {
-            TxRejection::Begin(_) | TxRejection::Mark(_) => GrpcRefusal::StoreUnavailable {
-                key: run.key.clone(),
-                retry_after: run.retry_after,
-            },
-            _ => GrpcRefusal::TransactionUnavailable,
-        }
-        .to_status()
+        to_status(&rejection.refusal(Some(run.key.clone()), run.retry_after))
     })
 }

@@ -54,7 +54,7 @@
 //!
 //! Every answer of the guard's own is `application/problem+json` (RFC 9457)
 //! with `type` = `urn:idempotency:<name>`, `title`, `status`, `detail`, and
-//! the key in `key` when the request had a valid one. See [`Rejection`].
+//! the key in `key` when the request had a valid one. See [`engine::Refusal`].
 //!
 //! # The record's life
 //!
@@ -183,6 +183,7 @@ compile_error!(
     "idempotency-guard needs a store: enable the feature `postgres`, `sqlite` or `redis`"
 );
 
+pub mod adapter;
 mod decision;
 pub mod engine;
 mod events;
@@ -194,6 +195,7 @@ mod migrate;
 pub mod problem;
 mod purge;
 mod record;
+mod refusal;
 mod replay;
 mod response;
 #[cfg(feature = "server")]
@@ -220,7 +222,6 @@ pub use key::{
 };
 pub use layer::{FinalResponse, IdempotencyLayer, IdempotencyService, OutcomeUnknown};
 pub use migrate::{MIGRATIONS_TABLE, MigrationError};
-pub use problem::Rejection;
 pub use purge::{purge_expired, purge_periodically};
 pub use record::{CorruptRecord, LeaseToken, Record, RecordState, StoredResponse};
 pub use replay::{RedactFn, ReplayPolicy};

@@ -101,13 +101,15 @@ fn is_sse(headers: &HeaderMap) -> bool {
 
 fn refused(refusal: Refusal) -> RpcRefusal {
     match refusal {
-        Refusal::KeyReused => RpcRefusal::KeyReused,
-        Refusal::InFlight { retry_after } => RpcRefusal::RequestInFlight { retry_after },
-        Refusal::OutcomeUnknown => RpcRefusal::OutcomeUnknown,
-        Refusal::ResponseNotStored => RpcRefusal::ResponseNotStored,
-        Refusal::StoreUnavailable { retry_after } => RpcRefusal::StoreUnavailable { retry_after },
-        Refusal::TimedOut { .. } => RpcRefusal::HandlerTimeout,
-        Refusal::Failed => RpcRefusal::HandlerFailed,
+        Refusal::KeyReused { .. } => RpcRefusal::KeyReused,
+        Refusal::RequestInFlight { retry_after, .. } => RpcRefusal::RequestInFlight { retry_after },
+        Refusal::OutcomeUnknown { .. } => RpcRefusal::OutcomeUnknown,
+        Refusal::ResponseNotStored { .. } => RpcRefusal::ResponseNotStored,
+        Refusal::StoreUnavailable { retry_after, .. } => {
+            RpcRefusal::StoreUnavailable { retry_after }
+        }
+        Refusal::HandlerTimeout { .. } => RpcRefusal::HandlerTimeout,
+        Refusal::HandlerFailed { .. } => RpcRefusal::HandlerFailed,
         // A refusal added to the engine later: fail closed, as unknown.
         _ => RpcRefusal::OutcomeUnknown,
     }

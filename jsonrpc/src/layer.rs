@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use http::request::Parts;
-use idempotency_guard::layer::BodyBudget;
+use idempotency_guard::adapter::BodyBudget;
 use idempotency_guard::{Engine, Store};
 
 use crate::envelope::{Guarded, KeySource, MESSAGE_SEND};
@@ -224,7 +224,7 @@ impl<S: Store> JsonRpcLayer<S> {
     /// ```
     /// # use idempotency_jsonrpc::JsonRpcLayer;
     /// # fn f(engine: idempotency_guard::Engine<idempotency_guard::store::sqlite::SqliteStore>) {
-    /// use idempotency_guard::layer::BodyBudget;
+    /// use idempotency_guard::adapter::BodyBudget;
     /// let layer = JsonRpcLayer::new(engine)
     ///     .with_tool("send_email")
     ///     .with_body_budget(BodyBudget::new(64 * 1024 * 1024));

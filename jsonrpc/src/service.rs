@@ -15,8 +15,8 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body as HttpBody;
 use http_body_util::BodyExt;
+use idempotency_guard::adapter::{BodyReadError, Captured, capture, read_body, resume};
 use idempotency_guard::engine::Settle;
-use idempotency_guard::layer::{BodyReadError, Captured, capture, read_body, resume};
 use idempotency_guard::telemetry::{Outcome, attempt_label};
 use idempotency_guard::{IDEMPOTENT_REPLAYED, KeyError, OutcomeUnknown, Scope, Store};
 use serde_json::value::RawValue;
@@ -148,7 +148,7 @@ where
                     return Ok(refusal(&refused, id.as_deref(), None, accept));
                 }
                 Err(error) => {
-                    let rejection = error.into_rejection(None, engine.retry_after());
+                    let rejection = error.into_refusal(None, engine.retry_after());
                     return Ok(rejection.into_response());
                 }
             };

@@ -9,7 +9,7 @@ use axum::response::IntoResponse;
 use futures_util::future::BoxFuture;
 use http::{HeaderValue, Request, Response};
 use idempotency_guard::IDEMPOTENCY_KEY;
-use idempotency_guard::layer::read_body;
+use idempotency_guard::adapter::read_body;
 
 use super::{WebhookLayer, WebhookRejection};
 

@@ -13,18 +13,18 @@ use futures_util::FutureExt;
 use http::{HeaderMap, Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::Full;
-use idempotency_guard::engine::Settle;
-use idempotency_guard::layer::{BodyReadError, read_body};
+use idempotency_guard::adapter::read_body;
+use idempotency_guard::engine::{Answer, Refusal, Settle};
 use idempotency_guard::telemetry::{Outcome, attempt_label};
 use idempotency_guard::{Engine, IdempotencyKey, KeyError, Scope, Store, StoredResponse};
 use tonic::metadata::MetadataMap;
 use tower::{Service, ServiceExt};
 
 use super::{CallScope, Config};
-use crate::engine::{self, Answer, Call};
+use crate::engine::{self, Call};
 use crate::exchange::{BoxError, Captured, Exchange, capture};
 use crate::outcome::settle;
-use crate::refusal::GrpcRefusal;
+use crate::refusal::to_status;
 
 /// The service [`GrpcIdempotencyLayer`](super::GrpcIdempotencyLayer) wraps
 /// around a tonic server's routes.
@@ -138,8 +138,8 @@ where
 }
 
 /// A refusal's answer, with the outcome it is counted under.
-fn refuse<E>(refusal: &GrpcRefusal) -> (Outcome, Result<Response<tonic::body::Body>, E>) {
-    (Outcome::Rejected, Ok(refusal.to_status().into_http()))
+fn refuse<E>(refusal: &Refusal) -> (Outcome, Result<Response<tonic::body::Body>, E>) {
+    (Outcome::Rejected, Ok(to_status(refusal).into_http()))
 }
 
 impl<S, I, B> GrpcIdempotencyService<S, I>
@@ -159,21 +159,20 @@ where
     ) -> (Outcome, Result<Response<tonic::body::Body>, I::Error>) {
         let key = match read_key(request.headers(), &self.config.key) {
             Ok(key) => key,
-            Err(KeyError::Missing) => return refuse(&GrpcRefusal::KeyMissing),
-            Err(error) => return refuse(&GrpcRefusal::KeyInvalid(error)),
+            Err(KeyError::Missing) => return refuse(&Refusal::KeyMissing),
+            Err(error) => return refuse(&Refusal::KeyInvalid(error)),
         };
         let Ok(scope) = Scope::new(scope) else {
-            return refuse(&GrpcRefusal::ScopeInvalid);
+            return refuse(&Refusal::ScopeInvalid);
         };
         let (parts, body) = request.into_parts();
         let limit = self.config.request_limit;
         let message = match read_body(body, &parts.headers, limit, None).await {
             Ok((message, _)) => message,
-            Err(BodyReadError::TooLarge { .. }) => {
-                return refuse(&GrpcRefusal::BodyTooLarge { limit });
+            // No budget here: never `body-buffer-full`.
+            Err(error) => {
+                return refuse(&error.into_refusal(Some(key), self.engine.retry_after()));
             }
-            // Unreadable (no budget: never full).
-            Err(_) => return refuse(&GrpcRefusal::BodyUnreadable),
         };
         let call = Call {
             scope,
@@ -184,7 +183,6 @@ where
         let request =
             Request::from_parts(parts, tonic::body::Body::new(Full::new(message.clone())));
         let (inner, stored_limit) = (self.inner, self.config.stored_response_limit);
-        let key = key.into_string();
         let work_key = key.clone();
         let retry_after = self.engine.retry_after();
         let (ended, outcome) = engine::run(&self.engine, call, move |context| {
@@ -193,18 +191,15 @@ where
         })
         .await;
         let result = match ended {
-            Answer::Ran(reply) => reply,
+            Answer::Ran { reply, .. } => reply,
             Answer::Replay(stored) => match Exchange::from_stored(stored) {
                 Some(exchange) => Ok(exchange.into_response(true)),
                 None => {
                     tracing::error!(method, "a stored answer is not a gRPC answer of this guard");
-                    return refuse(&GrpcRefusal::OutcomeUnknown {
-                        key,
-                        cut_off: false,
-                    });
+                    return refuse(&Refusal::OutcomeUnknown { key });
                 }
             },
-            Answer::Refused(refusal) => Ok(refusal.to_status().into_http()),
+            Answer::Refused(refusal) => Ok(to_status(&refusal).into_http()),
         };
         (outcome, result)
     }
@@ -216,14 +211,12 @@ where
 fn with_run(
     mut request: Request<tonic::body::Body>,
     context: idempotency_guard::engine::RunContext,
-    key: &str,
+    key: &IdempotencyKey,
     retry_after: std::time::Duration,
 ) -> Request<tonic::body::Body> {
-    request.extensions_mut().insert(crate::tx::CallRun::new(
-        context,
-        key.to_owned(),
-        retry_after,
-    ));
+    request
+        .extensions_mut()
+        .insert(crate::tx::CallRun::new(context, key.clone(), retry_after));
     request
 }
 
@@ -232,7 +225,7 @@ fn with_run(
 fn with_run(
     request: Request<tonic::body::Body>,
     _context: idempotency_guard::engine::RunContext,
-    _key: &str,
+    _key: &IdempotencyKey,
     _retry_after: std::time::Duration,
 ) -> Request<tonic::body::Body> {
     request
@@ -255,7 +248,7 @@ async fn run_method<I, B>(
     inner: I,
     request: Request<tonic::body::Body>,
     stored_limit: usize,
-    key: String,
+    key: IdempotencyKey,
 ) -> Settle<Result<Response<tonic::body::Body>, I::Error>, Option<StoredResponse>>
 where
     I: Service<Request<tonic::body::Body>, Response = Response<B>> + Send + 'static,
@@ -288,7 +281,7 @@ where
         Captured::Broken(error) => {
             tracing::error!(error = %error, "the method's answer broke off; its key is released");
             Settle::Release {
-                reply: Ok(GrpcRefusal::HandlerFailed { key }.to_status().into_http()),
+                reply: Ok(to_status(&Refusal::HandlerFailed { key }).into_http()),
                 keep_writes: false,
             }
         }

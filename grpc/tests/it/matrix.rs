@@ -12,7 +12,8 @@
 
 use std::time::Duration;
 
-use idempotency_grpc::GrpcRefusal;
+use idempotency_grpc::refusal::{RETRY_PUSHBACK, to_status};
+use idempotency_guard::engine::Refusal;
 use idempotency_guard::{Engine, IdempotencyKey, KeyError, Store};
 use idempotency_tests::TestDb;
 use tonic::Code;
@@ -62,15 +63,18 @@ impl Expect {
         }
     }
 
-    fn refusal(refusal: &GrpcRefusal) -> Self {
-        let status = refusal.to_status();
+    fn refusal(refusal: &Refusal) -> Self {
+        let status = to_status(refusal);
         Self {
             code: status.code(),
             message: status.message().to_owned(),
             details: status.details().to_vec(),
             replayed: false,
             run: None,
-            pushback: refusal.retry_after().map(|delay| delay.as_millis()),
+            pushback: status
+                .metadata()
+                .get(RETRY_PUSHBACK)
+                .and_then(|millis| millis.to_str().ok()?.parse().ok()),
         }
     }
 
@@ -138,13 +142,13 @@ async fn rows(server: &TestServer, client: Client, tag: &str) {
     for (call, refusal, what) in [
         (
             CallSpec::new(&account, None),
-            GrpcRefusal::KeyMissing,
+            Refusal::KeyMissing,
             "key-missing",
         ),
-        (two, GrpcRefusal::KeyInvalid(KeyError::Repeated), "two keys"),
+        (two, Refusal::KeyInvalid(KeyError::Repeated), "two keys"),
         (
             CallSpec::new(&account, Some(&long)),
-            GrpcRefusal::KeyInvalid(long_error),
+            Refusal::KeyInvalid(long_error),
             "a key too long",
         ),
     ] {
@@ -160,7 +164,9 @@ async fn rows(server: &TestServer, client: Client, tag: &str) {
     other.amount_cents = 99;
     calls.extend([CallSpec::new(&account, Some(&reused)), other.clone(), other]);
     let first = calls.len() - 3;
-    let refusal = GrpcRefusal::KeyReused { key: reused };
+    let refusal = Refusal::KeyReused {
+        key: IdempotencyKey::from_raw(&reused).expect("a key"),
+    };
 
     let seen = client.calls(server, &calls).await;
     assert_eq!(seen.len(), calls.len());
@@ -230,8 +236,8 @@ async fn in_flight(server: &TestServer, retry_after: Duration, client: Client, t
     server.started(&account, 1).await;
     let call = CallSpec::new(&account, Some(&key));
     let seen = client.calls(server, &[call.clone(), call.clone()]).await;
-    let refusal = GrpcRefusal::InFlight {
-        key: key.clone(),
+    let refusal = Refusal::RequestInFlight {
+        key: IdempotencyKey::from_raw(&key).expect("a key"),
         retry_after,
     };
     for (answer, attempt) in seen.iter().zip(["fresh", "again"]) {
@@ -250,19 +256,21 @@ async fn in_flight(server: &TestServer, retry_after: Duration, client: Client, t
     assert_eq!(server.runs.of(&account), 1);
 }
 
-/// `outcome-unknown`: this call cut off at the maximum handler time, then
-/// the abandoned record.
+/// `handler-timeout`: this call cut off at the maximum handler time (its
+/// outcome unknown), then `outcome-unknown`: the abandoned record.
 async fn outcome_unknown(server: &TestServer, client: Client, tag: &str) {
     let account = format!("sleep:3000:{tag}");
     let key = format!("{tag}-cut");
     let call = CallSpec::new(&account, Some(&key));
     let seen = client.calls(server, &[call.clone(), call]).await;
-    for (answer, cut_off) in seen.iter().zip([true, false]) {
-        let refusal = GrpcRefusal::OutcomeUnknown {
-            key: key.clone(),
-            cut_off,
-        };
-        Expect::refusal(&refusal).check(answer, &format!("{client:?}: cut off {cut_off}"));
+    let key = IdempotencyKey::from_raw(&key).expect("a key");
+    let cut_off = Refusal::HandlerTimeout {
+        key: key.clone(),
+        rolled_back: false,
+    };
+    let abandoned = Refusal::OutcomeUnknown { key };
+    for (answer, refusal) in seen.iter().zip([cut_off, abandoned]) {
+        Expect::refusal(&refusal).check(answer, &format!("{client:?}: {}", refusal.name()));
     }
     assert_eq!(server.runs.of(&account), 0);
 }
@@ -284,7 +292,7 @@ async fn over_the_limits(server: &TestServer, client: Client, tag: &str) {
             &[large.clone(), large, call.clone(), call.clone(), call],
         )
         .await;
-    let too_large = GrpcRefusal::BodyTooLarge {
+    let too_large = Refusal::BodyTooLarge {
         limit: request_limit,
     };
     for (answer, attempt) in seen[..2].iter().zip(["fresh", "again"]) {
@@ -296,7 +304,9 @@ async fn over_the_limits(server: &TestServer, client: Client, tag: &str) {
         seen[2]
     );
     assert!(seen[2].body.is_some());
-    let not_stored = GrpcRefusal::ResponseNotStored { key };
+    let not_stored = Refusal::ResponseNotStored {
+        key: IdempotencyKey::from_raw(&key).expect("a key"),
+    };
     for (answer, attempt) in seen[3..].iter().zip(["fresh", "again"]) {
         Expect::refusal(&not_stored).check(
             answer,
@@ -317,8 +327,8 @@ async fn store_unavailable(server: &TestServer, retry_after: Duration, client: C
     let key = format!("{tag}-broken");
     let call = CallSpec::new(&account, Some(&key));
     let seen = client.calls(server, &[call.clone(), call]).await;
-    let refusal = GrpcRefusal::StoreUnavailable {
-        key: key.clone(),
+    let refusal = Refusal::StoreUnavailable {
+        key: Some(IdempotencyKey::from_raw(&key).expect("a key")),
         retry_after,
     };
     for (answer, attempt) in seen.iter().zip(["fresh", "again"]) {

@@ -16,16 +16,14 @@
 //! | `Settle<(), ()>` | an adapter's pure classifier (the axum layer's `classify`, `idempotency_grpc::outcome::settle`, JSON-RPC's rule) | the same three cases from an answer's head, before its body is read |
 //! | `Settle<(), &StoredResponse>` | the engine's settle step | what it writes (a cut-off run is abandoned as [`Settle::Abandon`]) |
 //! | [`Settled`] | the engine | what became of a run's outcome (stored, released, abandoned, not stored, unguarded) |
-//! | [`Refusal`] | the engine | why the work did not run (or cannot be vouched for) |
-//! | [`Answer`] | the engine | the caller's answer: ran, replay, refused (the gRPC and JSON-RPC adapters' own `Answer` is this one with their refusal) |
+//! | [`Refusal`] | the engine and every adapter | why the work did not run (or cannot be vouched for): the one refusal vocabulary, declared in `refusal.rs` |
+//! | [`Answer`] | the engine | the caller's answer: ran, replay, refused (the only `Answer`: every adapter renders this one) |
 //! | [`crate::telemetry::Outcome`] | [`Answer::outcome`] | the metrics label, one per answer (the only `Outcome`) |
-//! | [`crate::Rejection`] | the axum layer | an HTTP refusal rendered as problem+json |
 //! | `Verdict` | the consumer crate | what a broker is told: ack, redeliver, retry, dead-letter, park (the only `Verdict`) |
 //! | `Exchange` | the gateway crate | how a forwarded request ended upstream |
 
-use std::time::Duration;
-
 use crate::record::StoredResponse;
+pub use crate::refusal::Refusal;
 use crate::telemetry::Outcome;
 
 /// How the work ended, as the work tells the engine: keep its outcome
@@ -105,6 +103,26 @@ impl<T, R> Settle<T, R> {
     }
 }
 
+impl Settle<(), ()> {
+    /// The bare decision "keep this outcome": what an adapter's classifier
+    /// says of an answer to store (declared once for every adapter).
+    pub const KEEP: Self = Settle::Complete {
+        response: (),
+        reply: (),
+    };
+
+    /// The bare decision "release the key" (the work's writes roll back in
+    /// transactional mode): what an adapter's classifier says of an answer
+    /// a retry must be able to change.
+    pub const RELEASE: Self = Settle::Release {
+        reply: (),
+        keep_writes: false,
+    };
+
+    /// The bare decision "abandon the key": the outcome is unknown.
+    pub const ABANDON: Self = Settle::Abandon { reply: () };
+}
+
 /// What became of the outcome of work that ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -120,49 +138,6 @@ pub enum Settled {
     NotStored,
     /// The store was down and the engine fails open: the work ran unguarded.
     Unguarded,
-}
-
-/// Why the engine did not run the work (or cannot vouch for its run).
-///
-/// An error (`std::error::Error`), so `?` takes it into `anyhow::Error` or
-/// `Box<dyn Error>`; match on it to tell a retry later from a conflict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum Refusal {
-    /// The key was used with another request (another fingerprint).
-    #[error("the key was used with another request")]
-    KeyReused,
-    /// The first request with this key is still running.
-    #[error("the first request with this key is still running; ask again in {retry_after:?}")]
-    InFlight {
-        /// When to ask again.
-        retry_after: Duration,
-    },
-    /// An earlier run was abandoned: its effects are unknown.
-    #[error("an earlier run with this key was abandoned: its outcome is unknown")]
-    OutcomeUnknown,
-    /// The earlier run's outcome was too large to store.
-    #[error("the earlier run's outcome was too large to store")]
-    ResponseNotStored,
-    /// The store failed or did not answer; the work did not run.
-    #[error("the store is unavailable; the work did not run; try again in {retry_after:?}")]
-    StoreUnavailable {
-        /// When to try again.
-        retry_after: Duration,
-    },
-    /// The work ran past the maximum handler time and was cut off.
-    #[error(
-        "the work ran past the maximum handler time and was cut off (rolled back: {rolled_back})"
-    )]
-    TimedOut {
-        /// Whether its writes were rolled back with the record
-        /// (transactional mode): then a retry runs it again, safely.
-        rolled_back: bool,
-    },
-    /// The work panicked (or its transactional completion failed and was
-    /// rolled back); the key was released.
-    #[error("the work failed; the key was released")]
-    Failed,
 }
 
 /// The engine's answer to one [`Engine::run`](crate::Engine::run).
@@ -193,12 +168,29 @@ impl<T> Answer<T> {
             },
             Self::Replay(_) => Outcome::Replayed,
             Self::Refused(refusal) => match refusal {
-                Refusal::KeyReused => Outcome::KeyReused,
-                Refusal::InFlight { .. } => Outcome::InFlight,
-                Refusal::OutcomeUnknown | Refusal::ResponseNotStored => Outcome::Rejected,
+                Refusal::KeyReused { .. } => Outcome::KeyReused,
+                Refusal::RequestInFlight { .. } => Outcome::InFlight,
+                Refusal::OutcomeUnknown { .. } | Refusal::ResponseNotStored { .. } => {
+                    Outcome::Rejected
+                }
                 Refusal::StoreUnavailable { .. } => Outcome::StoreUnavailable,
-                Refusal::TimedOut { rolled_back: true } | Refusal::Failed => Outcome::Released,
-                Refusal::TimedOut { rolled_back: false } => Outcome::Abandoned,
+                Refusal::HandlerTimeout {
+                    rolled_back: true, ..
+                }
+                | Refusal::HandlerFailed { .. } => Outcome::Released,
+                Refusal::HandlerTimeout {
+                    rolled_back: false, ..
+                } => Outcome::Abandoned,
+                // An adapter's own refusals, before the engine ran anything.
+                Refusal::KeyMissing
+                | Refusal::KeyInvalid(_)
+                | Refusal::ScopeInvalid
+                | Refusal::BodyTooLarge { .. }
+                | Refusal::BodyUnreadable
+                | Refusal::BodyBufferFull { .. }
+                | Refusal::BatchNotGuarded
+                | Refusal::LayerMissing
+                | Refusal::TransactionUnavailable => Outcome::Rejected,
             },
         }
     }

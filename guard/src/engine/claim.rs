@@ -31,6 +31,9 @@ pub(super) enum Acquired<T> {
     Locked(Lease, super::transaction::Locked),
     /// Answer the caller without running.
     Answer(Answer<T>),
+    /// Another run holds the key (single-commit mode's lock, or claims
+    /// that kept changing hands): answer `request-in-flight`.
+    InFlight,
     /// The store failed: fail closed or open.
     StoreFailed,
 }
@@ -93,12 +96,27 @@ impl<S: Store> Engine<S> {
                     wait_left,
                 ) {
                     Decision::Replay => return Acquired::Answer(self.replay(job, record)),
-                    Decision::ResponseNotStored => return refuse(Refusal::ResponseNotStored),
-                    Decision::KeyReused => return refuse(Refusal::KeyReused),
-                    Decision::InFlight { retry_after } => {
-                        return refuse(Refusal::InFlight { retry_after });
+                    Decision::ResponseNotStored => {
+                        return refuse(Refusal::ResponseNotStored {
+                            key: job.key.clone(),
+                        });
                     }
-                    Decision::OutcomeUnknown => return refuse(Refusal::OutcomeUnknown),
+                    Decision::KeyReused => {
+                        return refuse(Refusal::KeyReused {
+                            key: job.key.clone(),
+                        });
+                    }
+                    Decision::InFlight { retry_after } => {
+                        return refuse(Refusal::RequestInFlight {
+                            key: job.key.clone(),
+                            retry_after,
+                        });
+                    }
+                    Decision::OutcomeUnknown => {
+                        return refuse(Refusal::OutcomeUnknown {
+                            key: job.key.clone(),
+                        });
+                    }
                     // The rare paths (waiting, taking over) are boxed, so
                     // that their futures do not enlarge every request's.
                     Decision::Wait => {
@@ -130,9 +148,7 @@ impl<S: Store> Engine<S> {
                 }
             }
         }
-        Acquired::Answer(Answer::Refused(Refusal::InFlight {
-            retry_after: self.inner.config.policy.retry_after,
-        }))
+        Acquired::InFlight
     }
 
     /// The replay cache's answer for `job`, if it holds its key.
@@ -140,7 +156,9 @@ impl<S: Store> Engine<S> {
         let cache = self.replay_cache()?;
         match cache.get(job.scope.as_str(), job.key.as_str(), &job.fingerprint)? {
             Hit::Replay(stored) => Some(Answer::Replay(stored)),
-            Hit::Reused => Some(Answer::Refused(Refusal::KeyReused)),
+            Hit::Reused => Some(Answer::Refused(Refusal::KeyReused {
+                key: job.key.clone(),
+            })),
         }
     }
 
@@ -148,7 +166,9 @@ impl<S: Store> Engine<S> {
     /// or `response-not-stored` when it kept no body.
     fn replay<T>(&self, job: &Job, record: Record) -> Answer<T> {
         let Some(stored) = record.response.filter(|stored| stored.body.is_some()) else {
-            return Answer::Refused(Refusal::ResponseNotStored);
+            return Answer::Refused(Refusal::ResponseNotStored {
+                key: job.key.clone(),
+            });
         };
         if let Some(cache) = self.replay_cache() {
             cache.put(

@@ -168,7 +168,7 @@ macro_rules! engine_settings {
             /// Sets the longest a run may take (work and capture of its outcome,
             /// for the axum layer the handler and its response body); past it
             /// the engine cuts it off and answers
-            /// [`Refusal::TimedOut`](crate::engine::Refusal::TimedOut) (the
+            /// [`Refusal::HandlerTimeout`](crate::engine::Refusal::HandlerTimeout) (the
             /// layer's 504 `handler-timeout`). The key becomes abandoned (in
             /// transactional mode, when the run began its transaction, it is
             /// released: its writes were rolled back).

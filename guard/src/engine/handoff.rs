@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::{Answer, Refusal};
+use crate::key::IdempotencyKey;
 
 /// The boxed run: boxed so that it can move into a task after it started
 /// (its state stays where it is; only the box moves).
@@ -28,17 +29,21 @@ pub(super) struct HandOff<T: Send + 'static> {
     /// Counts the run as the tracker's while the caller holds it; its
     /// tracker is where the run moves if the caller goes away.
     token: TaskTrackerToken,
+    /// The run's key, for the refusal when the engine's own code panics.
+    key: IdempotencyKey,
 }
 
 impl<T: Send + 'static> HandOff<T> {
-    /// Takes `run` over for the caller; `tracker` is the engine's.
+    /// Takes `run` of `key` over for the caller; `tracker` is the engine's.
     pub(super) fn new(
         run: impl Future<Output = Answer<T>> + Send + 'static,
         tracker: &TaskTracker,
+        key: IdempotencyKey,
     ) -> Self {
         Self {
             run: Some(Box::pin(run)),
             token: tracker.token(),
+            key,
         }
     }
 }
@@ -48,7 +53,9 @@ impl<T: Send + 'static> Future for HandOff<T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer<T>> {
         let Some(run) = self.run.as_mut() else {
-            return Poll::Ready(Answer::Refused(Refusal::Failed));
+            return Poll::Ready(Answer::Refused(Refusal::HandlerFailed {
+                key: self.key.clone(),
+            }));
         };
         // A panic of the engine's own code (the work's panics are caught
         // inside the run) ends the run here: it must not move into a task
@@ -62,7 +69,9 @@ impl<T: Send + 'static> Future for HandOff<T> {
             Err(_panic) => {
                 self.run = None;
                 tracing::error!("the engine's run panicked");
-                Poll::Ready(Answer::Refused(Refusal::Failed))
+                Poll::Ready(Answer::Refused(Refusal::HandlerFailed {
+                    key: self.key.clone(),
+                }))
             }
         }
     }

@@ -244,7 +244,7 @@ impl<S: Store> Engine<S> {
     /// stored, so the caller's retry gets the replay; a caller that goes away
     /// while its claim is still on its way leaves the claim to be released
     /// in the background. A panic in the work releases the key and answers
-    /// [`Refusal::Failed`].
+    /// [`Refusal::HandlerFailed`].
     ///
     /// (Not an `async fn`: one would keep `job` and `work` a second time in
     /// its state, in every request's future.)
@@ -289,11 +289,18 @@ impl<S: Store> Engine<S> {
             claim::Acquired::Lease(lease) => (lease, Held::default()),
             claim::Acquired::Locked(lease, transaction) => (lease, Some(transaction)),
             claim::Acquired::Answer(answer) => return answer,
-            claim::Acquired::StoreFailed => return self.store_failed(work).await,
+            claim::Acquired::StoreFailed => return self.store_failed(&job, work).await,
+            claim::Acquired::InFlight => {
+                return Answer::Refused(Refusal::RequestInFlight {
+                    key: job.key,
+                    retry_after: self.inner.config.policy.retry_after,
+                });
+            }
         };
         // No await between the claim's answer and this hand-off: from here
         // on the run goes on to its end, whatever becomes of the caller.
         let engine = self.clone();
+        let key = job.key.clone();
         let run = async move {
             engine
                 .run_acquired(job, lease, held, claim_sent, work)
@@ -302,7 +309,7 @@ impl<S: Store> Engine<S> {
         // The run stays inside the caller's span, in a task of its own too.
         #[cfg(feature = "otel")]
         let run = tracing::Instrument::in_current_span(run);
-        handoff::HandOff::new(run, &self.inner.tracker).await
+        handoff::HandOff::new(run, &self.inner.tracker, key).await
     }
 
     /// Runs `work` once for `job`'s key and keeps its JSON value as the
@@ -311,13 +318,14 @@ impl<S: Store> Engine<S> {
     /// # Errors
     ///
     /// The refusal when the work did not run and no stored value exists,
-    /// or [`Refusal::Failed`] when a stored value does not deserialize.
+    /// or [`Refusal::HandlerFailed`] when a stored value does not deserialize.
     pub async fn run_json<F, Fut, V>(&self, job: Job, work: F) -> Result<V, Refusal>
     where
         F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = V> + Send + 'static,
         V: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
     {
+        let key = job.key.clone();
         let answer = self
             .run(job, |context| async move {
                 let value = work(context).await;
@@ -342,7 +350,7 @@ impl<S: Store> Engine<S> {
                 .body
                 .as_deref()
                 .and_then(|body| serde_json::from_slice(body).ok())
-                .ok_or(Refusal::Failed),
+                .ok_or(Refusal::HandlerFailed { key }),
             Answer::Refused(refusal) => Err(refusal),
         }
     }
@@ -393,13 +401,14 @@ impl<S: Store> Engine<S> {
     }
 
     /// Fails closed (refuses) or open (runs the work unguarded).
-    async fn store_failed<F, Fut, T>(&self, work: F) -> Answer<T>
+    async fn store_failed<F, Fut, T>(&self, job: &Job, work: F) -> Answer<T>
     where
         F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Settle<T>> + Send + 'static,
     {
         match self.inner.config.failure_mode {
             FailureMode::Closed => Answer::Refused(Refusal::StoreUnavailable {
+                key: Some(job.key.clone()),
                 retry_after: self.inner.config.policy.retry_after,
             }),
             FailureMode::Open => {

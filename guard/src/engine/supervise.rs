@@ -169,7 +169,9 @@ impl<S: Store> Engine<S> {
                     keep_writes: false,
                 };
                 Box::pin(self.settle_logged(job, &transaction, ending, &mut keeper)).await;
-                Answer::Refused(Refusal::Failed)
+                Answer::Refused(Refusal::HandlerFailed {
+                    key: job.key.clone(),
+                })
             }
             None => {
                 tracing::warn!(route = %job.route, "the work exceeded the maximum handler time");
@@ -178,7 +180,10 @@ impl<S: Store> Engine<S> {
                 let cut_off = Settle::Abandon { reply: () };
                 let rolled_back =
                     Box::pin(self.settle_logged(job, &transaction, cut_off, &mut keeper)).await;
-                Answer::Refused(Refusal::TimedOut { rolled_back })
+                Answer::Refused(Refusal::HandlerTimeout {
+                    key: job.key.clone(),
+                    rolled_back,
+                })
             }
         };
         keeper.stop().await;
@@ -251,10 +256,16 @@ impl<S: Store> Engine<S> {
                 let retry_after = self.inner.config.policy.retry_after;
                 if matches!(error, StoreError::LeaseLost) {
                     count_lease_lost(&job.route, "complete");
-                    Answer::Refused(Refusal::InFlight { retry_after })
+                    Answer::Refused(Refusal::RequestInFlight {
+                        key: job.key.clone(),
+                        retry_after,
+                    })
                 } else {
                     self.release_in_background(Arc::clone(lease));
-                    Answer::Refused(Refusal::StoreUnavailable { retry_after })
+                    Answer::Refused(Refusal::StoreUnavailable {
+                        key: Some(job.key.clone()),
+                        retry_after,
+                    })
                 }
             }
             Err(SettleError {

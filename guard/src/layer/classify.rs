@@ -14,19 +14,6 @@ use super::markers::{FinalResponse, OutcomeUnknown};
 use crate::engine::Settle;
 use crate::response::is_no_store;
 
-/// Keep the response: capture its body, store it, replay it to every retry.
-pub(crate) const KEEP: Settle<(), ()> = Settle::Complete {
-    response: (),
-    reply: (),
-};
-
-/// Release the key, the handler's writes rolled back (in transactional
-/// mode): not an answer to keep, so a retry runs the handler again.
-pub(crate) const RELEASE: Settle<(), ()> = Settle::Release {
-    reply: (),
-    keep_writes: false,
-};
-
 /// Classifies a route's response from its head: `stored_statuses` is the
 /// layer's rule of statuses that are stored.
 ///
@@ -39,10 +26,10 @@ pub(crate) const RELEASE: Settle<(), ()> = Settle::Release {
 /// kept.
 pub(crate) fn classify(parts: &Parts, stored_statuses: fn(StatusCode) -> bool) -> Settle<(), ()> {
     if parts.extensions.get::<OutcomeUnknown>().is_some() {
-        return Settle::Abandon { reply: () };
+        return Settle::ABANDON;
     }
     if is_rejection_before_work(parts.status) && parts.extensions.get::<FinalResponse>().is_none() {
-        return RELEASE;
+        return Settle::RELEASE;
     }
     let no_store = is_no_store(&parts.headers);
     if no_store || !stored_statuses(parts.status) {
@@ -51,7 +38,7 @@ pub(crate) fn classify(parts: &Parts, stored_statuses: fn(StatusCode) -> bool) -
             keep_writes: no_store && parts.status.is_success(),
         };
     }
-    KEEP
+    Settle::KEEP
 }
 
 /// The statuses an extractor rejection answers with (malformed, too large,
@@ -91,8 +78,8 @@ mod tests {
     fn truth_table() {
         const NO_STORE: Option<&str> = Some("no-store");
         const PRIVATE: Option<&str> = Some("private, max-age=60");
-        let (keep, abandon) = (KEEP, Settle::Abandon { reply: () });
-        let release = RELEASE;
+        let (keep, abandon) = (Settle::KEEP, Settle::ABANDON);
+        let release = Settle::RELEASE;
         let release_keeping_writes = Settle::Release {
             reply: (),
             keep_writes: true,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use http::{HeaderName, Method, StatusCode, request::Parts};
 
-use super::body::BodyBudget;
+use crate::adapter::BodyBudget;
 use crate::replay::ReplayPolicy;
 use crate::response::default_stored_status;
 

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use http::{HeaderName, Method, StatusCode, request::Parts};
 use tower::Layer;
 
-use super::body::BodyBudget;
 use super::config::Config;
 use super::service::IdempotencyService;
+use crate::adapter::BodyBudget;
 use crate::engine::{Drain, Engine};
 use crate::replay::ReplayPolicy;
 use crate::store::Store;
@@ -207,7 +207,7 @@ impl<S: Store> IdempotencyLayer<S> {
     /// ```
     /// # use idempotency_guard::{IdempotencyLayer, store::AnyStore};
     /// # fn f(store: AnyStore) -> (IdempotencyLayer<AnyStore>, IdempotencyLayer<AnyStore>) {
-    /// use idempotency_guard::layer::BodyBudget;
+    /// use idempotency_guard::adapter::BodyBudget;
     /// let budget = BodyBudget::new(64 * 1024 * 1024);
     /// let payments = IdempotencyLayer::new(store.clone()).with_body_budget(budget.clone());
     /// let refunds = IdempotencyLayer::new(store).with_body_budget(budget);

@@ -26,10 +26,11 @@
 //! service), `service.rs` ([`IdempotencyService`]: the request
 //! path), `future.rs` ([`ResponseFuture`]), `classify.rs` (the table above
 //! as one pure function of the response's head: keep, release or abandon,
-//! as the engine's own `Settle<(), ()>`), `body.rs` (bounded bodies:
-//! [`read_body`], [`BodyBudget`], [`capture`] and [`resume`], which every
-//! adapter that buffers a body uses), `markers.rs` ([`FinalResponse`], [`OutcomeUnknown`])
-//! and `tx.rs` (the [`Tx`](crate::Tx) extractor, with PostgreSQL).
+//! as the engine's own `Settle<(), ()>`), `markers.rs` ([`FinalResponse`], [`OutcomeUnknown`])
+//! and `tx.rs` (the [`Tx`](crate::Tx) extractor, with PostgreSQL). The
+//! bounded bodies every adapter reads ([`read_body`](crate::adapter::read_body),
+//! [`capture`](crate::adapter::capture)) are the adapter kit's,
+//! [`crate::adapter`].
 //!
 //! # Settings: the layer's own, and the engine's written once
 //!
@@ -50,7 +51,6 @@
 //! configured.) An engine configured beforehand, or shared with other
 //! adapters, is taken as it is by [`IdempotencyLayer::with_engine`].
 
-mod body;
 mod classify;
 mod config;
 mod future;
@@ -62,7 +62,6 @@ mod service;
 #[cfg(feature = "postgres")]
 mod tx;
 
-pub use body::{BodyBudget, BodyReadError, BodyReservation, Captured, capture, read_body, resume};
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use markers::{FinalResponse, OutcomeUnknown};

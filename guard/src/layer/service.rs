@@ -18,14 +18,13 @@ use http::{Method, Request, Response, request::Parts};
 use http_body::Body as HttpBody;
 use tower::{Service, ServiceExt};
 
-use super::body::{capture_response, read_body};
 use super::classify::classify;
 use super::config::Config;
 use super::future::ResponseFuture;
-use crate::engine::{Answer, Engine, Job, RunContext, Settle};
+use crate::adapter::{capture_response, read_body};
+use crate::engine::{Answer, Engine, Job, Refusal, RunContext, Settle};
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyError, Scope};
-use crate::problem::Rejection;
 use crate::record::StoredResponse;
 use crate::response::{BoxError, headers_to_store};
 use crate::store::Store;
@@ -85,10 +84,11 @@ struct Counted<E> {
 }
 
 impl<E> Counted<E> {
-    fn rejected(rejection: Rejection) -> Self {
+    /// A refusal before the engine ran: counted as `rejected`.
+    fn refused(refusal: Refusal) -> Self {
         Self {
             outcome: Some(Outcome::Rejected),
-            result: Ok(rejection.into_response()),
+            result: Ok(refusal.into_response()),
         }
     }
 }
@@ -167,15 +167,15 @@ where
                     result: pass_through(self.inner, request).await,
                 };
             }
-            Err(KeyError::Missing) => return Counted::rejected(Rejection::KeyMissing),
-            Err(error) => return Counted::rejected(Rejection::KeyInvalid(error)),
+            Err(KeyError::Missing) => return Counted::refused(Refusal::KeyMissing),
+            Err(error) => return Counted::refused(Refusal::KeyInvalid(error)),
         };
         let (parts, body) = request.into_parts();
         let scope = match &self.config.scope {
             None => Scope::DEFAULT,
             Some(name) => match Scope::new(name(&parts)) {
                 Ok(scope) => scope,
-                Err(_) => return Counted::rejected(Rejection::ScopeInvalid),
+                Err(_) => return Counted::refused(Refusal::ScopeInvalid),
             },
         };
         // The reservation, if any, is held until the guard answers.
@@ -184,8 +184,8 @@ where
             match read_body(body, &parts.headers, self.config.body_limit, budget).await {
                 Ok(read) => read,
                 Err(error) => {
-                    let key = Some(key.as_str().to_owned());
-                    return Counted::rejected(error.into_rejection(key, self.engine.retry_after()));
+                    let refusal = error.into_refusal(Some(key), self.engine.retry_after());
+                    return Counted::refused(refusal);
                 }
             };
         let path = path_and_query(&parts);
@@ -212,12 +212,7 @@ where
         let result = match answer {
             Answer::Ran { reply, .. } => reply,
             Answer::Replay(stored) => Ok(self.config.replay.replay_owned(stored, key.as_str())),
-            Answer::Refused(refusal) => {
-                Ok(
-                    Rejection::from_refusal(refusal, key.as_str(), self.config.mismatch_status)
-                        .into_response(),
-                )
-            }
+            Answer::Refused(refusal) => Ok(refusal.into_response_with(self.config.mismatch_status)),
         };
         Counted { outcome, result }
     }
@@ -278,10 +273,7 @@ where
         Err(error) => {
             tracing::error!(error = %error, "the handler's response body failed");
             return Settle::Release {
-                reply: Ok(Rejection::HandlerFailed {
-                    key: key.into_string(),
-                }
-                .into_response()),
+                reply: Ok(Refusal::HandlerFailed { key }.into_response()),
                 keep_writes: false,
             };
         }

@@ -2,19 +2,19 @@
 //! transaction, from the request's extensions) and the problem+json answer
 //! of a [`TxRejection`]. The engine's half is `engine/transaction/`.
 
+use std::time::Duration;
+
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 
 use crate::engine::transaction::{TransactionSlot, Tx, TxRejection};
-use crate::problem::types;
 
 impl IntoResponse for TxRejection {
     fn into_response(self) -> Response {
-        let kind = match self {
-            Self::Begin(_) | Self::Mark(_) => types::STORE_UNAVAILABLE,
-            Self::NotTransactional | Self::InUse => types::TRANSACTION_UNAVAILABLE,
-        };
+        // The refusal's problem type (the one mapping, shared with gRPC);
+        // the detail is this error's own account.
+        let kind = self.refusal(None, Duration::from_secs(1)).problem_type();
         tracing::error!(error = %self, "transactional mode: no transaction for the handler");
         kind.problem(self.to_string()).into_response()
     }

@@ -4,7 +4,8 @@
 //! Each problem is declared once in [`types`] (name, status, title,
 //! headers); [`Problem`] is its body, built from a [`ProblemType`] with
 //! [`ProblemType::problem`] and turned into a response by its
-//! [`IntoResponse`]. [`Rejection`] is the guard's own refusals.
+//! [`IntoResponse`]. The guard's own refusals, [`Refusal`](crate::Refusal),
+//! render through their problem type here (`problem/refusal.rs`).
 //!
 //! Each problem's `type` is `urn:idempotency:<name>`; the names are those of
 //! the status-code table in the crate docs. The `key` member echoes the key
@@ -27,7 +28,7 @@
 //! );
 //! ```
 
-mod rejection;
+mod refusal;
 pub mod types;
 
 use std::time::Duration;
@@ -37,8 +38,6 @@ use http::{HeaderValue, StatusCode, header};
 use serde::{Deserialize, Serialize};
 
 use crate::headers::retry_after_value;
-
-pub use rejection::Rejection;
 
 /// The media type of every problem answer.
 pub const PROBLEM_JSON: &str = "application/problem+json";

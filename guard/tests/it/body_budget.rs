@@ -9,7 +9,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::StatusCode;
 use idempotency_guard::IdempotencyLayer;
-use idempotency_guard::layer::BodyBudget;
+use idempotency_guard::adapter::BodyBudget;
 use tokio::sync::mpsc;
 
 use crate::support::{app, call, request, send};

@@ -194,7 +194,7 @@ async fn an_outage_that_outlasts_the_lease_ends_in_outcome_unknown<S: Store>(db:
         .run(job, |_run| async { panic!("an abandoned key ran again") })
         .await;
     assert!(
-        matches!(again, Answer::Refused(Refusal::OutcomeUnknown)),
+        matches!(again, Answer::Refused(Refusal::OutcomeUnknown { .. })),
         "{again:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);

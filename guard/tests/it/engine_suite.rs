@@ -101,7 +101,7 @@ pub(crate) async fn engine_runs_once_under_200_concurrent_callers<S: Store>(db: 
                 assert_eq!(stored.body.as_deref(), Some(&b"charged"[..]));
                 replayed += 1;
             }
-            Answer::Refused(Refusal::InFlight { .. }) => in_flight += 1,
+            Answer::Refused(Refusal::RequestInFlight { .. }) => in_flight += 1,
             Answer::Refused(other) => panic!("unexpected refusal {other:?}"),
         }
     }
@@ -148,7 +148,10 @@ pub(crate) async fn engine_keeps_json_outcomes<S: Store>(db: TestDb<S>) {
     let reused = engine
         .run_json::<_, _, Vec<u32>>(other, |_run| async { panic!("ran for another payload") })
         .await;
-    assert_eq!(reused, Err(Refusal::KeyReused));
+    assert!(
+        matches!(reused, Err(Refusal::KeyReused { .. })),
+        "{reused:?}"
+    );
 }
 
 /// A store whose client library sends every claim twice, as the Redis
@@ -398,7 +401,10 @@ pub(crate) async fn replay_cache_answers_without_the_store_until_told<S: Store>(
             |_run| async { panic!("ran for another payload") },
         )
         .await;
-    assert_eq!(reused, Err(Refusal::KeyReused));
+    assert!(
+        matches!(reused, Err(Refusal::KeyReused { .. })),
+        "{reused:?}"
+    );
     assert_eq!(
         calls.load(Ordering::SeqCst),
         cached,
@@ -730,7 +736,7 @@ pub(crate) async fn a_work_that_panics_before_its_future_releases_the_key<S: Sto
         })
         .await;
     assert!(
-        matches!(answer, Answer::Refused(Refusal::Failed)),
+        matches!(answer, Answer::Refused(Refusal::HandlerFailed { .. })),
         "{answer:?}"
     );
     let mut record = db.store.get("engine", job.key.as_str()).await.unwrap();

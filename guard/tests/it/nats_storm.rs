@@ -118,7 +118,7 @@ async fn pay(engine: &Engine<NatsStore>, runs: &Runs, counts: &Counts, key: &str
                 eprintln!("{key}: ran, its outcome {settled:?}");
                 return Ending::Lost;
             }
-            Answer::Refused(Refusal::OutcomeUnknown) => {
+            Answer::Refused(Refusal::OutcomeUnknown { .. }) => {
                 eprintln!("{key}: outcome unknown");
                 return Ending::Lost;
             }
@@ -126,7 +126,7 @@ async fn pay(engine: &Engine<NatsStore>, runs: &Runs, counts: &Counts, key: &str
                 counts.unavailable.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
-            Answer::Refused(Refusal::InFlight { .. }) => {
+            Answer::Refused(Refusal::RequestInFlight { .. }) => {
                 counts.in_flight.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }

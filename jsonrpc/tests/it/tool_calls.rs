@@ -431,7 +431,7 @@ async fn a_body_over_the_limit_is_refused_under_its_own_id_and_never_kept() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_past_the_buffer_budget_is_refused_until_the_held_one_goes() {
-    use idempotency_guard::layer::BodyBudget;
+    use idempotency_guard::adapter::BodyBudget;
     use tokio::io::AsyncWriteExt;
 
     let db = idempotency_tests::sqlite().await;

@@ -22,6 +22,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::{PgConnection, Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
@@ -82,6 +83,24 @@ pub enum TxRejection {
     /// the run no longer holds its lease).
     #[error("the record could not be marked transactional")]
     Mark(#[source] crate::store::StoreError),
+}
+
+impl TxRejection {
+    /// The refusal an adapter answers with: `store-unavailable` (with
+    /// `key` and `retry_after`) when the transaction could not begin or the
+    /// record could not be marked, `transaction-unavailable` otherwise.
+    pub fn refusal(
+        &self,
+        key: Option<crate::key::IdempotencyKey>,
+        retry_after: Duration,
+    ) -> crate::engine::Refusal {
+        match self {
+            Self::Begin(_) | Self::Mark(_) => {
+                crate::engine::Refusal::StoreUnavailable { key, retry_after }
+            }
+            Self::NotTransactional | Self::InUse => crate::engine::Refusal::TransactionUnavailable,
+        }
+    }
 }
 
 /// The transaction of one run, begun on first use by the work (or, in
@@ -418,11 +437,7 @@ impl<S: crate::store::Store> Engine<S> {
         match Box::pin(self.claim_locked(postgres, new, wait_until)).await {
             LockedStep::Held(lease, transaction) => Err(Acquired::Locked(lease, transaction)),
             LockedStep::Record(record) => Ok(Ok(Claim::Existing(record))),
-            LockedStep::InFlight => Err(Acquired::Answer(crate::engine::Answer::Refused(
-                crate::engine::Refusal::InFlight {
-                    retry_after: self.inner.config.policy.retry_after,
-                },
-            ))),
+            LockedStep::InFlight => Err(Acquired::InFlight),
             LockedStep::Failed => Err(Acquired::StoreFailed),
         }
     }

@@ -25,7 +25,8 @@ use http::{HeaderMap, header};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, BodyStream, LengthLimitError, Limited};
 
-use crate::problem::Rejection;
+use crate::key::IdempotencyKey;
+use crate::refusal::Refusal;
 use crate::response::BoxError;
 
 /// The bytes of guarded request bodies that may be buffered at once,
@@ -33,7 +34,7 @@ use crate::response::BoxError;
 /// routes of a process).
 ///
 /// ```
-/// use idempotency_guard::layer::BodyBudget;
+/// use idempotency_guard::adapter::BodyBudget;
 ///
 /// let budget = BodyBudget::new(64 * 1024 * 1024);
 /// assert_eq!(budget.total(), 64 * 1024 * 1024);
@@ -140,13 +141,13 @@ pub enum BodyReadError {
 }
 
 impl BodyReadError {
-    /// The rejection to answer with; `key` (when known) and `retry_after`
+    /// The refusal to answer with; `key` (when known) and `retry_after`
     /// go into a `body-buffer-full` answer.
-    pub fn into_rejection(self, key: Option<String>, retry_after: Duration) -> Rejection {
+    pub fn into_refusal(self, key: Option<IdempotencyKey>, retry_after: Duration) -> Refusal {
         match self {
-            Self::TooLarge { limit } => Rejection::BodyTooLarge { limit },
-            Self::Unreadable => Rejection::BodyUnreadable,
-            Self::BufferFull => Rejection::BodyBufferFull { key, retry_after },
+            Self::TooLarge { limit } => Refusal::BodyTooLarge { limit },
+            Self::Unreadable => Refusal::BodyUnreadable,
+            Self::BufferFull => Refusal::BodyBufferFull { key, retry_after },
         }
     }
 }
