@@ -62,8 +62,9 @@ pub(crate) struct Exchange {
     pub(crate) trailers: Option<HeaderMap>,
 }
 
-/// How reading a handler's answer went.
-pub(crate) enum Captured {
+/// How reading a handler's whole answer went (its message and its
+/// trailers; the guard's `adapter::Captured` keeps a body alone).
+pub(crate) enum AnswerRead {
     /// Read to its end, within the limit.
     Whole(Exchange),
     /// Over the limit: `response` streams the rest to this caller; nothing
@@ -76,7 +77,7 @@ pub(crate) enum Captured {
 /// Reads `response` to its end, keeping at most `limit` bytes of message.
 /// Not the guard's `adapter::capture`: a gRPC answer's status is in its
 /// trailers, which are kept here and dropped there.
-pub(crate) async fn capture<B>(response: Response<B>, limit: usize) -> Captured
+pub(crate) async fn read_answer<B>(response: Response<B>, limit: usize) -> AnswerRead
 where
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -89,7 +90,7 @@ where
     while let Some(frame) = body.frame().await {
         let frame = match frame {
             Ok(frame) => frame,
-            Err(error) => return Captured::Broken(error.into()),
+            Err(error) => return AnswerRead::Broken(error.into()),
         };
         match frame.into_data() {
             Ok(data) => {
@@ -104,7 +105,7 @@ where
                     let rest =
                         BodyStream::new(body).map(|frame| frame.map_err(Into::<BoxError>::into));
                     let body = tonic::body::Body::new(StreamBody::new(prefix.chain(rest)));
-                    return Captured::TooLarge(Response::from_parts(parts, body));
+                    return AnswerRead::TooLarge(Response::from_parts(parts, body));
                 }
             }
             Err(frame) => {
@@ -119,7 +120,7 @@ where
         1 => chunks.pop().unwrap_or_default(),
         _ => chunks.concat().into(),
     };
-    Captured::Whole(Exchange {
+    AnswerRead::Whole(Exchange {
         headers: parts.headers,
         message,
         trailers,

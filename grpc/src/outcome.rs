@@ -25,18 +25,6 @@ use tonic::{Code, Status};
 /// sent or stored.
 pub const FINAL_STATUS: &str = "idempotency-final";
 
-/// Keep the answer: every later call with the key gets it replayed.
-const KEEP: Settle<(), ()> = Settle::Complete {
-    response: (),
-    reply: (),
-};
-
-/// Release the key: a retry runs the method again.
-const RELEASE: Settle<(), ()> = Settle::Release {
-    reply: (),
-    keep_writes: false,
-};
-
 /// The table of this module: what becomes of an answer with `code`
 /// (`None` when the answer carried no valid `grpc-status`), `marked_final`
 /// when the handler marked it final. Kept ([`Settle::Complete`]) or
@@ -44,10 +32,10 @@ const RELEASE: Settle<(), ()> = Settle::Release {
 /// transactional mode); never abandoned: an answer that came is known.
 pub fn settle(code: Option<Code>, marked_final: bool) -> Settle<(), ()> {
     let Some(code) = code else {
-        return RELEASE;
+        return Settle::RELEASE;
     };
     if marked_final {
-        return KEEP;
+        return Settle::KEEP;
     }
     match code {
         Code::Ok
@@ -55,7 +43,7 @@ pub fn settle(code: Option<Code>, marked_final: bool) -> Settle<(), ()> {
         | Code::FailedPrecondition
         | Code::OutOfRange
         | Code::NotFound
-        | Code::PermissionDenied => KEEP,
+        | Code::PermissionDenied => Settle::KEEP,
         Code::Unavailable
         | Code::ResourceExhausted
         | Code::Aborted
@@ -66,7 +54,7 @@ pub fn settle(code: Option<Code>, marked_final: bool) -> Settle<(), ()> {
         | Code::DataLoss
         | Code::InvalidArgument
         | Code::Unauthenticated
-        | Code::Unimplemented => RELEASE,
+        | Code::Unimplemented => Settle::RELEASE,
     }
 }
 
@@ -116,7 +104,7 @@ mod tests {
 
     #[test]
     fn the_outcome_table_as_a_truth_table() {
-        let (keep, release) = (KEEP, RELEASE);
+        let (keep, release) = (Settle::KEEP, Settle::RELEASE);
         // code, stored when not marked final
         let rows = [
             (Code::Ok, keep),
@@ -157,7 +145,7 @@ mod tests {
             Code::InvalidArgument,
         ] {
             for marked_final in [false, true] {
-                let kept = settle(Some(code), marked_final) == KEEP;
+                let kept = settle(Some(code), marked_final) == Settle::KEEP;
                 let expected = if kept { Keep::Store } else { Keep::Release };
                 assert_eq!(keep(Some(code), marked_final), expected, "{code:?}");
             }

@@ -22,7 +22,7 @@ use tower::{Service, ServiceExt};
 
 use super::{CallScope, Config};
 use crate::engine::{self, Call};
-use crate::exchange::{BoxError, Captured, Exchange, capture};
+use crate::exchange::{AnswerRead, BoxError, Exchange, read_answer};
 use crate::outcome::settle;
 use crate::refusal::to_status;
 
@@ -265,8 +265,8 @@ where
             };
         }
     };
-    match capture(response, stored_limit).await {
-        Captured::Whole(mut exchange) => {
+    match read_answer(response, stored_limit).await {
+        AnswerRead::Whole(mut exchange) => {
             let marked_final = exchange.take_final_marker();
             settle(exchange.code(), marked_final)
                 .map_response(|()| Some(exchange.to_stored()))
@@ -274,11 +274,11 @@ where
         }
         // Its status is still unknown, but the method ran: it is never
         // run again (replays answer `response-not-stored`).
-        Captured::TooLarge(response) => Settle::Complete {
+        AnswerRead::TooLarge(response) => Settle::Complete {
             response: None,
             reply: Ok(response),
         },
-        Captured::Broken(error) => {
+        AnswerRead::Broken(error) => {
             tracing::error!(error = %error, "the method's answer broke off; its key is released");
             Settle::Release {
                 reply: Ok(to_status(&Refusal::HandlerFailed { key }).into_http()),
