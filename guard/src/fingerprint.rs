@@ -119,6 +119,24 @@ impl Fingerprint {
         Self(Sha256::digest(payload).into())
     }
 
+    /// Fingerprints the concatenation of `parts` without copying them into
+    /// one buffer: the same digest as [`Fingerprint::of_bytes`] of the
+    /// parts joined.
+    ///
+    /// ```
+    /// use idempotency_guard::Fingerprint;
+    ///
+    /// let joined = Fingerprint::of_bytes(b"/pkg.S/Pay\0message");
+    /// assert_eq!(Fingerprint::of_parts(&[b"/pkg.S/Pay", b"\0", b"message"]), joined);
+    /// ```
+    pub fn of_parts(parts: &[&[u8]]) -> Self {
+        let mut hasher = Sha256::new();
+        for part in parts {
+            hasher.update(part);
+        }
+        Self(hasher.finalize().into())
+    }
+
     /// Wraps 32 bytes of a SHA-256 digest.
     pub const fn from_bytes(bytes: [u8; 32]) -> Self {
         Self(bytes)
