@@ -11,7 +11,7 @@ use idempotency_guard::engine::{self as guard, Engine, Job, Refusal, Settle};
 use idempotency_guard::telemetry::Outcome;
 use idempotency_guard::{Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 
-use crate::reply::RpcRefusal;
+use crate::refusal::RpcRefusal;
 
 /// A JSON-RPC answer as kept: what the work keeps, and what a replay gets.
 pub(crate) struct Stored {

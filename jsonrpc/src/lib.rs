@@ -157,13 +157,23 @@
 //! - A replay answers before the MCP server sees the request, so it does not
 //!   check that the retry's session exists.
 
+mod accept;
+mod config;
 mod engine;
 mod envelope;
 mod layer;
+mod outcome;
+mod raw;
+mod refusal;
 mod reply;
+mod running;
 mod service;
+mod sse;
 
+pub use config::MissingKey;
 pub use envelope::{KeySource, KeySourceError, MESSAGE_SEND, TOOLS_CALL};
-pub use layer::{JsonRpcLayer, MissingKey};
-pub use reply::{FINAL_META, REPLAYED_META, RpcRefusal};
+pub use layer::JsonRpcLayer;
+pub use outcome::FINAL_META;
+pub use refusal::RpcRefusal;
+pub use reply::REPLAYED_META;
 pub use service::{JsonRpcService, ResponseFuture};

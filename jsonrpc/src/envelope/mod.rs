@@ -6,104 +6,25 @@
 //! their digits and the fingerprint is the guard's canonical form of what the
 //! client sent, not of a round trip through `f64`.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod fingerprint;
+mod key;
+
+use std::collections::BTreeSet;
 
 use http::HeaderMap;
-use idempotency_guard::fingerprint::canonical_json;
 use idempotency_guard::{Fingerprint, IdempotencyKey, KeyError};
 use serde_json::value::RawValue;
-use sha2::{Digest, Sha256};
+
+use self::fingerprint::fingerprint;
+use self::key::find_key;
+pub use self::key::{KeySource, KeySourceError};
+use crate::raw::{RawObject, string};
 
 /// The method of an MCP tool call.
 pub const TOOLS_CALL: &str = "tools/call";
 
 /// The method of an A2A message send.
 pub const MESSAGE_SEND: &str = "message/send";
-
-/// A JSON object whose members are kept as written.
-pub(crate) type RawObject = BTreeMap<String, Box<RawValue>>;
-
-/// Where a guarded call's idempotency key may come from; the layer takes it
-/// from the first source, in the configured order, that holds one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeySource {
-    /// The `Idempotency-Key` HTTP header (the A2A proposal, the Agentic
-    /// Commerce Protocol).
-    Header,
-    /// A member of `params._meta` with this name (`idempotencyKey`, as
-    /// MCP's SEP-3182 proposed).
-    Meta(String),
-    /// A tool argument with this name (`idempotency_key`, `requestKey`:
-    /// what MCP servers use today). Only for `tools/call`.
-    ToolArgument(String),
-    /// A2A's `params.message.messageId`. Not for `tools/call`.
-    MessageId,
-}
-
-impl KeySource {
-    /// The sources in their default order: the header,
-    /// `params._meta.idempotencyKey`, the tool arguments `idempotency_key`
-    /// and `requestKey`, then A2A's `params.message.messageId`.
-    pub fn defaults() -> Vec<Self> {
-        vec![
-            Self::Header,
-            Self::Meta(String::from("idempotencyKey")),
-            Self::ToolArgument(String::from("idempotency_key")),
-            Self::ToolArgument(String::from("requestKey")),
-            Self::MessageId,
-        ]
-    }
-}
-
-impl std::fmt::Display for KeySource {
-    /// The source as [`KeySource::from_str`](std::str::FromStr) reads it:
-    /// `header`, `meta:<name>`, `argument:<name>`, `message-id`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Header => f.write_str("header"),
-            Self::Meta(name) => write!(f, "meta:{name}"),
-            Self::ToolArgument(name) => write!(f, "argument:{name}"),
-            Self::MessageId => f.write_str("message-id"),
-        }
-    }
-}
-
-/// A key source's text is not one of `header`, `meta:<name>`,
-/// `argument:<name>` or `message-id` (a name is 1 to 255 characters).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("key source {0:?}: expected header, meta:<name>, argument:<name> or message-id")]
-pub struct KeySourceError(String);
-
-impl std::str::FromStr for KeySource {
-    type Err = KeySourceError;
-
-    /// Reads a key source as configuration files write it (the gateway's
-    /// `key_sources`): `header` (the `Idempotency-Key` header),
-    /// `meta:<name>` (`params._meta.<name>`), `argument:<name>` (a tool
-    /// argument), `message-id` (A2A's `params.message.messageId`).
-    ///
-    /// ```
-    /// use idempotency_jsonrpc::KeySource;
-    /// assert_eq!("meta:idempotencyKey".parse(), Ok(KeySource::Meta("idempotencyKey".into())));
-    /// assert_eq!("argument:requestKey".parse(), Ok(KeySource::ToolArgument("requestKey".into())));
-    /// assert!("cookie".parse::<KeySource>().is_err());
-    /// ```
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let named = |name: &str| {
-            (!name.is_empty() && name.len() <= 255)
-                .then(|| name.to_owned())
-                .ok_or_else(|| KeySourceError(text.to_owned()))
-        };
-        match text.split_once(':') {
-            None if text == "header" => Ok(Self::Header),
-            None if text == "message-id" => Ok(Self::MessageId),
-            Some(("meta", name)) => named(name).map(Self::Meta),
-            Some(("argument", name)) => named(name).map(Self::ToolArgument),
-            _ => Err(KeySourceError(text.to_owned())),
-        }
-    }
-}
 
 /// Which calls are guarded: tools of `tools/call` by name, other methods by
 /// name.
@@ -223,135 +144,6 @@ fn read_one(text: &str, headers: &HeaderMap, guarded: &Guarded, sources: &[KeySo
     })
 }
 
-/// A JSON string member's value, or `None` for any other JSON.
-fn string(raw: &RawValue) -> Option<String> {
-    serde_json::from_str::<String>(raw.get()).ok()
-}
-
-/// The key and the source it came from.
-struct Found {
-    key: Result<IdempotencyKey, KeyError>,
-    used: Option<KeySource>,
-}
-
-fn find_key(
-    headers: &HeaderMap,
-    params: &RawObject,
-    is_tool: bool,
-    sources: &[KeySource],
-) -> Found {
-    for source in sources {
-        let raw = match source {
-            KeySource::Header => match IdempotencyKey::from_headers(headers) {
-                Err(KeyError::Missing) => continue,
-                key => {
-                    return Found {
-                        key,
-                        used: Some(source.clone()),
-                    };
-                }
-            },
-            KeySource::Meta(name) => member(params, "_meta", name),
-            KeySource::ToolArgument(name) if is_tool => member(params, "arguments", name),
-            KeySource::MessageId if !is_tool => member(params, "message", "messageId"),
-            KeySource::ToolArgument(_) | KeySource::MessageId => None,
-        };
-        let Some(raw) = raw else { continue };
-        // A key that is not a JSON string is as invalid as a malformed one.
-        let key = string(&raw)
-            .ok_or(KeyError::InvalidCharacter)
-            .and_then(|text| IdempotencyKey::from_raw(&text));
-        return Found {
-            key,
-            used: Some(source.clone()),
-        };
-    }
-    Found {
-        key: Err(KeyError::Missing),
-        used: None,
-    }
-}
-
-/// `params.<object>.<name>`, when `params.<object>` is an object holding it.
-fn member(params: &RawObject, object: &str, name: &str) -> Option<Box<RawValue>> {
-    let inner: RawObject = serde_json::from_str(params.get(object)?.get()).ok()?;
-    inner.get(name).cloned()
-}
-
-/// SHA-256 over a version tag, the method, the tool and the canonical JSON
-/// of what the call asks for: for `tools/call` its `arguments` (absent ones
-/// as `{}`), for other methods its `params` without `_meta`; in both without
-/// the member that carried the key. The `id` and `_meta` (progress tokens,
-/// the SEP-3182 key) never count.
-fn fingerprint(
-    method: &str,
-    tool: Option<&str>,
-    params: &RawObject,
-    used: Option<&KeySource>,
-) -> Fingerprint {
-    let payload = if tool.is_some() {
-        let dropped = match used {
-            Some(KeySource::ToolArgument(name)) => Some(name.as_str()),
-            _ => None,
-        };
-        params.get("arguments").map_or_else(
-            || b"{}".to_vec(),
-            |arguments| canonical_without(arguments, dropped),
-        )
-    } else {
-        let mut rest = params.clone();
-        rest.remove("_meta");
-        if used == Some(&KeySource::MessageId)
-            && let Some(message) = rest.get("message")
-        {
-            let message = canonical_without(message, Some("messageId"));
-            // Canonical JSON is JSON: it reads back as a raw value.
-            if let Ok(message) =
-                RawValue::from_string(String::from_utf8_lossy(&message).into_owned())
-            {
-                rest.insert(String::from("message"), message);
-            }
-        }
-        canonical_object(&rest)
-    };
-    let mut hasher = Sha256::new();
-    hasher.update(b"jsonrpc/1\n");
-    hasher.update(method.as_bytes());
-    hasher.update(b"\n");
-    hasher.update(tool.unwrap_or("").as_bytes());
-    hasher.update(b"\n");
-    hasher.update(&payload);
-    Fingerprint::from_bytes(hasher.finalize().into())
-}
-
-/// The canonical form of a raw JSON value without its member `dropped` (when
-/// it is an object). A value the canonical form refuses (a repeated key, too
-/// deep) is taken as its raw bytes, tagged, so it never equals a canonical
-/// one: which duplicate a server keeps is not guessed.
-fn canonical_without(value: &RawValue, dropped: Option<&str>) -> Vec<u8> {
-    let Ok(canonical) = canonical_json(value.get().as_bytes()) else {
-        let mut raw = b"raw\n".to_vec();
-        raw.extend_from_slice(value.get().as_bytes());
-        return raw;
-    };
-    let Some(dropped) = dropped else {
-        return canonical;
-    };
-    match serde_json::from_slice::<RawObject>(&canonical) {
-        Ok(mut object) => {
-            object.remove(dropped);
-            canonical_object(&object)
-        }
-        Err(_) => canonical,
-    }
-}
-
-/// The canonical form of an object whose members are raw JSON.
-fn canonical_object(object: &RawObject) -> Vec<u8> {
-    let text = serde_json::to_vec(object).unwrap_or_default();
-    canonical_json(&text).unwrap_or(text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,16 +242,6 @@ mod tests {
         ));
         let body = tool_call(1, r#"{"idempotency_key":"has space"}"#, "");
         assert!(call(&body, &HeaderMap::new()).key.is_err());
-    }
-
-    #[test]
-    fn key_sources_read_back_what_they_write() {
-        for source in KeySource::defaults() {
-            assert_eq!(source.to_string().parse::<KeySource>(), Ok(source));
-        }
-        for bad in ["", "meta:", "argument", "Header", "query:k", "message-id:x"] {
-            assert!(bad.parse::<KeySource>().is_err(), "{bad:?}");
-        }
     }
 
     #[test]
