@@ -1,35 +1,22 @@
 //! The one module that runs the guard's engine: a guarded call in (scope,
-//! key, fingerprint, the work), this crate's own [`Answer`] out. The work
-//! settles with the engine's own [`Settle`], keeping a [`Stored`] JSON-RPC
-//! response (turned into the record's response here).
+//! key, fingerprint, the work), the engine's own [`Answer`] out. The work
+//! settles with the engine's own [`Settle`], keeping a [`KeptAnswer`]
+//! (turned into the record's response here, and back for a replay).
 
 use std::future::Future;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
-use idempotency_guard::engine::{self as guard, Engine, Job, Refusal, Settle};
+use idempotency_guard::engine::{Answer, Engine, Job, Settle};
 use idempotency_guard::telemetry::Outcome;
 use idempotency_guard::{Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 
-use crate::refusal::RpcRefusal;
-
 /// A JSON-RPC answer as kept: what the work keeps, and what a replay gets.
-pub(crate) struct Stored {
+pub(crate) struct KeptAnswer {
     /// The JSON-RPC response as stored.
     pub(crate) response: Bytes,
     /// Whether the server sent it as an event stream.
     pub(crate) sse: bool,
-}
-
-/// The engine's [`guard::Answer`], its replay and refusal in this crate's
-/// terms.
-pub(crate) enum Answer<T> {
-    /// The work ran for this caller.
-    Ran(T),
-    /// The work ran before: its stored answer (`None`: too large to store).
-    Replay(Option<Stored>),
-    /// The work did not run.
-    Refused(RpcRefusal),
 }
 
 /// What identifies one guarded call to the engine.
@@ -53,7 +40,7 @@ pub(crate) async fn run<S, F, Fut, T>(
 where
     S: Store,
     F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = Settle<T, Stored>> + Send + 'static,
+    Fut: Future<Output = Settle<T, KeptAnswer>> + Send + 'static,
     T: Send + 'static,
 {
     let job = Job::new(call.scope, call.key, call.fingerprint)
@@ -65,20 +52,18 @@ where
         })
         .await;
     let counted = answer.outcome();
-    let answer = match answer {
-        guard::Answer::Ran { reply, .. } => Answer::Ran(reply),
-        guard::Answer::Replay(stored) => Answer::Replay(stored.body.map(|response| Stored {
-            sse: is_sse(&stored.headers),
-            response,
-        })),
-        guard::Answer::Refused(refusal) => Answer::Refused(refused(refusal)),
-    };
     (answer, counted)
+}
+
+/// A replayed record's answer as kept (`None`: it was too large to store).
+pub(crate) fn kept(stored: StoredResponse) -> Option<KeptAnswer> {
+    let sse = is_sse(&stored.headers);
+    stored.body.map(|response| KeptAnswer { response, sse })
 }
 
 /// The record's response: status 200, the form the server answered in, and
 /// the JSON-RPC response alone (never the notifications around it).
-fn stored_response(Stored { response, sse }: Stored) -> StoredResponse {
+fn stored_response(KeptAnswer { response, sse }: KeptAnswer) -> StoredResponse {
     let mut headers = HeaderMap::new();
     let form = if sse {
         "text/event-stream"
@@ -97,20 +82,4 @@ fn is_sse(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|form| form.as_bytes().starts_with(b"text/event-stream"))
-}
-
-fn refused(refusal: Refusal) -> RpcRefusal {
-    match refusal {
-        Refusal::KeyReused { .. } => RpcRefusal::KeyReused,
-        Refusal::RequestInFlight { retry_after, .. } => RpcRefusal::RequestInFlight { retry_after },
-        Refusal::OutcomeUnknown { .. } => RpcRefusal::OutcomeUnknown,
-        Refusal::ResponseNotStored { .. } => RpcRefusal::ResponseNotStored,
-        Refusal::StoreUnavailable { retry_after, .. } => {
-            RpcRefusal::StoreUnavailable { retry_after }
-        }
-        Refusal::HandlerTimeout { .. } => RpcRefusal::HandlerTimeout,
-        Refusal::HandlerFailed { .. } => RpcRefusal::HandlerFailed,
-        // A refusal added to the engine later: fail closed, as unknown.
-        _ => RpcRefusal::OutcomeUnknown,
-    }
 }

@@ -93,7 +93,8 @@
 //!
 //! JSON-RPC error objects sent with **HTTP 200** (SDK clients turn other
 //! statuses into transport errors and drop `error.data`), with
-//! `error.data.type` = `urn:idempotency:<name>`; codes in [`RpcRefusal`].
+//! `error.data.type` = `urn:idempotency:<name>`; codes in [`refusal`] (the
+//! guard's one refusal vocabulary, `idempotency_guard::engine::Refusal`).
 //! A body over the limit gets `body-too-large` the same way, under the
 //! call's own `id`, found by reading the rest of the body without keeping
 //! it (up to 64 MiB; past that, or when the body has no top-level `id`, the
@@ -164,7 +165,7 @@ mod envelope;
 mod layer;
 mod outcome;
 mod raw;
-mod refusal;
+pub mod refusal;
 mod reply;
 mod running;
 mod service;
@@ -174,6 +175,5 @@ pub use config::MissingKey;
 pub use envelope::{KeySource, KeySourceError, MESSAGE_SEND, TOOLS_CALL};
 pub use layer::JsonRpcLayer;
 pub use outcome::FINAL_META;
-pub use refusal::RpcRefusal;
 pub use reply::REPLAYED_META;
 pub use service::{JsonRpcService, ResponseFuture};

@@ -1,5 +1,5 @@
 //! Each guarded call is counted once in `idempotency_requests_total`,
-//! through the engine (`Engine::count_request`), with the guard's outcome
+//! through the engine (`Engine::tally`), with the guard's outcome
 //! and attempt labels; a caller that goes away is counted `caller-gone`.
 
 use std::sync::{Mutex, OnceLock, PoisonError};

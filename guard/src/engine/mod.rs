@@ -448,31 +448,23 @@ impl<S: Store> Engine<S> {
         self.inner.config.policy.retry_after
     }
 
-    /// Counts one request of an adapter over this engine (a JSON-RPC tool
-    /// call, a message) in `idempotency_requests_total`, as the axum layer
-    /// counts its own: `route` a name of few values (a route template, a
-    /// tool), `outcome` usually [`Answer::outcome`], `attempt` from
-    /// [`crate::telemetry::attempt_label`]. Count each request once.
+    /// A [`Tally`](crate::telemetry::Tally) of one request of an adapter
+    /// over this engine (a JSON-RPC tool call, a gRPC call, a message),
+    /// counted once in `idempotency_requests_total` as the axum layer counts
+    /// its own: when its answer is ready ([`Answer::outcome`], or
+    /// `rejected` for a refusal before the engine ran) or as `caller-gone`
+    /// when it is dropped first. `route` is a name of few values (a route
+    /// template, a tool), `attempt` from
+    /// [`crate::telemetry::attempt_label`]. The one way an adapter counts a
+    /// request.
     ///
     /// ```
     /// use idempotency_guard::{Engine, Store, telemetry};
     /// # fn f<S: Store>(engine: &Engine<S>, headers: &http::HeaderMap) {
-    /// engine.count_request("send_email", telemetry::Outcome::Rejected, telemetry::attempt_label(headers));
+    /// let tally = engine.tally("send_email", telemetry::attempt_label(headers));
+    /// tally.count(telemetry::Outcome::Rejected);
     /// # }
     /// ```
-    pub fn count_request(
-        &self,
-        route: &str,
-        outcome: crate::telemetry::Outcome,
-        attempt: &'static str,
-    ) {
-        self.inner.metrics.count_request(route, outcome, attempt);
-    }
-
-    /// A [`Tally`](crate::telemetry::Tally) of one request of an adapter
-    /// over this engine: counted once in `idempotency_requests_total`, when
-    /// its answer is ready or as `caller-gone` when it is dropped first.
-    /// `route` and `attempt` as for [`Engine::count_request`].
     pub fn tally(
         &self,
         route: impl Into<Arc<str>>,

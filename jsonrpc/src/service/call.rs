@@ -7,17 +7,17 @@ use bytes::{Bytes, BytesMut};
 use http::{Request, Response, header};
 use http_body::Body as HttpBody;
 use http_body_util::BodyExt;
-use idempotency_guard::OutcomeUnknown;
-use idempotency_guard::engine::Settle;
 use idempotency_guard::adapter::{Captured, capture, resume};
+use idempotency_guard::engine::{Refusal, Settle};
+use idempotency_guard::{IdempotencyKey, OutcomeUnknown};
 use serde_json::value::RawValue;
 use tower::{Service, ServiceExt};
 
 use super::render::render;
 use crate::accept::Accept;
-use crate::engine::Stored;
+use crate::engine::KeptAnswer;
 use crate::outcome::settle;
-use crate::refusal::RpcRefusal;
+use crate::refusal::to_json_with;
 use crate::reply::is_response_to;
 use crate::sse::{SseScanner, SseStripper, is_event_stream};
 
@@ -27,7 +27,7 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// What [`call_server`] needs to know of the call.
 pub(crate) struct ServerCall {
     pub(crate) id: Box<RawValue>,
-    pub(crate) key: String,
+    pub(crate) key: IdempotencyKey,
     /// The stored-response limit.
     pub(crate) limit: usize,
     pub(crate) accept: Accept,
@@ -40,7 +40,7 @@ pub(crate) async fn call_server<I, B>(
     inner: I,
     request: Request<Body>,
     call: ServerCall,
-) -> Settle<Result<Response<Body>, I::Error>, Stored>
+) -> Settle<Result<Response<Body>, I::Error>, KeptAnswer>
 where
     I: Service<Request<Body>, Response = Response<B>> + Send + 'static,
     I::Future: Send + 'static,
@@ -74,7 +74,7 @@ where
         if let Some(kind) = problem_type(body).await {
             data.insert("upstream".into(), kind.into());
         }
-        let message = RpcRefusal::OutcomeUnknown.to_json_with(Some(&id), Some(&key), data);
+        let message = to_json_with(&Refusal::OutcomeUnknown { key }, Some(&id), data);
         return Settle::Abandon {
             reply: Ok(render(&message, accept.wants_sse(false))),
         };
@@ -119,7 +119,7 @@ async fn capture_json<E>(
     body: Body,
     id: &RawValue,
     limit: usize,
-) -> Settle<Result<Response<Body>, E>, Stored> {
+) -> Settle<Result<Response<Body>, E>, KeptAnswer> {
     let bytes = match capture(body, limit).await {
         Captured::Whole(bytes) => bytes,
         Captured::TooLarge { prefix, rest } => {
@@ -141,7 +141,7 @@ async fn capture_json<E>(
         };
     }
     settle(&bytes)
-        .map_response(|()| Stored {
+        .map_response(|()| KeptAnswer {
             response: bytes,
             sse: false,
         })
@@ -158,7 +158,7 @@ async fn capture_stream<E>(
     mut body: Body,
     id: &RawValue,
     limit: usize,
-) -> Settle<Result<Response<Body>, E>, Stored> {
+) -> Settle<Result<Response<Body>, E>, KeptAnswer> {
     parts.headers.remove(header::CONTENT_LENGTH);
     let mut sent = BytesMut::new();
     let mut scanner = SseScanner::default();
@@ -172,7 +172,7 @@ async fn capture_stream<E>(
         if let Some(response) = scanner.push(&data, id) {
             let reply = Ok(Response::from_parts(parts, Body::from(sent.freeze())));
             return settle(&response)
-                .map_response(|()| Stored {
+                .map_response(|()| KeptAnswer {
                     response,
                     sse: true,
                 })

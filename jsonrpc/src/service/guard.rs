@@ -6,6 +6,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body as HttpBody;
+use idempotency_guard::engine::{Answer, Refusal};
 use idempotency_guard::telemetry::Outcome;
 use idempotency_guard::{KeyError, Scope, Store};
 use tower::Service;
@@ -14,9 +15,8 @@ use super::call::{BoxError, ServerCall, call_server, pass_through};
 use super::render::{refusal, replay};
 use crate::accept::Accept;
 use crate::config::{Config, MissingKey};
-use crate::engine::{self, Answer, GuardedCall};
+use crate::engine::{self, GuardedCall, kept};
 use crate::envelope;
-use crate::refusal::RpcRefusal;
 
 /// A guarded call: its key and scope checked, then run through the
 /// engine; answers with the `outcome` label it is counted under.
@@ -36,10 +36,10 @@ where
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let rejected = |refused: &RpcRefusal| {
+    let rejected = |refused: &Refusal| {
         (
             Outcome::Rejected,
-            Ok(refusal(refused, Some(&call.id), None, accept)),
+            Ok(refusal(refused, Some(&call.id), accept)),
         )
     };
     let key = match call.key {
@@ -47,12 +47,12 @@ where
         Err(KeyError::Missing) if config.missing_key == MissingKey::PassThrough => {
             return (Outcome::Unguarded, pass_through(inner, request).await);
         }
-        Err(KeyError::Missing) => return rejected(&RpcRefusal::KeyMissing),
-        Err(_) => return rejected(&RpcRefusal::KeyInvalid),
+        Err(KeyError::Missing) => return rejected(&Refusal::KeyMissing),
+        Err(error) => return rejected(&Refusal::KeyInvalid(error)),
     };
     let (parts, body) = request.into_parts();
     let Ok(scope) = Scope::new((config.scope)(&parts)) else {
-        return rejected(&RpcRefusal::ScopeInvalid);
+        return rejected(&Refusal::ScopeInvalid);
     };
     // Known while it runs, so that the agent's `notifications/cancelled`
     // for it does not reach the server (see [`crate::running::Running`]).
@@ -65,7 +65,7 @@ where
         target: call.tool.clone().unwrap_or_else(|| call.method.clone()),
         method: call.method,
     };
-    let call_key = key.as_str().to_owned();
+    let call_key = key.clone();
     let (id, limit) = (call.id.clone(), config.stored_response_limit);
     let (answer, counted) = engine::run(engine, guarded, move || async move {
         let _running = running;
@@ -79,15 +79,12 @@ where
     })
     .await;
     let response = match answer {
-        Answer::Ran(reply) => return (counted, reply),
-        Answer::Replay(Some(stored)) => replay(&stored, &call.id, key.as_str(), accept),
-        Answer::Replay(None) => refusal(
-            &RpcRefusal::ResponseNotStored,
-            Some(&call.id),
-            Some(key.as_str()),
-            accept,
-        ),
-        Answer::Refused(refused) => refusal(&refused, Some(&call.id), Some(key.as_str()), accept),
+        Answer::Ran { reply, .. } => return (counted, reply),
+        Answer::Replay(stored) => match kept(stored) {
+            Some(stored) => replay(&stored, &call.id, key, accept),
+            None => refusal(&Refusal::ResponseNotStored { key }, Some(&call.id), accept),
+        },
+        Answer::Refused(refused) => refusal(&refused, Some(&call.id), accept),
     };
     (counted, Ok(response))
 }

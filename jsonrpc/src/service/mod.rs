@@ -25,6 +25,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::Body as HttpBody;
 use idempotency_guard::Store;
 use idempotency_guard::adapter::{BodyReadError, read_body};
+use idempotency_guard::engine::Refusal;
 use idempotency_guard::telemetry::{Outcome, attempt_label};
 use tower::Service;
 
@@ -35,7 +36,6 @@ use self::render::refusal;
 use crate::accept::Accept;
 use crate::config::Config;
 use crate::envelope::{self, Envelope};
-use crate::refusal::RpcRefusal;
 
 /// The service [`JsonRpcLayer`](crate::JsonRpcLayer) wraps around an MCP or
 /// A2A endpoint.
@@ -151,12 +151,14 @@ where
                     // drop an answer they cannot match, and `error.data`
                     // with a non-2xx status).
                     let id = id_of_large_body(&sniffed).await;
-                    let refused = RpcRefusal::BodyTooLarge { limit };
-                    return Ok(refusal(&refused, id.as_deref(), None, accept));
+                    let refused = Refusal::BodyTooLarge { limit };
+                    return Ok(refusal(&refused, id.as_deref(), accept));
                 }
+                // Before the envelope is read no call is named: HTTP's
+                // problem+json (503 with `Retry-After`, or 400).
                 Err(error) => {
-                    let rejection = error.into_refusal(None, engine.retry_after());
-                    return Ok(rejection.into_response());
+                    let refused = error.into_refusal(None, engine.retry_after());
+                    return Ok(refused.into_response());
                 }
             };
         drop(sniffed);
@@ -176,8 +178,8 @@ where
                 return pass_through(inner, Request::from_parts(parts, Body::from(body))).await;
             }
             Envelope::GuardedBatch => {
-                engine.count_request(BATCH_ROUTE, Outcome::Rejected, attempt);
-                return Ok(refusal(&RpcRefusal::BatchNotGuarded, None, None, accept));
+                engine.tally(BATCH_ROUTE, attempt).count(Outcome::Rejected);
+                return Ok(refusal(&Refusal::BatchNotGuarded, None, accept));
             }
             Envelope::Call(call) => call,
         };

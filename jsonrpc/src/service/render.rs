@@ -5,21 +5,27 @@
 use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
-use idempotency_guard::IDEMPOTENT_REPLAYED;
+use idempotency_guard::engine::Refusal;
+use idempotency_guard::{IDEMPOTENT_REPLAYED, IdempotencyKey};
 use serde_json::value::RawValue;
 
 use crate::accept::Accept;
-use crate::engine::Stored;
-use crate::refusal::RpcRefusal;
+use crate::engine::KeptAnswer;
+use crate::refusal::to_json;
 use crate::reply::replayed;
 use crate::sse::sse_event;
 
 /// The stored answer under the retry's own `id`, marked replayed, in the
 /// form the retry accepts.
-pub(crate) fn replay(stored: &Stored, id: &RawValue, key: &str, accept: Accept) -> Response<Body> {
+pub(crate) fn replay(
+    stored: &KeptAnswer,
+    id: &RawValue,
+    key: IdempotencyKey,
+    accept: Accept,
+) -> Response<Body> {
     let Ok(response) = replayed(&stored.response, id) else {
         tracing::error!("a stored JSON-RPC answer does not parse; not replayed");
-        return refusal(&RpcRefusal::HandlerFailed, Some(id), Some(key), accept);
+        return refusal(&Refusal::HandlerFailed { key }, Some(id), accept);
     };
     let mut response = render(&response, accept.wants_sse(stored.sse));
     response
@@ -28,14 +34,10 @@ pub(crate) fn replay(stored: &Stored, id: &RawValue, key: &str, accept: Accept) 
     response
 }
 
-/// A refusal as a JSON-RPC error, with HTTP 200 (see [`RpcRefusal`]).
-pub(crate) fn refusal(
-    refusal: &RpcRefusal,
-    id: Option<&RawValue>,
-    key: Option<&str>,
-    accept: Accept,
-) -> Response<Body> {
-    render(&refusal.to_json(id, key), accept.wants_sse(false))
+/// A refusal as a JSON-RPC error, with HTTP 200 (see
+/// [`crate::refusal`]).
+pub(crate) fn refusal(refusal: &Refusal, id: Option<&RawValue>, accept: Accept) -> Response<Body> {
+    render(&to_json(refusal, id), accept.wants_sse(false))
 }
 
 /// One JSON-RPC message as an HTTP 200 answer, JSON or an event stream.
