@@ -12,31 +12,16 @@ use tokio::time::Instant;
 
 use super::cache::{Hit, lives};
 use super::release::PendingClaim;
+// `claim::Acquired` is where the engine (and its docs) name it.
+pub(super) use super::transaction::Acquired;
 use super::{Answer, Engine, Job, Refusal};
 use crate::decision::{Decision, InFlightPolicy, decide};
 use crate::record::{LeaseToken, Record, RecordState};
-use crate::store::{Claim, Lease, NewRecord, Store, StoreError};
+use crate::store::{Claim, NewRecord, Store, StoreError};
 
 /// How many times one run claims again after losing a race (the record
 /// changed between two reads) before it answers in-flight.
 const MAX_CLAIM_ROUNDS: usize = 8;
-
-/// What [`Engine::acquire`] ends with.
-pub(super) enum Acquired<T> {
-    /// This run holds the lease: run the work.
-    Lease(Lease),
-    /// Single-commit mode: this run holds the key's lock, and its
-    /// uncommitted claim, in this transaction.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    Locked(Lease, super::transaction::Locked),
-    /// Answer the caller without running.
-    Answer(Answer<T>),
-    /// Another run holds the key (single-commit mode's lock, or claims
-    /// that kept changing hands): answer `request-in-flight`.
-    InFlight,
-    /// The store failed: fail closed or open.
-    StoreFailed,
-}
 
 impl<S: Store> Engine<S> {
     fn new_record<'a>(&self, job: &'a Job, token: LeaseToken) -> NewRecord<'a> {

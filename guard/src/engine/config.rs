@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::transaction::as_written;
 use super::{Engine, ReplayCacheHandle, cache};
 use crate::decision::{AbandonedPolicy, InFlightPolicy, Policy};
 use crate::store::Store;
@@ -264,15 +265,6 @@ macro_rules! engine_settings {
     };
 }
 pub(crate) use engine_settings;
-
-/// Expands a list of builders as written: the engine's own.
-macro_rules! as_written {
-    ($($item:tt)*) => {
-        $($item)*
-    };
-}
-#[cfg_attr(not(feature = "postgres"), allow(unused_imports))]
-pub(crate) use as_written;
 
 impl<S: Store> Engine<S> {
     pub(super) fn config_mut(&mut self) -> &mut EngineConfig {

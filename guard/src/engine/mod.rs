@@ -381,7 +381,7 @@ impl<S: Store> Engine<S> {
             lease: Some(Arc::clone(&lease)),
             slot: slot.clone(),
         };
-        let transaction = settle::Transaction(slot);
+        let transaction = supervise::Transaction(slot);
         // The work's future is made here, not inside an `async` block that
         // would hold the closure and its future both; a panic while making
         // it is caught as one while it runs.

@@ -7,7 +7,8 @@ use tokio::time::Instant;
 
 use super::answer::Settle;
 use super::retry::RetrySchedule;
-use super::supervise::Keeper;
+use super::supervise::{Keeper, Transaction};
+use super::transaction::SettleError;
 use super::{Engine, timed};
 use crate::record::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
@@ -21,25 +22,6 @@ impl<T> Settle<T, &StoredResponse> {
             Self::Release { .. } => "release",
             Self::Abandon { .. } => "renew",
         }
-    }
-}
-
-/// A failed settlement, and whether the work's writes were rolled back (or
-/// may have been: a commit that did not confirm).
-pub(super) struct SettleError {
-    pub(super) error: StoreError,
-    pub(super) rolled_back: bool,
-}
-
-/// The run's transaction in transactional mode (`None` otherwise).
-pub(super) struct Transaction(pub(super) Option<super::transaction::TransactionSlot>);
-
-impl Transaction {
-    /// Whether the run holds its key by its transaction's lock
-    /// (single-commit mode): no lease to renew, nothing committed to
-    /// release.
-    pub(super) fn holds_lock(&self) -> bool {
-        self.0.as_ref().is_some_and(|slot| slot.holds_lock())
     }
 }
 

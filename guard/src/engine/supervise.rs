@@ -12,11 +12,23 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lease_end::LeaseEnd;
-use super::settle::{SettleError, Transaction};
+use super::transaction::SettleError;
 use super::{Answer, Engine, Job, Refusal, Settle, Settled, timed};
 use crate::record::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 use crate::telemetry::count_lease_lost;
+
+/// The run's transaction in transactional mode (`None` otherwise).
+pub(super) struct Transaction(pub(super) Option<super::transaction::TransactionSlot>);
+
+impl Transaction {
+    /// Whether the run holds its key by its transaction's lock
+    /// (single-commit mode): no lease to renew, nothing committed to
+    /// release.
+    pub(super) fn holds_lock(&self) -> bool {
+        self.0.as_ref().is_some_and(|slot| slot.holds_lock())
+    }
+}
 
 /// The renewals of one lease, started only for a run that outlives a third
 /// of it (most work finishes and is stored first, and costs one timer).

@@ -4,8 +4,7 @@
 
 use super::super::Engine;
 use super::super::answer::Settle;
-use super::super::claim::Acquired;
-use super::super::settle::SettleError;
+use super::{Acquired, SettleError};
 use crate::record::StoredResponse;
 use crate::store::{Claim, Lease, StoreError};
 

@@ -22,3 +22,40 @@ pub(crate) use absent::*;
 
 /// The transaction a single-commit claim holds the key in, if any.
 pub(crate) type Held = Option<Locked>;
+
+// What the engine's steps and this, their transactional half, both name:
+// kept here, below both, so imports go one way (the steps import this
+// folder, never the other way round).
+
+/// What [`Engine::acquire`](super::Engine::acquire) ends with (the claim step).
+pub(super) enum Acquired<T> {
+    /// This run holds the lease: run the work.
+    Lease(crate::store::Lease),
+    /// Single-commit mode: this run holds the key's lock, and its
+    /// uncommitted claim, in this transaction.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Locked(crate::store::Lease, Locked),
+    /// Answer the caller without running.
+    Answer(super::Answer<T>),
+    /// Another run holds the key (single-commit mode's lock, or claims
+    /// that kept changing hands): answer `request-in-flight`.
+    InFlight,
+    /// The store failed: fail closed or open.
+    StoreFailed,
+}
+
+/// A failed settlement, and whether the work's writes were rolled back (or
+/// may have been: a commit that did not confirm).
+pub(super) struct SettleError {
+    pub(super) error: crate::store::StoreError,
+    pub(super) rolled_back: bool,
+}
+
+/// Expands a list of builders as written: the engine's own (its settings
+/// in `config.rs`, transactional mode's here).
+macro_rules! as_written {
+    ($($item:tt)*) => {
+        $($item)*
+    };
+}
+pub(crate) use as_written;

@@ -28,10 +28,8 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use super::super::answer::Settle;
-use super::super::claim::Acquired;
-use super::super::config::as_written;
-use super::super::settle::SettleError;
 use super::super::{Engine, RunContext};
+use super::{Acquired, SettleError, as_written};
 use crate::record::StoredResponse;
 use crate::store::Lease;
 use crate::store::postgres::PostgresStore;
