@@ -13,7 +13,7 @@ use crate::tokens::Tokens;
 
 /// The largest request body accepted (a lookup of 1000 keys of 255
 /// characters, JSON-escaped, fits).
-pub const BODY_LIMIT: usize = 1024 * 1024;
+pub(crate) const BODY_LIMIT: usize = 1024 * 1024;
 
 /// How long one store read may take before the answer is 503.
 const STORE_TIMEOUT: Duration = Duration::from_secs(5);

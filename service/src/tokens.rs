@@ -33,7 +33,7 @@ pub const MIN_TOKEN_LEN: usize = 16;
 /// assert_eq!(content_of("tenant-a token-0123456789#abcdef"), "tenant-a token-0123456789#abcdef");
 /// assert_eq!(content_of("# a comment"), "");
 /// ```
-pub fn content_of(line: &str) -> &str {
+pub(crate) fn content_of(line: &str) -> &str {
     let bytes = line.as_bytes();
     let end = bytes
         .iter()
@@ -166,7 +166,7 @@ fn digest(token: &str) -> [u8; 32] {
 /// The scope a request was authenticated for: the guard's [`Scope`] (1
 /// to 255 bytes, no control character), checked once, when the token file
 /// is read.
-pub use idempotency_guard::Scope;
+pub(crate) use idempotency_guard::Scope;
 
 /// The configured scope tokens (`<scope> <token>` lines).
 #[derive(Clone, Default)]
@@ -273,14 +273,15 @@ impl Tokens {
         self.table.is_empty()
     }
 
-    /// The scope of `presented`, if it is a configured token. Takes the
-    /// same time whichever token matches, or none.
-    pub fn scope_of(&self, presented: &str) -> Option<Scope> {
+    /// The scope of `presented`, if it is a configured token (the tests
+    /// ask; requests go through [`Self::authenticate`]).
+    #[cfg(test)]
+    fn scope_of(&self, presented: &str) -> Option<Scope> {
         self.table.holder_of(presented)
     }
 
     /// The scope of an `Authorization: Bearer <token>` header value.
-    pub fn authenticate(&self, authorization: Option<&http::HeaderValue>) -> Option<Scope> {
+    pub(crate) fn authenticate(&self, authorization: Option<&http::HeaderValue>) -> Option<Scope> {
         self.table.authenticate(authorization)
     }
 }
