@@ -25,14 +25,8 @@ use subtle::{ConditionallySelectable, ConstantTimeEq};
 /// The shortest token accepted: anything shorter is guessable.
 pub const MIN_TOKEN_LEN: usize = 16;
 
-/// The content of one tokens-file line: without its comment, trimmed.
-///
-/// ```
-/// use idempotency_service::tokens::content_of;
-/// assert_eq!(content_of("tenant-a token-0123456789abcdef  # note"), "tenant-a token-0123456789abcdef");
-/// assert_eq!(content_of("tenant-a token-0123456789#abcdef"), "tenant-a token-0123456789#abcdef");
-/// assert_eq!(content_of("# a comment"), "");
-/// ```
+/// The content of one tokens-file line: without its comment (a `#` at
+/// the start or after a space), trimmed.
 pub(crate) fn content_of(line: &str) -> &str {
     let bytes = line.as_bytes();
     let end = bytes
@@ -289,6 +283,19 @@ impl Tokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_comment_starts_at_a_hash_after_a_space() {
+        assert_eq!(
+            content_of("tenant-a token-0123456789abcdef  # note"),
+            "tenant-a token-0123456789abcdef"
+        );
+        assert_eq!(
+            content_of("tenant-a token-0123456789#abcdef"),
+            "tenant-a token-0123456789#abcdef"
+        );
+        assert_eq!(content_of("# a comment"), "");
+    }
     use http::HeaderValue;
 
     const A: &str = "token-of-tenant-a-0123456789";
