@@ -81,7 +81,7 @@ pub(crate) struct PageQuery {
 /// [`StateFilter`], as the admin API spells them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum StateParam {
+pub(crate) enum StateParam {
     /// Every record (the default).
     #[default]
     Any,

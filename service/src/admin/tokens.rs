@@ -36,7 +36,16 @@ pub(crate) struct Admin {
     pub scopes: Scopes,
 }
 
-/// The configured admin tokens.
+/// The configured admin tokens: who may call the admin API
+/// (`/v1/admin/...`), and on which scopes.
+///
+/// Each token is one `<name> <scopes> <token>` line ([`Self::from_file`],
+/// `ADMIN_TOKENS_FILE`) or triple ([`Self::add_triples`], `ADMIN_TOKENS`,
+/// separated by `;`); `#` starts a comment. `<scopes>` is a
+/// comma-separated list of scopes, or `*` for all; `<name>` names the
+/// holder in the audit lines (logged on [`AUDIT_TARGET`](crate::AUDIT_TARGET);
+/// the token itself never is). Admin tokens and scope tokens are
+/// separate: each answers 401 on the other's endpoints.
 #[derive(Clone, Default)]
 pub struct AdminTokens {
     table: TokenTable<Admin>,

@@ -94,6 +94,16 @@ pub enum ReconciledError {
 }
 
 /// The reconciled marks, in memory and (when configured) in a file.
+///
+/// An operator's mark (`POST /v1/admin/keys/{scope}/{key}/reconcile`)
+/// takes an abandoned record off the list of those needing a decision.
+/// It names one life of the key (its fingerprint and a digest of its
+/// lease token), not the key: once the key is claimed again, the old
+/// mark no longer applies. The service keeps the marks, not the store: in
+/// an append-only file of JSON lines (`RECONCILED_FILE`; several replicas
+/// may share it, each line appended under an exclusive lock), compacted
+/// at start and whenever it holds more than twice as many lines as live
+/// marks; without a file, in memory (lost at restart).
 #[derive(Debug, Default)]
 pub struct Reconciled {
     path: Option<PathBuf>,
@@ -115,7 +125,7 @@ impl Reconciled {
     }
 
     /// Marks kept in `path` (created when missing), read now and
-    /// compacted when it holds a stale line (see the [module](self)).
+    /// compacted when it holds a stale line (see [`Reconciled`]).
     ///
     /// # Errors
     ///
