@@ -19,10 +19,10 @@ use crate::status::{held_status, key_status};
 use crate::tokens::Scope;
 
 /// The most keys one lookup may name.
-pub const MAX_LOOKUP_KEYS: usize = 1000;
+pub(crate) const MAX_LOOKUP_KEYS: usize = 1000;
 /// The key routes, behind the scope tokens (the caller merges them into
 /// the service's router).
-pub fn router(state: AppState) -> Router<AppState> {
+pub(crate) fn router(state: AppState) -> Router<AppState> {
     Router::new()
         .route("/v1/keys/lookup", post(lookup).get(get_key_named_lookup))
         .route("/v1/keys/{key}", get(get_key))
@@ -50,7 +50,7 @@ async fn require_token(
 /// Keys the status API answered for, by state (`absent` for a 404 or a
 /// lookup miss): clients told to `reconcile` over and over point at
 /// abandoned keys nobody has fixed.
-pub const KEY_STATES_TOTAL: &str = "idempotency_status_key_states_total";
+pub(crate) const KEY_STATES_TOTAL: &str = "idempotency_status_key_states_total";
 
 fn count_state(state: Option<idempotency_client::status::KeyState>) {
     use idempotency_client::status::KeyState;
@@ -66,7 +66,7 @@ fn count_state(state: Option<idempotency_client::status::KeyState>) {
 /// The query of `GET /v1/keys/{key}`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct KeyQuery {
+pub(crate) struct KeyQuery {
     /// The fingerprint of the request the client would resend
     /// (`sha256:<64 lowercase hex>`); the answer then says whether it
     /// matches the record's.
@@ -105,7 +105,7 @@ fn valid_key(key: &str) -> Result<IdempotencyKey, ApiProblem> {
         (status = 503, description = "The store is unavailable", body = crate::problem::Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn get_key(
+pub(crate) async fn get_key(
     State(state): State<AppState>,
     Extension(scope): Extension<Scope>,
     key: Result<Path<String>, PathRejection>,
@@ -132,7 +132,7 @@ pub async fn get_key(
         (status = 503, description = "The store is unavailable", body = crate::problem::Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn get_key_named_lookup(
+pub(crate) async fn get_key_named_lookup(
     State(state): State<AppState>,
     Extension(scope): Extension<Scope>,
     query: Result<Query<KeyQuery>, QueryRejection>,
@@ -182,7 +182,7 @@ async fn answer_key(
         (status = 503, description = "The store is unavailable", body = crate::problem::Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn lookup(
+pub(crate) async fn lookup(
     State(state): State<AppState>,
     Extension(scope): Extension<Scope>,
     body: Result<Json<LookupRequest>, JsonRejection>,

@@ -9,9 +9,12 @@ use idempotency_client::status::{
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::admin::handlers as admin;
+use crate::admin::dto::{
+    AdminAction, AdminBody, AdminEvent, AdminHeader, AdminIdentity, AdminPage, AdminRecord,
+    AdminRecordDetail, AdminResponse,
+};
 use crate::admin::reconciled::Reconciliation;
-use crate::admin::record;
+use crate::admin::{export, handlers as admin, record};
 use crate::keys;
 use crate::ops::{self, Health};
 use crate::problem::Problem;
@@ -36,12 +39,12 @@ use crate::problem::Problem;
         admin::list_keys,
         admin::forget_key,
         admin::release_key,
-        admin::export_keys,
+        export::export_keys,
         record::show_key,
         record::reconcile_key,
         record::whoami
     ),
-    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, admin::AdminRecord, admin::AdminPage, admin::AdminAction, Reconciliation, record::AdminRecordDetail, record::AdminResponse, record::AdminHeader, record::AdminBody, record::AdminEvent, record::AdminIdentity)),
+    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, AdminRecord, AdminPage, AdminAction, Reconciliation, AdminRecordDetail, AdminResponse, AdminHeader, AdminBody, AdminEvent, AdminIdentity)),
     modifiers(&BearerAuth),
     tags(
         (name = "keys", description = "What became of a key"),
@@ -65,7 +68,7 @@ impl Modify for BearerAuth {
 }
 
 /// The document as JSON text.
-pub fn document() -> String {
+pub(crate) fn document() -> String {
     ApiDoc::openapi().to_json().unwrap_or_default()
 }
 
@@ -76,7 +79,7 @@ pub fn document() -> String {
     tag = "operations",
     responses((status = 200, description = "The OpenAPI 3.1 document", body = Object))
 )]
-pub async fn openapi_json() -> Response {
+pub(crate) async fn openapi_json() -> Response {
     let mut response = document().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

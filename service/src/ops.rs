@@ -15,14 +15,14 @@ use crate::state::{AppState, read};
 const READINESS_PROBE: (&str, &str) = ("readyz", "readyz");
 /// The body of `/healthz` and `/readyz`.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Health {
+pub(crate) struct Health {
     /// `ok`.
     pub status: &'static str,
 }
 
 /// Answers 200 while the process runs.
 #[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "The process is up", body = Health)))]
-pub async fn healthz() -> Json<Health> {
+pub(crate) async fn healthz() -> Json<Health> {
     Json(Health { status: "ok" })
 }
 
@@ -36,7 +36,7 @@ pub async fn healthz() -> Json<Health> {
         (status = 503, description = "The store is unavailable", body = crate::problem::Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiProblem> {
+pub(crate) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiProblem> {
     let (scope, key) = READINESS_PROBE;
     read(state.store.get(scope, key)).await?;
     Ok(Json(Health { status: "ok" }))
@@ -49,7 +49,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiPr
     tag = "operations",
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4"))
 )]
-pub async fn render_metrics(State(state): State<AppState>) -> Response {
+pub(crate) async fn render_metrics(State(state): State<AppState>) -> Response {
     let text = state
         .metrics
         .as_ref()

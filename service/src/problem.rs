@@ -11,12 +11,12 @@ use idempotency_guard::problem::types;
 
 /// The body of every problem answer (the guard's type, which the OpenAPI
 /// document describes).
-pub use idempotency_guard::problem::Problem;
+pub(crate) use idempotency_guard::problem::Problem;
 
 /// Why the service answered with a problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum ApiProblem {
+pub(crate) enum ApiProblem {
     /// 401 `unauthorized`: no bearer token, or an unknown one.
     Unauthorized,
     /// 404 `key-not-found`: no record in this scope; `advice: retry`.

@@ -13,7 +13,7 @@ use crate::tokens::Tokens;
 
 /// The largest request body accepted (a lookup of 1000 keys of 255
 /// characters, JSON-escaped, fits).
-pub const BODY_LIMIT: usize = 1024 * 1024;
+pub(crate) const BODY_LIMIT: usize = 1024 * 1024;
 
 /// How long one store read may take before the answer is 503.
 const STORE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -29,11 +29,9 @@ pub struct AppState {
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// The `retry_after_seconds` hint for in-flight keys.
     pub retry_after: Duration,
-    /// The admin tokens (see [`crate::admin`]); none: the admin API
-    /// refuses every request.
+    /// The admin tokens; none: the admin API refuses every request.
     pub admin_tokens: Arc<AdminTokens>,
-    /// The records operators marked reconciled (see
-    /// [`crate::admin::reconciled`]).
+    /// The records operators marked reconciled.
     pub reconciled: Arc<Reconciled>,
     /// Whether `/console` is served (`CONSOLE`).
     pub console: bool,

@@ -56,7 +56,7 @@ pub fn key_status(
 /// The status of a key with no committed record that a single-commit run
 /// holds (its advisory lock is taken): in flight, and nothing else is known
 /// until it commits.
-pub fn held_status(key: &str, retry_after: Duration) -> KeyStatus {
+pub(crate) fn held_status(key: &str, retry_after: Duration) -> KeyStatus {
     let wait = retry_after.max(Duration::from_secs(1));
     KeyStatus {
         key: key.to_owned(),

@@ -25,15 +25,9 @@ use subtle::{ConditionallySelectable, ConstantTimeEq};
 /// The shortest token accepted: anything shorter is guessable.
 pub const MIN_TOKEN_LEN: usize = 16;
 
-/// The content of one tokens-file line: without its comment, trimmed.
-///
-/// ```
-/// use idempotency_service::tokens::content_of;
-/// assert_eq!(content_of("tenant-a token-0123456789abcdef  # note"), "tenant-a token-0123456789abcdef");
-/// assert_eq!(content_of("tenant-a token-0123456789#abcdef"), "tenant-a token-0123456789#abcdef");
-/// assert_eq!(content_of("# a comment"), "");
-/// ```
-pub fn content_of(line: &str) -> &str {
+/// The content of one tokens-file line: without its comment (a `#` at
+/// the start or after a space), trimmed.
+pub(crate) fn content_of(line: &str) -> &str {
     let bytes = line.as_bytes();
     let end = bytes
         .iter()
@@ -166,7 +160,7 @@ fn digest(token: &str) -> [u8; 32] {
 /// The scope a request was authenticated for: the guard's [`Scope`] (1
 /// to 255 bytes, no control character), checked once, when the token file
 /// is read.
-pub use idempotency_guard::Scope;
+pub(crate) use idempotency_guard::Scope;
 
 /// The configured scope tokens (`<scope> <token>` lines).
 #[derive(Clone, Default)]
@@ -273,14 +267,15 @@ impl Tokens {
         self.table.is_empty()
     }
 
-    /// The scope of `presented`, if it is a configured token. Takes the
-    /// same time whichever token matches, or none.
-    pub fn scope_of(&self, presented: &str) -> Option<Scope> {
+    /// The scope of `presented`, if it is a configured token (the tests
+    /// ask; requests go through [`Self::authenticate`]).
+    #[cfg(test)]
+    fn scope_of(&self, presented: &str) -> Option<Scope> {
         self.table.holder_of(presented)
     }
 
     /// The scope of an `Authorization: Bearer <token>` header value.
-    pub fn authenticate(&self, authorization: Option<&http::HeaderValue>) -> Option<Scope> {
+    pub(crate) fn authenticate(&self, authorization: Option<&http::HeaderValue>) -> Option<Scope> {
         self.table.authenticate(authorization)
     }
 }
@@ -288,6 +283,19 @@ impl Tokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_comment_starts_at_a_hash_after_a_space() {
+        assert_eq!(
+            content_of("tenant-a token-0123456789abcdef  # note"),
+            "tenant-a token-0123456789abcdef"
+        );
+        assert_eq!(
+            content_of("tenant-a token-0123456789#abcdef"),
+            "tenant-a token-0123456789#abcdef"
+        );
+        assert_eq!(content_of("# a comment"), "");
+    }
     use http::HeaderValue;
 
     const A: &str = "token-of-tenant-a-0123456789";

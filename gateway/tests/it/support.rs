@@ -133,7 +133,7 @@ impl Stack {
             .expect("open the gateway's store");
         let record = store.get("default", key).await.expect("read the record");
         let status = record.as_ref().and_then(|record| {
-            idempotency_service::status::key_status(record, None, Duration::from_secs(1))
+            idempotency_service::key_status(record, None, Duration::from_secs(1))
         });
         match status {
             Some(status) => {

@@ -9,7 +9,7 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use idempotency_guard::store::AnyStore;
 use idempotency_guard::{Engine, Store};
-use idempotency_service::auth::Tokens;
+use idempotency_service::Tokens;
 use idempotency_service::{AppState, build_router};
 use tower::ServiceExt;
 

@@ -62,7 +62,7 @@ fn audit_lines(log: &std::path::Path) -> Vec<Value> {
         .unwrap_or_default()
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|line| line["target"] == idempotency_service::admin::AUDIT_TARGET)
+        .filter(|line| line["target"] == idempotency_service::AUDIT_TARGET)
         .map(|line| line["fields"].clone())
         .collect()
 }

@@ -8,7 +8,7 @@ use super::problem::AdminProblem;
 use super::tokens::Admin;
 
 /// Admin actions, by action and result.
-pub const ADMIN_ACTIONS_TOTAL: &str = "idempotency_admin_actions_total";
+pub(super) const ADMIN_ACTIONS_TOTAL: &str = "idempotency_admin_actions_total";
 
 /// The log target of audit lines.
 pub const AUDIT_TARGET: &str = "idempotency::audit";

@@ -18,7 +18,7 @@
 //! `path_prefix`, `created_after` and `created_before`. The actions
 //! (`release`, `forget`, `reconcile`) take `?reason=`, written to the
 //! audit line (required by `reconcile`). The reconciled marks are kept by
-//! the service, not the store: see [`reconciled`].
+//! the service, not the store: see `reconciled`.
 //!
 //! A record whose lease is live (its handler is running) is never deleted,
 //! with or without `force` (409 `request-in-flight`): deleting it would let
@@ -45,17 +45,23 @@
 //! (`list`, `show`, `export`, `forget`, `release`, `reconcile`), `scope`,
 //! `key` (`-` for a listing or an export), `reason` (`-` when none was
 //! given), `result` and `at` (RFC 3339, UTC), and is counted in
-//! `idempotency_admin_actions_total{action, result}`.//!
+//! `idempotency_admin_actions_total{action, result}`.
+//!
 //! # Files
 //!
-//! [`tokens`] (who may call: the admin tokens, read by the service's one
-//! tokens-file parser), [`problem`] (the admin API's problems), `audit`
-//! (the audit line and counter of every action), [`reconciled`] (the
-//! operators' reconciled marks), `handlers` (the listing, the export and
-//! the deleting actions, and their JSON) and `record` (one record shown,
-//! marked reconciled; whoami). The admin API is self-contained: it is
-//! built over an [`AdminState`] (the store and the admin tokens), which
-//! the service's router takes from its own state.
+//! `tokens` (who may call: the admin tokens, read by the service's one
+//! tokens-file parser), `problem` (the admin API's problems), `audit`
+//! (the audit line and counter of every action), `reconciled` (the
+//! operators' reconciled marks), `dto` (the JSON the endpoints answer),
+//! `query` (the queries: one for a listing and an export, its `state` an
+//! enum, its filters checked), `extract` (the extractors that parse the
+//! path's scope and key and the queries, refusing with the admin
+//! problem), `handlers` (the listing and the deleting actions, the
+//! bounded store call and the scan), `export` (the CSV export), `record`
+//! (one record shown, marked reconciled; whoami) and `preview` (a stored
+//! response, redacted). The admin API is self-contained: it is built over
+//! an [`AdminState`] (the store and the admin tokens), which the
+//! service's router takes from its own state.
 
 use std::sync::Arc;
 
@@ -68,28 +74,29 @@ use http::header;
 use idempotency_guard::store::AnyStore;
 
 mod audit;
+pub(crate) mod dto;
+pub(crate) mod export;
+mod extract;
 pub(crate) mod handlers;
-pub mod problem;
-pub mod reconciled;
+mod preview;
+mod problem;
+pub(crate) mod query;
+pub(crate) mod reconciled;
 pub(crate) mod record;
-pub mod tokens;
+mod tokens;
 
-pub use audit::{ADMIN_ACTIONS_TOTAL, AUDIT_TARGET};
-pub use handlers::{
-    AdminAction, AdminPage, AdminRecord, DEFAULT_PAGE, EXPORT_MAX_ROWS, ExportQuery, ForgetQuery,
-    ListQuery, ReasonQuery, RequiredReasonQuery, export_keys, forget_key, list_keys, release_key,
-};
-pub use problem::AdminProblem;
-pub use reconciled::{Reconciled, ReconciledError, Reconciliation};
-pub use record::{
-    AdminBody, AdminEvent, AdminHeader, AdminIdentity, AdminRecordDetail, AdminResponse,
-    reconcile_key, show_key, whoami,
-};
-pub use tokens::{Admin, AdminTokens, AdminTokensError, Scopes};
+use audit::ADMIN_ACTIONS_TOTAL;
+pub use audit::AUDIT_TARGET;
+use export::export_keys;
+use handlers::{forget_key, list_keys, release_key};
+use problem::AdminProblem;
+pub use reconciled::{Reconciled, ReconciledError};
+use record::{reconcile_key, show_key, whoami};
+pub use tokens::{AdminTokens, AdminTokensError};
 
 /// What the admin handlers share: the store and who may call.
 #[derive(Clone)]
-pub struct AdminState {
+pub(crate) struct AdminState {
     /// Where the records are.
     pub store: AnyStore,
     /// The admin tokens; none: the admin API refuses every request.
@@ -100,7 +107,7 @@ pub struct AdminState {
 
 /// The admin routes, over `state` (the caller merges them into the
 /// service's router).
-pub fn router<S: Clone + Send + Sync + 'static>(state: AdminState) -> Router<S> {
+pub(crate) fn router<S: Clone + Send + Sync + 'static>(state: AdminState) -> Router<S> {
     Router::new()
         .route("/v1/admin/keys", get(list_keys))
         .route("/v1/admin/keys.csv", get(export_keys))

@@ -7,7 +7,7 @@ use idempotency_guard::problem::{Problem, types};
 /// Why the admin API answered with a problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum AdminProblem {
+pub(crate) enum AdminProblem {
     /// 401 `unauthorized`: no admin token, or an unknown one (a scope
     /// token included).
     Unauthorized,

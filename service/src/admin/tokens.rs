@@ -10,7 +10,7 @@ use crate::tokens::{LineError, LineFault, MIN_TOKEN_LEN, TokenTable};
 
 /// The scopes an admin token may act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scopes {
+pub(crate) enum Scopes {
     /// Every scope (`*`).
     All,
     /// These scopes only.
@@ -19,7 +19,7 @@ pub enum Scopes {
 
 impl Scopes {
     /// Whether `scope` is one of them.
-    pub fn allows(&self, scope: &str) -> bool {
+    pub(crate) fn allows(&self, scope: &str) -> bool {
         match self {
             Self::All => true,
             Self::Only(scopes) => scopes.iter().any(|s| s == scope),
@@ -29,14 +29,23 @@ impl Scopes {
 
 /// The holder of an admin token, as the handlers see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Admin {
+pub(crate) struct Admin {
     /// The token's name: who, in audit lines.
     pub name: String,
     /// The scopes it may act on.
     pub scopes: Scopes,
 }
 
-/// The configured admin tokens.
+/// The configured admin tokens: who may call the admin API
+/// (`/v1/admin/...`), and on which scopes.
+///
+/// Each token is one `<name> <scopes> <token>` line ([`Self::from_file`],
+/// `ADMIN_TOKENS_FILE`) or triple ([`Self::add_triples`], `ADMIN_TOKENS`,
+/// separated by `;`); `#` starts a comment. `<scopes>` is a
+/// comma-separated list of scopes, or `*` for all; `<name>` names the
+/// holder in the audit lines (logged on [`AUDIT_TARGET`](crate::AUDIT_TARGET);
+/// the token itself never is). Admin tokens and scope tokens are
+/// separate: each answers 401 on the other's endpoints.
 #[derive(Clone, Default)]
 pub struct AdminTokens {
     table: TokenTable<Admin>,
@@ -142,14 +151,15 @@ impl AdminTokens {
         self.table.is_empty()
     }
 
-    /// The admin holding `presented`, if it is a configured token. Takes
-    /// the same time whichever token matches, or none.
-    pub fn admin_of(&self, presented: &str) -> Option<Admin> {
+    /// The admin holding `presented`, if it is a configured token (the
+    /// tests ask; requests go through [`Self::authenticate`]).
+    #[cfg(test)]
+    fn admin_of(&self, presented: &str) -> Option<Admin> {
         self.table.holder_of(presented)
     }
 
     /// The admin of an `Authorization: Bearer <token>` header value.
-    pub fn authenticate(&self, authorization: Option<&HeaderValue>) -> Option<Admin> {
+    pub(crate) fn authenticate(&self, authorization: Option<&HeaderValue>) -> Option<Admin> {
         self.table.authenticate(authorization)
     }
 }

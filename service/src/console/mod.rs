@@ -28,7 +28,7 @@ const CONSOLE_JS: &str = include_str!("console.js");
 const CONSOLE_CSS: &str = include_str!("console.css");
 
 /// The Content-Security-Policy of every console answer.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
      style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; \
      form-action 'none'; frame-ancestors 'none'";
 
@@ -54,23 +54,23 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 }
 
 /// `GET /console`: the page.
-pub async fn index() -> Response {
+pub(crate) async fn index() -> Response {
     asset("text/html; charset=utf-8", INDEX_HTML)
 }
 
 /// `GET /console/console.js`: the script.
-pub async fn script() -> Response {
+pub(crate) async fn script() -> Response {
     asset("text/javascript; charset=utf-8", CONSOLE_JS)
 }
 
 /// `GET /console/console.css`: the stylesheet.
-pub async fn stylesheet() -> Response {
+pub(crate) async fn stylesheet() -> Response {
     asset("text/css; charset=utf-8", CONSOLE_CSS)
 }
 
 /// The console's routes (the caller merges them only when the console is
 /// on).
-pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
+pub(crate) fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/console", get(index))
         .route("/console/", get(index))

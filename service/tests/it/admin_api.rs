@@ -116,7 +116,7 @@ impl Logs {
         self.text()
             .lines()
             .map(|line| serde_json::from_str::<Value>(line).unwrap())
-            .filter(|line| line["target"] == idempotency_service::admin::AUDIT_TARGET)
+            .filter(|line| line["target"] == idempotency_service::AUDIT_TARGET)
             .map(|line| line["fields"].clone())
             .collect()
     }

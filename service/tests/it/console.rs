@@ -37,7 +37,7 @@ async fn the_console_is_off_unless_configured_and_served_with_its_policy() {
         metrics: None,
         retry_after: Duration::from_secs(1),
         admin_tokens: Arc::new(crate::support::admin_tokens()),
-        reconciled: Arc::new(idempotency_service::admin::Reconciled::in_memory()),
+        reconciled: Arc::new(idempotency_service::Reconciled::in_memory()),
         console: false,
     });
     for path in ["/console", "/console/console.js"] {
@@ -142,7 +142,7 @@ fn audit_lines(log: &Path) -> Vec<Value> {
         .unwrap_or_default()
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|line| line["target"] == idempotency_service::admin::AUDIT_TARGET)
+        .filter(|line| line["target"] == idempotency_service::AUDIT_TARGET)
         .map(|line| line["fields"].clone())
         .collect()
 }

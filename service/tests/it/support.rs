@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use idempotency_guard::store::{AnyStore, Claim, Lease, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, Store, StoredResponse};
-use idempotency_service::auth::Tokens;
+use idempotency_service::Tokens;
 use idempotency_service::{AppState, build_router};
 use idempotency_tests::Answer;
 use serde_json::Value;
@@ -31,8 +31,8 @@ pub(crate) const ADMIN_ALL: &str = "admin-token-of-ops-0123456789";
 pub(crate) const ADMIN_A: &str = "admin-token-of-tenant-a-0123456789";
 
 /// Two admin tokens: `ops` for every scope, `alice` for `tenant-a` only.
-pub(crate) fn admin_tokens() -> idempotency_service::admin::AdminTokens {
-    let mut tokens = idempotency_service::admin::AdminTokens::default();
+pub(crate) fn admin_tokens() -> idempotency_service::AdminTokens {
+    let mut tokens = idempotency_service::AdminTokens::default();
     tokens
         .add_triples(&format!(
             "ops * {ADMIN_ALL}
@@ -50,7 +50,7 @@ pub(crate) fn router(store: AnyStore) -> Router {
         metrics: None,
         retry_after: Duration::from_secs(1),
         admin_tokens: Arc::new(admin_tokens()),
-        reconciled: Arc::new(idempotency_service::admin::Reconciled::in_memory()),
+        reconciled: Arc::new(idempotency_service::Reconciled::in_memory()),
         console: true,
     })
 }
@@ -58,8 +58,9 @@ pub(crate) fn router(store: AnyStore) -> Router {
 /// The OpenAPI document, parsed once.
 pub(crate) fn document() -> &'static Value {
     static DOCUMENT: OnceLock<Value> = OnceLock::new();
-    DOCUMENT
-        .get_or_init(|| serde_json::from_str(&idempotency_service::openapi::document()).unwrap())
+    DOCUMENT.get_or_init(|| {
+        serde_json::to_value(<idempotency_service::ApiDoc as utoipa::OpenApi>::openapi()).unwrap()
+    })
 }
 
 /// Sends a request and checks the answer against the OpenAPI document:
