@@ -1,5 +1,14 @@
-# The service and the payments example, for docker-compose.yml; the
-# gateway is its own target (`docker build --target gateway .`).
+# Two container images, one per program (docs/guide/deploy.md):
+#
+#   docker build --target service -t idempotency-service .   # also the default target
+#   docker build --target gateway -t idempotency-gateway .
+#
+# `service` holds `idempotency-service` (the key-status service, and its
+# `migrate` subcommand for the deploy's migration step) and the payments
+# example (`payments`, for docker-compose.yml); `gateway` holds
+# `idempotency-gateway`. Both listen on 127.0.0.1 unless told otherwise:
+# set LISTEN (0.0.0.0:8080 for the service; the gateway's `listen` in its
+# configuration, or LISTEN, 0.0.0.0:8090 in docker-compose.yml).
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
@@ -17,13 +26,15 @@ RUN apt-get update \
 COPY --from=build /usr/local/bin/idempotency-gateway /usr/local/bin/
 USER 65534:65534
 ENV GATEWAY_CONFIG=/etc/idempotency-gateway/gateway.toml
-EXPOSE 8080
+EXPOSE 8090
 CMD ["idempotency-gateway"]
 
-FROM debian:bookworm-slim
+# The key-status service (the last stage: what `docker build .` builds).
+FROM debian:bookworm-slim AS service
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /usr/local/bin/idempotency-service /usr/local/bin/payments /usr/local/bin/
 USER 65534:65534
+EXPOSE 8080
 CMD ["idempotency-service", "serve"]

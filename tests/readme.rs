@@ -1,14 +1,16 @@
-//! The READMEs' code blocks and their compiled copies in `tests/outside/`
-//! (a crate outside the workspace, built with the default features only,
-//! as a user builds it) agree, line for line.
+//! The code blocks of the READMEs and the guide's main pages
+//! (`docs/guide/`) and their compiled copies in `tests/outside/` (a crate
+//! outside the workspace, built with the default features only, as a user
+//! builds it) agree, line for line.
 //!
 //! - In `tests/outside/src/lib.rs`, each snippet sits between a
 //!   `// README: <file>, "<section>"` line and a `// README: end` line; it
 //!   must be the first `rust` block under that section's heading in that
 //!   file (less the indentation of the marker).
-//! - `tests/outside/tests/handlers.rs` and `tests/outside/src/bin/main.rs`
-//!   are, whole, the first `rust` block of README.md's "Testing your
-//!   handlers with the guard" and "A complete `main.rs`".
+//! - `tests/outside/src/bin/main.rs` is, whole, the first `rust` block of
+//!   "A complete `main.rs`" in README.md and in docs/guide/axum.md, and
+//!   `tests/outside/tests/handlers.rs` that of docs/guide/axum.md's
+//!   "Testing your handlers with the guard".
 
 use std::path::{Path, PathBuf};
 
@@ -83,10 +85,17 @@ fn snippets() -> Vec<(String, String, String)> {
 fn the_readme_snippets_are_the_compiled_ones() {
     let snippets = snippets();
     let files: Vec<&str> = snippets.iter().map(|(file, ..)| file.as_str()).collect();
-    assert!(
-        files.contains(&"README.md") && files.contains(&"client/README.md"),
-        "tests/outside/src/lib.rs must carry README.md's and client/README.md's snippets: {files:?}"
-    );
+    for page in [
+        "client/README.md",
+        "docs/guide/axum.md",
+        "docs/guide/engine.md",
+        "docs/guide/client.md",
+    ] {
+        assert!(
+            files.contains(&page),
+            "tests/outside/src/lib.rs must carry {page}'s snippet: {files:?}"
+        );
+    }
     for (file, section, code) in snippets {
         assert_eq!(
             block(&file, &section),
@@ -96,23 +105,33 @@ fn the_readme_snippets_are_the_compiled_ones() {
     }
 }
 
-/// README.md's sections whose first `rust` block is a whole file of
-/// `tests/outside`.
-const WHOLE_FILES: [(&str, &str); 2] = [
+/// The sections (page, heading) whose first `rust` block is a whole file
+/// of `tests/outside`.
+const WHOLE_FILES: [(&str, &str, &str); 3] = [
     (
+        "README.md",
+        "A complete `main.rs`",
+        "tests/outside/src/bin/main.rs",
+    ),
+    (
+        "docs/guide/axum.md",
+        "A complete `main.rs`",
+        "tests/outside/src/bin/main.rs",
+    ),
+    (
+        "docs/guide/axum.md",
         "Testing your handlers with the guard",
         "tests/outside/tests/handlers.rs",
     ),
-    ("A complete `main.rs`", "tests/outside/src/bin/main.rs"),
 ];
 
 #[test]
 fn the_readme_whole_files_are_the_compiled_ones() {
-    for (section, file) in WHOLE_FILES {
+    for (page, section, file) in WHOLE_FILES {
         assert_eq!(
-            block("README.md", section),
+            block(page, section),
             read(file).trim_end(),
-            "README.md, {section:?}: the block and {file} differ"
+            "{page}, {section:?}: the block and {file} differ"
         );
     }
 }

@@ -42,7 +42,7 @@
 //! key, and an unknown outcome is `FAILED_PRECONDITION`: a client's
 //! `retryPolicy` with `retryableStatusCodes: ["UNAVAILABLE"]` absorbs the
 //! in-flight refusal and never resends an unknown outcome (see [`refusal`]
-//! for why, and the README for the service config).
+//! for why, and the guide's `docs/guide/grpc.md` for the service config).
 //!
 //! # Fingerprint
 //!

@@ -78,8 +78,11 @@
 //! - A crashed process stops renewing; its records turn **abandoned** within
 //!   one lease. An abandoned run may or may not have had effects, so by
 //!   default its key answers `outcome-unknown` until retention ends.
-//! - **Retention** (default 24 h) counts from the claim. After it the record
-//!   is purged ([`purge_periodically`]) and the key may be used again.
+//! - **Retention** (default 24 h) counts from the claim. After it the key
+//!   may be used again, and the record is deleted by whatever runs
+//!   [`purge_periodically`] or [`purge_expired`]: nothing purges on its own
+//!   (the key-status service does on its store; Redis and NATS expire their
+//!   records themselves).
 //!
 //! # Guarantees
 //!
@@ -154,6 +157,9 @@
 //! - `redis`: [`store::redis::RedisStore`] (one Redis or a Redis Cluster)
 //!   and [`store::tiered::TieredStore`] (Redis in front of PostgreSQL);
 //!   turns `postgres` on.
+//! - `nats`: `store::nats`, NATS JetStream KV (NATS 2.11 or later),
+//!   replicated by consensus; name `sqlite` or `postgres` with it (see
+//!   below).
 //! - `prometheus`: `telemetry::install_prometheus`, a recorder for the
 //!   guard's metrics (the metrics themselves go through the [`metrics`]
 //!   facade whatever the features).
@@ -168,8 +174,8 @@
 //!   (see `telemetry::otel`).
 //! - `openapi`: `utoipa::ToSchema` on [`problem::Problem`].
 //!
-//! At least one store feature (`sqlite`, `postgres` or `redis`) is needed:
-//! without one the build fails with a message naming them.
+//! At least one of `sqlite`, `postgres` or `redis` is needed, `nats` alone
+//! not sufficing: without one the build fails with a message naming them.
 //!
 //! # Metrics
 //!

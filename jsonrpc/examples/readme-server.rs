@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::Router;
 use idempotency_guard::server::{BodyTimeoutLayer, Server};
-use idempotency_guard::{Engine, store::AnyStore};
+use idempotency_guard::{Engine, purge_periodically, store::AnyStore};
 use idempotency_jsonrpc::JsonRpcLayer;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -57,6 +57,13 @@ async fn main() -> anyhow::Result<()> {
         std::env::var("DATABASE_URL").unwrap_or_else(|_| String::from("sqlite://mcp.db?mode=rwc"));
     let store = AnyStore::connect(&url).await?;
     store.migrate().await?;
+    // Records past their retention (24 h) are deleted only by this (or by a
+    // key-status service on the same store).
+    tokio::spawn(purge_periodically(
+        store.clone(),
+        Duration::from_secs(60),
+        1000,
+    ));
     let engine = Engine::new(store);
     // On shutdown: let the calls whose clients already left finish and
     // store their answer.

@@ -56,7 +56,7 @@ struct IncidentArgs {
     reset: f64,
     /// Where the table (`incident.md`) and the plot (`incident.svg`) go
     /// (default: the workspace's `docs/lab`, and then the copy of the table
-    /// in the workspace's README is rewritten too).
+    /// in the guide's page on the lab, `docs/guide/lab.md`, is rewritten too).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Kill the app (SIGKILL) this many seconds into the traffic, while a
@@ -127,7 +127,7 @@ async fn main() -> ExitCode {
                 incident.plot.display()
             );
             if args.out.is_none() {
-                update_readme(&workspace.join("README.md"), &table);
+                update_readme(&workspace.join("docs/guide/lab.md"), &table);
             }
             ExitCode::SUCCESS
         }
@@ -138,7 +138,7 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Rewrites the README's copy of the table (between its markers), or says
+/// Rewrites the guide's copy of the table (between its markers), or says
 /// why not.
 fn update_readme(readme: &std::path::Path, table: &str) {
     use idempotency_lab::report::{README_BEGIN, README_END, splice};

@@ -99,7 +99,7 @@ pub fn table(naive: &Summary, guarded: &Summary) -> String {
     out
 }
 
-/// The line before the README's copy of the table.
+/// The line before the guide's copy of the table (`docs/guide/lab.md`).
 pub const README_BEGIN: &str = "<!-- incident-lab: begin -->";
 /// The line after it.
 pub const README_END: &str = "<!-- incident-lab: end -->";
@@ -228,9 +228,9 @@ mod tests {
     }
 
     #[test]
-    fn the_workspace_readme_has_the_markers_around_its_table() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
-        let readme = std::fs::read_to_string(path).expect("the README");
+    fn the_guides_lab_page_has_the_markers_around_its_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/guide/lab.md");
+        let readme = std::fs::read_to_string(path).expect("the guide's lab page");
         let begin = readme.find(README_BEGIN).expect("the begin marker") + README_BEGIN.len();
         let end = begin + readme[begin..].find(README_END).expect("the end marker");
         let table = readme[begin..end].trim();

@@ -150,10 +150,16 @@ fn the_payments_example_names_each_bad_setting_on_one_line() {
 
 #[test]
 fn the_orders_consumer_example_names_each_bad_setting_on_one_line() {
-    let own: [Row; 2] = [
+    let own: [Row; 4] = [
         (
             &[("LEASE_SECS", "soon")],
             &["LEASE_SECS", "whole number", "soon"],
+        ),
+        // What the engine would refuse with a panic: exit 2 and one line.
+        (&[("LEASE_SECS", "0")], &["LEASE_SECS", "at least 1"]),
+        (
+            &[("LEASE_SECS", "86400")],
+            &["LEASE_SECS", "maximum handler time", "retention"],
         ),
         (
             &[("CONCURRENCY", "many")],

@@ -25,6 +25,11 @@ use idempotency_guard::transaction::TxRejection;
 /// The exit code of a configuration error (as clap's own usage errors).
 const CONFIGURATION_ERROR: u8 = 2;
 
+/// The engine's default retention, which the examples keep.
+const RETENTION_SECS: u64 = 24 * 3600;
+/// The engine's default maximum handler time, which the examples keep.
+const MAX_HANDLER_SECS: u64 = 600;
+
 /// The store settings both examples read: `DATABASE_URL`, `STORE`,
 /// `REDIS_URL`, `REDIS_PREFIX`, `LEASE_SECS` and `CONCURRENCY`.
 pub(crate) struct Settings {
@@ -48,13 +53,24 @@ impl Settings {
             .unwrap_or_else(|_| "sql".to_owned())
             .parse()
             .map_err(|error: String| anyhow::anyhow!("STORE: {error}"))?;
+        let lease = number("LEASE_SECS", 60)?;
+        // What the engine would refuse with a panic (a lease under 1 s), and
+        // the retention rule the axum layer checks and the consumers do not
+        // pass through: the lease plus the maximum handler time under the
+        // retention (the engine's defaults, 10 min and 24 h).
+        anyhow::ensure!(lease >= 1, "LEASE_SECS must be at least 1, not {lease}");
+        anyhow::ensure!(
+            lease < RETENTION_SECS - MAX_HANDLER_SECS,
+            "LEASE_SECS ({lease}) plus the maximum handler time ({MAX_HANDLER_SECS} s) must stay \
+             under the retention ({RETENTION_SECS} s)"
+        );
         let settings = Self {
             database: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "sqlite://orders-consumer.db?mode=rwc".to_owned()),
             kind,
             redis_url: std::env::var("REDIS_URL").ok(),
             prefix: std::env::var("REDIS_PREFIX").unwrap_or_else(|_| "orders".to_owned()),
-            lease: Duration::from_secs(number("LEASE_SECS", 60)?),
+            lease: Duration::from_secs(lease),
             concurrency: usize::try_from(number("CONCURRENCY", 16)?).unwrap_or(usize::MAX),
         };
         settings.options().check(SettingNames::ENVIRONMENT)?;

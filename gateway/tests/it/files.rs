@@ -26,11 +26,11 @@ fn the_example_configuration_and_the_readme_one_are_valid() {
         idempotency_gateway::config::RouteKind::Jsonrpc,
         "the MCP route"
     );
-    let readme = text("README.md");
-    let section = readme
-        .split("## Any language: run the gateway")
+    let page = text("docs/guide/gateway.md");
+    let section = page
+        .split("# Any language: run the gateway")
         .nth(1)
-        .expect("the README's gateway section");
+        .expect("the guide's gateway page");
     let toml = section
         .split("```toml\n")
         .nth(1)
@@ -38,7 +38,7 @@ fn the_example_configuration_and_the_readme_one_are_valid() {
         .expect("a TOML block in it");
     assert_eq!(toml.lines().count(), 5, "the five-line configuration");
     Config::from_toml(toml)
-        .expect("the README's configuration parses")
+        .expect("the guide's configuration parses")
         .validate()
         .expect("and validates");
 }
@@ -68,7 +68,7 @@ fn compose_runs_the_gateway_target_in_front_of_the_sample_backend() {
     assert!(dockerfile.contains("-p idempotency-gateway --bin idempotency-gateway"));
     let last_stage = dockerfile.rsplit("\nFROM ").next().expect("stages");
     assert!(
-        !last_stage.contains("AS gateway"),
-        "the default target stays the service image"
+        !last_stage.contains("AS gateway") && last_stage.contains("AS service"),
+        "the default target stays the service image, named `service` (docs/guide/deploy.md)"
     );
 }

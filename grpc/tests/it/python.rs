@@ -166,23 +166,19 @@ where
     }
 }
 
-/// The service config the README recommends (its first `json` block after
-/// the gRPC heading), for the example's service.
+/// The service config the guide recommends (the first `json` block of its
+/// gRPC page, docs/guide/grpc.md), for the example's service.
 fn recommended_service_config() -> serde_json::Value {
-    let readme = std::fs::read_to_string(format!("{ROOT}/README.md")).unwrap();
-    let section = readme
-        .split_once("## gRPC")
-        .expect("README.md has no gRPC section")
-        .1;
-    let block = section
+    let page = std::fs::read_to_string(format!("{ROOT}/docs/guide/grpc.md")).unwrap();
+    let block = page
         .split_once("```json\n")
         .and_then(|(_, rest)| rest.split_once("```"))
-        .expect("README.md's gRPC section has no json block: the recommended service config")
+        .expect("docs/guide/grpc.md has no json block: the recommended service config")
         .0;
-    serde_json::from_str(block).expect("README.md's service config is not JSON")
+    serde_json::from_str(block).expect("docs/guide/grpc.md's service config is not JSON")
 }
 
-/// grpcio with the README's `retryPolicy`: 30 identical concurrent calls
+/// grpcio with the guide's `retryPolicy`: 30 identical concurrent calls
 /// whose first run takes longer than a pushback, a method whose first run
 /// answers `UNAVAILABLE`, and a run cut off at the maximum handler time.
 /// The in-flight refusals are absorbed by the client (every call ends with

@@ -180,8 +180,10 @@ macro_rules! engine_settings {
                 self
             }
 
-            /// Sets how long a record lives after its key was first claimed; then it
-            /// is purged and the key may be used again.
+            /// Sets how long a record lives after its key was first claimed; then
+            /// the key may be used again, and the record is deleted by whatever
+            /// runs `purge_periodically` or `purge_expired` (nothing purges on
+            /// its own; Redis and NATS expire their records themselves).
             ///
             /// The default value is 24 hours.
             pub fn with_retention(mut self, retention: std::time::Duration) -> Self {

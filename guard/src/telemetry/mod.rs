@@ -10,7 +10,7 @@
 //!
 //! `attempt` is the `X-Retry-Attempt` request header (`0` is the first try),
 //! `0` to `9`, then `10+`; `unknown` when the header is absent or invalid.
-//! From these, with PromQL (see the README):
+//! From these, with PromQL (see the guide's `docs/guide/metrics.md`):
 //!
 //! - retry rate: `sum(rate(idempotency_requests_total{attempt!~"0|unknown"}[5m])) / sum(rate(idempotency_requests_total{attempt!="unknown"}[5m]))`
 //! - amplification factor: `sum(rate(idempotency_requests_total{attempt!="unknown"}[5m])) / sum(rate(idempotency_requests_total{attempt="0"}[5m]))`

@@ -15,7 +15,7 @@ fn the_readme_shows_the_built_example_whole() {
 fn the_readme_names_store_features_the_crate_forwards() {
     let readme = include_str!("../../README.md");
     let manifest = include_str!("../../Cargo.toml");
-    assert!(readme.contains(r#"idempotency-jsonrpc = { version = "0.1", default-features = false, features = ["postgres", "sqlite"] }"#));
+    assert!(readme.contains(r#"idempotency-jsonrpc = { path = "../idempotency/jsonrpc", default-features = false, features = ["postgres", "sqlite"] }"#));
     for feature in ["postgres", "sqlite", "redis"] {
         assert!(
             manifest.contains(&format!("{feature} = [\"idempotency-guard/{feature}\"]")),

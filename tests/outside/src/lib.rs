@@ -1,8 +1,9 @@
-//! The READMEs' snippets, compiled as a user compiles them: outside the
-//! workspace, with the guard's and the client's default features only.
-//! Each snippet sits between a `// README: <file>, "<section>"` line and a
-//! `// README: end` line, verbatim (less the indentation): the workspace's
-//! `tests/readme.rs` fails when a README's block and this copy differ.
+//! The snippets of the READMEs and the guide's main pages (`docs/guide/`),
+//! compiled as a user compiles them: outside the workspace, with the
+//! guard's and the client's default features only. Each snippet sits
+//! between a `// README: <file>, "<section>"` line and a `// README: end`
+//! line, verbatim (less the indentation): the workspace's `tests/readme.rs`
+//! fails when a page's block and this copy differ.
 
 use axum::http::{StatusCode, request::Parts};
 use idempotency_guard::store::AnyStore;
@@ -22,14 +23,14 @@ fn tenant_of(parts: &Parts) -> String {
         .to_owned()
 }
 
-/// README.md, "Mount the guard": an SQLite file `app.db` in the working
+/// docs/guide/axum.md, "Mount the guard": an SQLite file `app.db` in the working
 /// directory, and the guarded router.
 ///
 /// # Errors
 ///
 /// When the store cannot be opened or migrated.
 pub async fn mount() -> Result<axum::Router, Box<dyn std::error::Error>> {
-    // README: README.md, "Mount the guard"
+    // README: docs/guide/axum.md, "Mount the guard"
     use axum::{Router, routing::post};
     use idempotency_guard::{IdempotencyLayer, store::AnyStore};
 
@@ -69,6 +70,33 @@ pub async fn pay(
     Ok(response)
 }
 
+/// docs/guide/client.md, "Calling a guarded API safely": the same payment
+/// with the page's fixed URLs (`http://api`, `http://status:8080`), so it
+/// is compiled, not run.
+///
+/// # Errors
+///
+/// When the call fails after the retries the policy allows.
+pub async fn pay_guide() -> Result<reqwest::Response, idempotency_client::RetryError> {
+    // README: docs/guide/client.md, "Calling a guarded API safely"
+    use idempotency_client::{Policy, RetryClient, StatusClient};
+
+    let client = RetryClient::new(reqwest::Client::new())
+        // Only endpoints declared guarded get keys (and retries of ambiguous failures).
+        .with_endpoint("create-payment", Policy::guarded_write())
+        .with_status_client(StatusClient::new("http://status:8080", "token-of-tenant-a"));
+    let payment = serde_json::json!({"amount": 4200, "currency": "EUR"});
+    // One logical write: one Idempotency-Key (a UUID v7), sent with every attempt;
+    // the closure rebuilds the request for each attempt.
+    let response = client
+        .send("create-payment", |http| {
+            http.post("http://api/payments").json(&payment)
+        })
+        .await?; // RetryError::kind(): budget exhausted, deadline, outcome unknown, ...
+    // README: end
+    Ok(response)
+}
+
 /// What the engine snippet's work returns.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Receipt {
@@ -83,7 +111,7 @@ async fn charge(payload: &[u8]) -> Receipt {
     }
 }
 
-/// README.md, "Beyond axum: the run-once engine": one message's work, run
+/// docs/guide/engine.md, "Beyond axum: the run-once engine": one message's work, run
 /// at most once per message id.
 ///
 /// # Errors
@@ -95,7 +123,7 @@ pub async fn consume(
     message_id: &str,
     payload: Vec<u8>,
 ) -> Result<Receipt, Box<dyn std::error::Error + Send + Sync>> {
-    // README: README.md, "Beyond axum: the run-once engine"
+    // README: docs/guide/engine.md, "Beyond axum: the run-once engine"
     use idempotency_guard::engine::{Engine, Job};
     use idempotency_guard::{Fingerprint, Scope};
 
