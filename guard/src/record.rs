@@ -9,6 +9,7 @@ use time::OffsetDateTime;
 use std::fmt;
 
 use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
 
 /// The random token that identifies one lease on a record.
 ///
@@ -70,9 +71,9 @@ impl RecordState {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     /// The namespace the key lives in.
-    pub scope: String,
+    pub scope: Scope,
     /// The idempotency key.
-    pub key: String,
+    pub key: IdempotencyKey,
     /// The fingerprint of the request that claimed the key.
     pub fingerprint: Fingerprint,
     /// The method of that request.
@@ -236,8 +237,8 @@ mod tests {
     fn record(lease_left: Duration, response: Option<StoredResponse>) -> Record {
         let now = OffsetDateTime::now_utc();
         Record {
-            scope: "s".into(),
-            key: "k".into(),
+            scope: Scope::new("s").unwrap(),
+            key: IdempotencyKey::from_raw("k").unwrap(),
             fingerprint: Fingerprint::from_bytes([0; 32]),
             method: "POST".into(),
             path: "/".into(),

@@ -38,8 +38,8 @@ pub(super) enum Acquired<T> {
 impl<S: Store> Engine<S> {
     fn new_record<'a>(&self, job: &'a Job, token: LeaseToken) -> NewRecord<'a> {
         NewRecord {
-            scope: job.scope.as_str(),
-            key: job.key.as_str(),
+            scope: &job.scope,
+            key: &job.key,
             fingerprint: &job.fingerprint,
             method: &job.method,
             path: &job.path,
@@ -202,7 +202,7 @@ impl<S: Store> Engine<S> {
         let current = self
             .timed(
                 "get",
-                self.inner.store.get(job.scope.as_str(), job.key.as_str()),
+                self.inner.store.get(&job.scope, &job.key),
             )
             .await?;
         match current {
@@ -216,7 +216,7 @@ impl<S: Store> Engine<S> {
                 let _ = tokio::time::timeout(bound, subscription.changed()).await;
                 self.timed(
                     "get",
-                    self.inner.store.get(job.scope.as_str(), job.key.as_str()),
+                    self.inner.store.get(&job.scope, &job.key),
                 )
                 .await
             }
