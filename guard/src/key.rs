@@ -123,7 +123,9 @@ impl IdempotencyKey {
     /// test's `NewRecord` borrows it, and helpers return one.
     #[cfg(test)]
     pub(crate) fn leaked(raw: &str) -> &'static Self {
-        Box::leak(Box::new(Self::from_raw(raw).expect("a test's key is valid")))
+        Box::leak(Box::new(
+            Self::from_raw(raw).expect("a test's key is valid"),
+        ))
     }
 
     /// Reads the key from request headers.

@@ -200,10 +200,7 @@ impl<S: Store> Engine<S> {
             .events()
             .subscribe(job.scope.as_str(), job.key.as_str());
         let current = self
-            .timed(
-                "get",
-                self.inner.store.get(&job.scope, &job.key),
-            )
+            .timed("get", self.inner.store.get(&job.scope, &job.key))
             .await?;
         match current {
             Some(current)
@@ -214,11 +211,8 @@ impl<S: Store> Engine<S> {
                 // and by its lease (a crashed holder publishes nothing).
                 let bound = wait_left.min(current.lease_remaining());
                 let _ = tokio::time::timeout(bound, subscription.changed()).await;
-                self.timed(
-                    "get",
-                    self.inner.store.get(&job.scope, &job.key),
-                )
-                .await
+                self.timed("get", self.inner.store.get(&job.scope, &job.key))
+                    .await
             }
             other => Ok(other),
         }

@@ -215,4 +215,3 @@ mod tests {
         assert_eq!(page(u32::MAX).clamped_limit(), MAX_PAGE);
     }
 }
-

@@ -145,8 +145,12 @@ impl<C: RecordCache> TieredStore<C> {
 
     /// Wakes waiters in every process after a change in PostgreSQL.
     async fn announce(&self, lease: &Lease) {
-        self.cached("announce", self.cache.announce(lease.scope.as_str(), lease.key.as_str()))
-            .await;
+        self.cached(
+            "announce",
+            self.cache
+                .announce(lease.scope.as_str(), lease.key.as_str()),
+        )
+        .await;
     }
 }
 
@@ -192,11 +196,7 @@ impl<C: RecordCache> Store for TieredStore<C> {
         Ok(())
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         if let Some(record) = self.cached_completed(scope, key).await {
             return Ok(Some(record));
         }

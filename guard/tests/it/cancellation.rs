@@ -9,6 +9,7 @@ use http::StatusCode;
 use idempotency_guard::{IdempotencyLayer, LeaseToken, RecordState, Store};
 
 use crate::support::{app, send};
+use idempotency_tests::names;
 
 /// Waits until the record of `key` is settled (completed or gone). The
 /// claim that was held up lands as soon as the lock goes; the guard then
@@ -18,7 +19,7 @@ async fn settled<S: Store>(store: &S, key: &str) -> Option<RecordState> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     for _ in 0..100 {
         let state = store
-            .get("default", key)
+            .get(names::scope("default"), names::key(key))
             .await
             .unwrap()
             .map(|record| record.state());

@@ -14,6 +14,7 @@ use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, IdempotencyLayer, InFlightPolicy, Store, StoredResponse};
 
 use crate::support::{app, call, request, send};
+use idempotency_tests::names;
 
 /// A waits-for-replay request through `waiting` is answered as soon as the
 /// first request, through `running`, completes: long before its 20 s bound.
@@ -113,8 +114,8 @@ async fn redis_publishes_only_watched_ends(batching: BatchLimits) {
         let store = store.clone();
         async move {
             let new = NewRecord {
-                scope: "s",
-                key,
+                scope: names::scope("s"),
+                key: names::key(key),
                 fingerprint: &fingerprint,
                 method: "POST",
                 path: "/payments",
@@ -136,7 +137,11 @@ async fn redis_publishes_only_watched_ends(batching: BatchLimits) {
     let mut watched = Vec::new();
     for key in ["completed", "released", "abandoned"] {
         let lease = claim(key).await;
-        let read = store.get("s", key).await.unwrap().unwrap();
+        let read = store
+            .get(names::scope("s"), names::key(key))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.lease_token, lease.token);
         watched.push(lease);
     }

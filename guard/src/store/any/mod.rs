@@ -547,11 +547,7 @@ impl Store for Backend {
         on_backend!(self, store => Box::pin(store.release(lease)).await)
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         on_backend!(self, store => Box::pin(store.get(scope, key)).await)
     }
 
@@ -593,11 +589,7 @@ impl Store for AnyStore {
         on_store!(self, store => store.release(lease).await)
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         on_store!(self, store => store.get(scope, key).await)
     }
 

@@ -251,11 +251,7 @@ impl<S: BatchedStore> Store for Batched<S> {
         self.direct.release(lease).await
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.direct.get(scope, key).await
     }
 

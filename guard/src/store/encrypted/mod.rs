@@ -268,7 +268,11 @@ impl<S> EncryptedStore<S> {
         let nonce: [u8; NONCE_LEN] = nonce
             .try_into()
             .map_err(|_| failure("invalid", "the sealed response is truncated"))?;
-        let aad = associated_data(record.scope.as_str(), record.key.as_str(), response.status.as_u16());
+        let aad = associated_data(
+            record.scope.as_str(),
+            record.key.as_str(),
+            response.status.as_u16(),
+        );
         let plaintext = cipher
             .decrypt(
                 &aes_gcm::Nonce::from(nonce),
@@ -326,11 +330,7 @@ impl<S: Store> Store for EncryptedStore<S> {
         self.inner.release(lease).await
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.inner
             .get(scope, key)
             .await?

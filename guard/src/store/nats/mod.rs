@@ -398,11 +398,7 @@ impl Store for NatsStore {
         self.release_record(lease).await
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         Ok(match self.read(scope, key, self.deadline()).await? {
             Slot::Record(stored) if !stored.record.is_expired() => Some(stored.record),
             _ => None,

@@ -26,8 +26,8 @@ use sqlx::{PgConnection, PgPool, Row};
 use time::OffsetDateTime;
 
 use crate::events::RecordEvents;
-use crate::key::{IdempotencyKey, Scope};
 use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
 use crate::migrate::MigrationError;
 use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
@@ -362,11 +362,7 @@ fn parse_notification(payload: &str) -> Option<(&str, &str)> {
     Some((rest.get(..length)?, rest.get(length..)?))
 }
 
-fn record_from_row(
-    row: &PgRow,
-    scope: &Scope,
-    key: &IdempotencyKey,
-) -> Result<Record, StoreError> {
+fn record_from_row(row: &PgRow, scope: &Scope, key: &IdempotencyKey) -> Result<Record, StoreError> {
     let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
     let fingerprint: [u8; 32] = fingerprint
         .try_into()
@@ -477,11 +473,7 @@ impl Store for PostgresRecords {
         self.notify(&self.pool, lease).await
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         let row = sqlx::query(GET)
             .bind(scope.as_str())
             .bind(key.as_str())

@@ -30,7 +30,8 @@ impl BatchedStore for RedisRecords {
         // answered per key.
         let groups = self.groups(items.iter().map(|item| {
             let new = item.as_new();
-            self.key_arg(RECORDS, new.scope.as_str(), new.key.as_str()).to_bytes()
+            self.key_arg(RECORDS, new.scope.as_str(), new.key.as_str())
+                .to_bytes()
         }));
         let sent = futures_util::future::join_all(
             groups.iter().map(|group| self.claim_group(&items, group)),
@@ -193,7 +194,11 @@ impl RedisRecords {
         let first = items[group[0]].as_new();
         let sent_at = std::time::Instant::now();
         let acked = self
-            .send(pipe, &self.key_arg(RECORDS, first.scope.as_str(), first.key.as_str()), true)
+            .send(
+                pipe,
+                &self.key_arg(RECORDS, first.scope.as_str(), first.key.as_str()),
+                true,
+            )
             .await?;
         if acked.values.len() != 2 * group.len() {
             return Err(CorruptRecord("the batch claim answered too few keys").into());

@@ -353,14 +353,22 @@ mod tests {
         // The script ran (counted once more when its first call met an empty
         // script cache and was sent again).
         assert!(script_calls(&url).await > before, "the fenced script ran");
-        let read = store.get(Scope::leaked("s"), IdempotencyKey::leaked("renewed")).await.unwrap().unwrap();
+        let read = store
+            .get(Scope::leaked("s"), IdempotencyKey::leaked("renewed"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.response.as_ref(), Some(&response));
 
         // Watched by another store: the script completes it and wakes it.
         let new = record("watched", &fingerprint, Duration::from_secs(30));
         let lease = lease_of(store.claim(&new).await.unwrap());
         let waiting = other.events().subscribe("s", "watched");
-        let read = other.get(Scope::leaked("s"), IdempotencyKey::leaked("watched")).await.unwrap().unwrap();
+        let read = other
+            .get(Scope::leaked("s"), IdempotencyKey::leaked("watched"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.state(), RecordState::InFlight);
         // The other store's subscriber task starts listening at connect.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -368,7 +376,11 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), waiting.changed())
             .await
             .expect("the waiter in the other store is woken by the completion");
-        let read = other.get(Scope::leaked("s"), IdempotencyKey::leaked("watched")).await.unwrap().unwrap();
+        let read = other
+            .get(Scope::leaked("s"), IdempotencyKey::leaked("watched"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.response.as_ref(), Some(&response));
 
         // Taken over: the first holder completes nothing.
@@ -394,7 +406,11 @@ mod tests {
             before,
             "the new holder's native completion"
         );
-        let read = store.get(Scope::leaked("s"), IdempotencyKey::leaked("taken")).await.unwrap().unwrap();
+        let read = store
+            .get(Scope::leaked("s"), IdempotencyKey::leaked("taken"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.response.as_ref(), Some(&response));
     }
 }

@@ -193,9 +193,14 @@ mod tests {
             Some(&response),
             Some(b"1700000001000"),
         ];
-        let record = record_from_packed(Scope::leaked("s"), IdempotencyKey::leaked("k"), &pack(&completed), 1_700_000_002_000)
-            .unwrap()
-            .unwrap();
+        let record = record_from_packed(
+            Scope::leaked("s"),
+            IdempotencyKey::leaked("k"),
+            &pack(&completed),
+            1_700_000_002_000,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(
             record.response.unwrap().body.as_deref(),
             Some(&b"12:~ok"[..])
@@ -208,17 +213,33 @@ mod tests {
         in_flight[1] = Some(b"f");
         in_flight[6] = None;
         in_flight[7] = None;
-        let record = record_from_packed(Scope::leaked("s"), IdempotencyKey::leaked("k"), &pack(&in_flight), 1_700_000_002_000)
-            .unwrap()
-            .unwrap();
+        let record = record_from_packed(
+            Scope::leaked("s"),
+            IdempotencyKey::leaked("k"),
+            &pack(&in_flight),
+            1_700_000_002_000,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(record.state(), crate::record::RecordState::InFlight);
-        let record = record_from_packed(Scope::leaked("s"), IdempotencyKey::leaked("k"), &pack(&in_flight), 1_700_000_060_000)
-            .unwrap()
-            .unwrap();
+        let record = record_from_packed(
+            Scope::leaked("s"),
+            IdempotencyKey::leaked("k"),
+            &pack(&in_flight),
+            1_700_000_060_000,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(record.state(), crate::record::RecordState::Abandoned);
         // No token: no record.
         assert_eq!(
-            record_from_packed(Scope::leaked("s"), IdempotencyKey::leaked("k"), &pack(&[None; 8]), 0).unwrap(),
+            record_from_packed(
+                Scope::leaked("s"),
+                IdempotencyKey::leaked("k"),
+                &pack(&[None; 8]),
+                0
+            )
+            .unwrap(),
             None
         );
         // Truncated, too long, too few fields, lengths cut short: corrupt.
@@ -229,7 +250,11 @@ mod tests {
             &pack(&completed[..7])[..],
             &whole[..30],
         ] {
-            assert!(record_from_packed(Scope::leaked("s"), IdempotencyKey::leaked("k"), bad, 0).is_err(), "{bad:?}");
+            assert!(
+                record_from_packed(Scope::leaked("s"), IdempotencyKey::leaked("k"), bad, 0)
+                    .is_err(),
+                "{bad:?}"
+            );
         }
     }
 }

@@ -396,11 +396,7 @@ impl Store for RedisRecords {
         self.fenced(&call).await
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         let mut call = ScriptCall::new(&GET, 1, 64);
         call.arg(self.key_arg(RECORDS, scope.as_str(), key.as_str()));
         let shape = || CorruptRecord("the get script returned an unexpected shape");

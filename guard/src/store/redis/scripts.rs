@@ -88,7 +88,11 @@ mod tests {
         assert_eq!(renewed[..28], claimed[..28]);
         assert_eq!(renewed[36..], claimed[36..]);
 
-        let read = store.get(Scope::leaked("s"), IdempotencyKey::leaked("k")).await.unwrap().unwrap();
+        let read = store
+            .get(Scope::leaked("s"), IdempotencyKey::leaked("k"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.state(), RecordState::InFlight);
         let watched = raw(&store, "s", "k").await;
         assert!(codec::View::parse(&watched).unwrap().watched);
@@ -110,7 +114,11 @@ mod tests {
             )
             .unwrap()
         );
-        let record = store.get(Scope::leaked("s"), IdempotencyKey::leaked("k")).await.unwrap().unwrap();
+        let record = store
+            .get(Scope::leaked("s"), IdempotencyKey::leaked("k"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(record.response, Some(response));
         let mut del = redis::cmd("DEL");
         del.arg(store.direct().key_arg(RECORDS, "s", "k"));

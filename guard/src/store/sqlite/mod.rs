@@ -31,8 +31,8 @@ mod admin;
 mod batch;
 
 use crate::events::RecordEvents;
-use crate::key::{IdempotencyKey, Scope};
 use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
 use crate::migrate::MigrationError;
 use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
@@ -376,11 +376,7 @@ impl Store for SqliteRecords {
         fenced(result.rows_affected())
     }
 
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         let observed_at = OffsetDateTime::now_utc();
         let row = sqlx::query(GET)
             .bind(scope.as_str())
