@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use http::StatusCode;
 use idempotency_guard::{IdempotencyLayer, LeaseToken, RecordState, Store};
+use idempotency_tests::names;
 
 use crate::support::{app, send};
-use idempotency_tests::names;
 
 /// Waits until the record of `key` is settled (completed or gone). The
 /// claim that was held up lands as soon as the lock goes; the guard then

@@ -12,9 +12,9 @@ use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::tiered::TieredStore;
 use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, IdempotencyLayer, InFlightPolicy, Store, StoredResponse};
+use idempotency_tests::names;
 
 use crate::support::{app, call, request, send};
-use idempotency_tests::names;
 
 /// A waits-for-replay request through `waiting` is answered as soon as the
 /// first request, through `running`, completes: long before its 20 s bound.

@@ -22,9 +22,9 @@ use idempotency_guard::{
     AbandonedPolicy, FinalResponse, Fingerprint, IdempotencyKey, IdempotencyLayer, OutcomeUnknown,
     Record, RecordEvents, RecordState, Scope, Store, StoredResponse,
 };
+use idempotency_tests::names;
 
 use crate::support::{TestDb, call};
-use idempotency_tests::names;
 
 /// Instantiates the engine suite for one store.
 macro_rules! engine_suite {

@@ -11,6 +11,7 @@ use http::{HeaderValue, Method, Request, StatusCode};
 use idempotency_guard::{
     AbandonedPolicy, FailureMode, IdempotencyLayer, InFlightPolicy, RecordState, Store,
 };
+use idempotency_tests::names;
 
 use crate::support::{Answer, TestDb, abandon, app, call, send};
 
@@ -64,7 +65,6 @@ macro_rules! guard_suite {
 }
 
 use crate::support::request;
-use idempotency_tests::names;
 
 fn post(key: &str) -> http::request::Builder {
     request(Some(key))

@@ -18,8 +18,7 @@ use std::time::{Duration, Instant};
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle, Settled};
 use idempotency_guard::store::nats::NatsStore;
 use idempotency_guard::{Fingerprint, StoredResponse};
-use idempotency_tests::NatsCluster;
-use idempotency_tests::names;
+use idempotency_tests::{NatsCluster, names};
 
 /// Concurrent clients.
 const CLIENTS: usize = 8;

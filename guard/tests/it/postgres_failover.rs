@@ -27,8 +27,7 @@ use http::StatusCode;
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle, Settled};
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::{Fingerprint, IdempotencyLayer, Store, StoredResponse, Tx};
-use idempotency_tests::names;
-use idempotency_tests::{Commit, Partition, ReplicatedPostgres, call};
+use idempotency_tests::{Commit, Partition, ReplicatedPostgres, call, names};
 use tokio::sync::Notify;
 
 /// The engine's lease: longer than a failover on a loaded machine, so that

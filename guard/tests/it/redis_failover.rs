@@ -20,8 +20,7 @@ use std::time::Duration;
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle, Settled};
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::{Fingerprint, Store, StoredResponse};
-use idempotency_tests::names;
-use idempotency_tests::{ReplicatedCluster, ReplicatedRedis};
+use idempotency_tests::{ReplicatedCluster, ReplicatedRedis, names};
 use tokio::sync::Notify;
 
 /// How long a store waits for its replicas: long enough for a loaded

@@ -14,10 +14,9 @@ use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::tiered::FALLBACKS_TOTAL;
 use idempotency_guard::telemetry::LEASE_LOST_TOTAL;
 use idempotency_guard::{AbandonedPolicy, IdempotencyLayer, Store};
-use idempotency_tests::{Answer, Partition, RedisServer, call};
+use idempotency_tests::{Answer, Partition, RedisServer, call, names};
 
 use crate::metrics_probe;
-use idempotency_tests::names;
 
 /// Runs per key, and a handler that counts them.
 #[derive(Clone, Default)]

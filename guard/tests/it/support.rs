@@ -13,8 +13,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, IdempotencyLayer, RecordState, Store};
-use idempotency_tests::names;
-pub(crate) use idempotency_tests::{Answer, TestDb, call};
+pub(crate) use idempotency_tests::{Answer, TestDb, call, names};
 
 /// How many times the test handler ran.
 #[derive(Clone, Default)]

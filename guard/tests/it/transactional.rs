@@ -16,8 +16,7 @@ use idempotency_guard::{IdempotencyLayer, RecordState, Store, Tx};
 use tokio::sync::Notify;
 
 use crate::support::{abandon, call, request, send};
-use idempotency_tests::names;
-use idempotency_tests::postgres;
+use idempotency_tests::{names, postgres};
 
 /// Lets a test hold the handler between its write and its answer.
 #[derive(Clone, Default)]

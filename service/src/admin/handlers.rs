@@ -134,8 +134,8 @@ impl AdminRecord {
     /// The record as the admin API shows it, with its reconciled mark.
     pub fn new(record: &Record, reconciled: Option<Reconciliation>) -> Self {
         Self {
-            scope: record.scope.clone(),
-            key: record.key.clone(),
+            scope: record.scope.as_str().to_owned(),
+            key: record.key.as_str().to_owned(),
             state: record.state().as_str().to_owned(),
             fingerprint: record.fingerprint.to_string(),
             method: record.method.clone(),
@@ -470,7 +470,7 @@ pub(super) async fn scan(
             found.push(record);
             if found.len() == wanted {
                 let more = index + 1 < count || page.next.is_some();
-                return Ok((found, more.then(|| raw.key.clone())));
+                return Ok((found, more.then(|| raw.key.as_str().to_owned())));
             }
         }
         match page.next {

@@ -314,9 +314,10 @@ impl Reconciled {
     /// The mark of `record`'s life, if an operator reconciled it.
     pub fn of(&self, record: &Record) -> Option<Reconciliation> {
         let marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
-        let kept = marks
-            .kept
-            .get(&(record.scope.clone(), record.key.clone()))?;
+        let kept = marks.kept.get(&(
+            record.scope.as_str().to_owned(),
+            record.key.as_str().to_owned(),
+        ))?;
         (kept.fingerprint == record.fingerprint.to_string() && kept.lease == life(record))
             .then(|| kept.mark.clone())
     }
@@ -329,7 +330,10 @@ impl Reconciled {
     /// When the file cannot be appended to (the mark is then not taken).
     /// A compaction that fails leaves the file as it was, the mark in it.
     pub fn mark(&self, record: &Record, mark: Reconciliation) -> Result<(), ReconciledError> {
-        let identity = (record.scope.clone(), record.key.clone());
+        let identity = (
+            record.scope.as_str().to_owned(),
+            record.key.as_str().to_owned(),
+        );
         let kept = Kept {
             fingerprint: record.fingerprint.to_string(),
             lease: life(record),
@@ -376,8 +380,8 @@ mod tests {
     fn record(key: &str) -> Record {
         let now = OffsetDateTime::now_utc();
         Record {
-            scope: "default".to_owned(),
-            key: key.to_owned(),
+            scope: idempotency_guard::Scope::new("default").unwrap(),
+            key: idempotency_guard::IdempotencyKey::from_raw(key).unwrap(),
             fingerprint: Fingerprint::from_bytes([7; 32]),
             method: "POST".to_owned(),
             path: "/debits".to_owned(),

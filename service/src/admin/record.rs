@@ -8,7 +8,7 @@ use axum::extract::{Path, Query, State};
 use axum::{Extension, Json};
 use http::HeaderMap;
 use idempotency_guard::store::admin::StateFilter;
-use idempotency_guard::{Record, RecordState, Store, StoredResponse};
+use idempotency_guard::{IdempotencyKey, Record, RecordState, Scope, Store, StoredResponse};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -343,12 +343,20 @@ fn life(record: &Record, detail: &AdminRecord) -> Vec<AdminEvent> {
 }
 
 /// Reads one live record (an expired one is as good as gone).
-async fn read(state: &AdminState, scope: &str, key: &str) -> Result<Record, AdminProblem> {
-    match store_call(state.store.get(scope, key)).await? {
+async fn read(
+    state: &AdminState,
+    scope: &str,
+    key: &IdempotencyKey,
+) -> Result<Record, AdminProblem> {
+    let not_found = || AdminProblem::KeyNotFound {
+        key: key.as_str().to_owned(),
+    };
+    // The handlers checked the scope (`valid_scope`): one that breaks the
+    // rule names no record.
+    let scope = Scope::try_from(scope).map_err(|_| not_found())?;
+    match store_call(state.store.get(&scope, key)).await? {
         Some(record) if StateFilter::Any.accepts(&record) => Ok(record),
-        _ => Err(AdminProblem::KeyNotFound {
-            key: key.to_owned(),
-        }),
+        _ => Err(not_found()),
     }
 }
 
@@ -382,7 +390,7 @@ pub async fn show_key(
     valid_scope(&scope)?;
     let key = valid_key(&key)?;
     audited(&admin, "show", &scope, key.as_str(), None, async {
-        let record = read(&state, &scope, key.as_str()).await?;
+        let record = read(&state, &scope, &key).await?;
         let detail = AdminRecord::new(&record, state.reconciled.of(&record));
         Ok((
             Json(AdminRecordDetail {
@@ -444,7 +452,7 @@ pub async fn reconcile_key(
         key.as_str(),
         Some(reason),
         async {
-            let record = read(&state, &scope, key.as_str()).await?;
+            let record = read(&state, &scope, &key).await?;
             match record.state() {
                 RecordState::InFlight => {
                     return Err(AdminProblem::InFlight {
