@@ -8,7 +8,7 @@
 
 use crate::key::{IdempotencyKey, Scope};
 use crate::record::{Record, RecordState};
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 
 /// Operators' operations on records (declared in `store/mod.rs`).
 pub use crate::store::AdminStore;
@@ -163,7 +163,7 @@ pub enum Forgotten {
 /// Reads the record an admin call names by text (the admin contract takes
 /// the scope and key as text): a scope or key that breaks its rule names
 /// no record, since no store holds one.
-pub(crate) async fn get_named<S: Store>(
+pub(crate) async fn get_named<S: crate::store::Store>(
     store: &S,
     scope: &str,
     key: &str,

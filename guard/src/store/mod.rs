@@ -7,18 +7,25 @@
 //!
 //! # The contracts
 //!
-//! | trait | implemented by | called by |
-//! |---|---|---|
-//! | [`Store`] | each backend's direct store and every wrapper | the engine |
-//! | [`Purge`] | every store | [`purge_expired`](crate::purge_expired) |
-//! | `TransactionalStore` (PostgreSQL) | the stores with PostgreSQL behind them | the engine, in transactional mode |
-//! | [`AdminStore`] | every store | the key-status service's admin API |
-//! | [`BatchedStore`] (+ [`ClaimItem`]) | each backend's direct store | [`Batched`](batch::Batched) alone |
-//! | `RecordCache` (Redis) | the Redis store | `TieredStore` alone |
+//! | trait | implemented by | called by | names a record by |
+//! |---|---|---|---|
+//! | [`Store`] | each backend's direct store and every wrapper | the engine | [`Scope`] and [`IdempotencyKey`] (in [`NewRecord`], [`Lease`], [`Record`] and `get`) |
+//! | [`Purge`] | every store | [`purge_expired`](crate::purge_expired) | (none: by expiry) |
+//! | `TransactionalStore` (PostgreSQL) | the stores with PostgreSQL behind them | the engine, in transactional mode | the [`Lease`] |
+//! | [`AdminStore`] | every store | the key-status service's admin API | text (`&str`), as the operator gave it |
+//! | [`BatchedStore`] (+ [`ClaimItem`]) | each backend's direct store | [`Batched`](batch::Batched) alone | [`Scope`] and [`IdempotencyKey`] |
+//! | `RecordCache` (Redis) | the Redis store | `TieredStore` alone | typed to read, text to write |
 //!
 //! Each trait's own documentation says more on both sides. The record they
 //! trade in, and the [`LeaseToken`] that fences its writes, live in
 //! `record.rs`.
+//!
+//! The scope and key stay typed down to the store: a [`NewRecord`] borrows
+//! the request's own, and a [`Lease`], a queued [`ClaimItem`] or a
+//! [`Record`] read back share their text (a clone of either is a reference
+//! count). A store writes them with `as_str()`, in the layout it always
+//! had; a store that reads a scope or key back validates it again, and one
+//! that breaks its rule is a [`CorruptRecord`](crate::record::CorruptRecord).
 //!
 //! # How a store is laid out
 //!
@@ -225,6 +232,11 @@ impl StoreError {
 /// `take_over`, `complete`, `renew` and `release` change the record only
 /// when it still carries the named lease token. The conformance suite in
 /// `tests/it/store_suite.rs` holds every implementation to this.
+///
+/// Records are named by their typed [`Scope`] and [`IdempotencyKey`],
+/// never by text: the engine passes the request's own (borrowed in
+/// [`NewRecord`], shared in [`Lease`]), and what a store returns carries
+/// them the same way.
 ///
 /// Implemented by each backend's direct store (`PostgresRecords`,
 /// `SqliteRecords`, `RedisRecords`) and by every store that wraps another
