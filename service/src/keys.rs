@@ -152,7 +152,7 @@ async fn answer_key(
         .map(|f| f.parse::<Fingerprint>())
         .transpose()
         .map_err(|error| ApiProblem::BadRequest(error.to_string()))?;
-    let record = read(state.store.get(&scope, &key)).await?;
+    let record = read(state.store.get(scope, &key)).await?;
     let mut status =
         record.and_then(|record| key_status(&record, fingerprint.as_ref(), state.retry_after));
     if status.is_none() && held(state, scope.as_str(), &[key.as_str()]).await?[0] {
