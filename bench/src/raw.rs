@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
-use idempotency_guard::{Fingerprint, Store, StoredResponse};
+use idempotency_guard::{Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 use tokio::time::Instant;
 
 use crate::server::{PATH, REQUEST_BODY, RESPONSE_BODY};
 use crate::stats::{Sample, micros};
 
 /// The scope the guard uses by default.
-pub(crate) const SCOPE: &str = "default";
+static SCOPE: LazyLock<Scope> = LazyLock::new(|| Scope::new("default").expect("a valid scope"));
 
 /// Which store calls one operation makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,9 +52,9 @@ static STORED: LazyLock<StoredResponse> = LazyLock::new(|| {
     }
 });
 
-fn new_record(key: &str) -> NewRecord<'_> {
+fn new_record(key: &IdempotencyKey) -> NewRecord<'_> {
     NewRecord {
-        scope: SCOPE,
+        scope: &SCOPE,
         key,
         fingerprint: &FINGERPRINT,
         method: "POST",
@@ -66,18 +66,25 @@ fn new_record(key: &str) -> NewRecord<'_> {
     }
 }
 
+/// The benchmark's keys as the store takes them.
+fn typed(keys: &[String]) -> anyhow::Result<Vec<IdempotencyKey>> {
+    keys.iter()
+        .map(|key| IdempotencyKey::from_raw(key).map_err(anyhow::Error::from))
+        .collect()
+}
+
 /// Claims and completes `key` as a guarded request would.
-pub(crate) async fn write<S: Store>(store: &S, key: &str) -> anyhow::Result<()> {
+pub(crate) async fn write<S: Store>(store: &S, key: &IdempotencyKey) -> anyhow::Result<()> {
     match store.claim(&new_record(key)).await? {
         Claim::Acquired(lease) => Ok(store.complete(&lease, &STORED).await?),
         Claim::Existing(_) => anyhow::bail!("key {key} was already claimed"),
     }
 }
 
-async fn once<S: Store>(store: &S, op: RawOp, key: &str) -> anyhow::Result<()> {
+async fn once<S: Store>(store: &S, op: RawOp, key: &IdempotencyKey) -> anyhow::Result<()> {
     match op {
         RawOp::Write => write(store, key).await,
-        RawOp::Read => match store.get(SCOPE, key).await? {
+        RawOp::Read => match store.get(&SCOPE, key).await? {
             Some(record) if record.response.is_some() => Ok(()),
             _ => anyhow::bail!("key {key} is not completed"),
         },
@@ -95,6 +102,7 @@ pub(crate) async fn seed<S: Store>(
     clients: usize,
     keys: Arc<Vec<String>>,
 ) -> anyhow::Result<()> {
+    let keys = Arc::new(typed(&keys)?);
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..clients.max(1) {
@@ -106,7 +114,7 @@ pub(crate) async fn seed<S: Store>(
                     return anyhow::Ok(());
                 };
                 write(&store, key).await?;
-                store.get(SCOPE, key).await?;
+                store.get(&SCOPE, key).await?;
             }
         }));
     }
@@ -126,6 +134,10 @@ pub(crate) async fn run<S: Store>(
     fresh_prefix: &str,
     keys: Arc<Vec<String>>,
 ) -> anyhow::Result<Sample> {
+    // Typed once, as the guard parses a request's key once; a fresh key
+    // differs from this one only in its digits.
+    let keys = Arc::new(typed(&keys)?);
+    IdempotencyKey::from_raw(&format!("{fresh_prefix}-0-0"))?;
     let started = Instant::now();
     let measure_from = started + warmup;
     let until = measure_from + duration;
@@ -142,7 +154,10 @@ pub(crate) async fn run<S: Store>(
                     break;
                 }
                 let key = match op {
-                    RawOp::Write => format!("{prefix}-{index}-{sequence}"),
+                    RawOp::Write => {
+                        IdempotencyKey::from_raw(&format!("{prefix}-{index}-{sequence}"))
+                            .expect("checked before the run")
+                    }
                     RawOp::Read | RawOp::ClaimExisting => {
                         keys[(index + sequence * clients) % keys.len()].clone()
                     }

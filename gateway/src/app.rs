@@ -277,13 +277,22 @@ fn json_ok() -> Response<Body> {
     response
 }
 
+/// The scope and key `/readyz` reads to prove the store answers.
+static READINESS_PROBE: std::sync::LazyLock<(
+    idempotency_guard::Scope,
+    idempotency_guard::IdempotencyKey,
+)> = std::sync::LazyLock::new(|| {
+    (
+        idempotency_guard::Scope::new("readyz").expect("a valid scope"),
+        idempotency_guard::IdempotencyKey::from_raw("readyz").expect("a valid key"),
+    )
+});
+
 /// 200 when the store answers and the upstream accepts connections; 503
 /// naming which does not.
 async fn readyz(State(gateway): State<Gateway>) -> Response<Body> {
-    let store = tokio::time::timeout(
-        Duration::from_secs(2),
-        gateway.store().get("readyz", "readyz"),
-    );
+    let (scope, key) = &*READINESS_PROBE;
+    let store = tokio::time::timeout(Duration::from_secs(2), gateway.store().get(scope, key));
     let (store, upstream) = tokio::join!(store, gateway.upstream.reachable());
     let store = matches!(store, Ok(Ok(_)));
     if store && upstream {

@@ -145,8 +145,8 @@ mod tests {
             Shape::CompletedNotStored => (now + secs(30), response(None)),
         };
         Record {
-            scope: "s".into(),
-            key: "k".into(),
+            scope: crate::Scope::new("s").unwrap(),
+            key: crate::IdempotencyKey::from_raw("k").unwrap(),
             fingerprint: FP,
             method: "POST".into(),
             path: "/".into(),

@@ -111,6 +111,15 @@ impl IdempotencyKey {
         Ok(Self(Arc::from(raw)))
     }
 
+    /// The key `raw`, for the rest of the test process (leaked): a unit
+    /// test's `NewRecord` borrows it, and helpers return one.
+    #[cfg(test)]
+    pub(crate) fn leaked(raw: &str) -> &'static Self {
+        Box::leak(Box::new(
+            Self::from_raw(raw).expect("a test's key is valid"),
+        ))
+    }
+
     /// Reads the key from request headers.
     ///
     /// # Errors
@@ -331,8 +340,19 @@ pub const MAX_SCOPE_LEN: usize = 255;
 /// assert!(Scope::new("x".repeat(256)).is_err());
 /// assert!(Scope::new("nul\0inside").is_err());
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Scope(std::borrow::Cow<'static, str>);
+///
+/// Cloning it shares its text, as a key's does (a store's lease and the
+/// request's job hold the same scope).
+#[derive(Clone)]
+pub struct Scope(ScopeText);
+
+/// Where a scope's text lives: a constant ([`Scope::DEFAULT`]) or one
+/// shared allocation, so that no clone of either copies it.
+#[derive(Clone)]
+enum ScopeText {
+    Static(&'static str),
+    Shared(Arc<str>),
+}
 
 /// Why a scope was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -357,6 +377,11 @@ impl Scope {
     /// The [`ScopeError`] saying what is wrong.
     pub fn new(scope: impl Into<String>) -> Result<Self, ScopeError> {
         let scope = scope.into();
+        Self::from_text(&scope)
+    }
+
+    /// Validates `scope` and copies it into its one shared allocation.
+    fn from_text(scope: &str) -> Result<Self, ScopeError> {
         if scope.is_empty() {
             return Err(ScopeError::Empty);
         }
@@ -366,21 +391,60 @@ impl Scope {
         if scope.chars().any(char::is_control) {
             return Err(ScopeError::ControlCharacter);
         }
-        Ok(Self(std::borrow::Cow::Owned(scope)))
+        Ok(Self(ScopeText::Shared(Arc::from(scope))))
+    }
+
+    /// The scope `text`, for the rest of the test process (leaked): a
+    /// unit test's `NewRecord` borrows it, and helpers return one.
+    #[cfg(test)]
+    pub(crate) fn leaked(text: &str) -> &'static Self {
+        Box::leak(Box::new(Self::new(text).expect("a test's scope is valid")))
     }
 
     /// `default`, the layer's scope when none is set: a constant, so a
     /// request in it allocates nothing for its scope.
-    pub(crate) const DEFAULT: Self = Self(std::borrow::Cow::Borrowed("default"));
+    pub(crate) const DEFAULT: Self = Self(ScopeText::Static("default"));
 
     /// The scope as a string slice.
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            ScopeText::Static(text) => text,
+            ScopeText::Shared(text) => text,
+        }
     }
 
-    /// Consumes the scope and returns its string.
+    /// Consumes the scope and returns its string (a copy: the text is
+    /// shared).
     pub fn into_string(self) -> String {
-        self.0.into_owned()
+        String::from(self.as_str())
+    }
+}
+
+// Equality, order and hash are the text's, whichever way it is held: the
+// constant `default` equals a parsed `default`.
+impl PartialEq for Scope {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Scope {}
+
+impl PartialOrd for Scope {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Scope {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl std::hash::Hash for Scope {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
     }
 }
 
@@ -388,7 +452,7 @@ impl std::str::FromStr for Scope {
     type Err = ScopeError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::new(s)
+        Self::from_text(s)
     }
 }
 
@@ -404,25 +468,25 @@ impl TryFrom<&str> for Scope {
     type Error = ScopeError;
 
     fn try_from(s: &str) -> Result<Self, Self::Error> {
-        Self::new(s)
+        Self::from_text(s)
     }
 }
 
 impl AsRef<str> for Scope {
     fn as_ref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
 impl fmt::Display for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
 impl fmt::Debug for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Scope").field(&self.0).finish()
+        f.debug_tuple("Scope").field(&self.as_str()).finish()
     }
 }
 
@@ -445,5 +509,21 @@ mod scope_tests {
         for (scope, expected) in rows {
             assert_eq!(Scope::new(scope.clone()).map(|_| ()), expected, "{scope:?}");
         }
+    }
+
+    #[test]
+    fn the_constant_and_a_parsed_scope_are_the_same_scope() {
+        let parsed = Scope::new("default").unwrap();
+        assert_eq!(Scope::DEFAULT, parsed);
+        use std::hash::BuildHasher;
+        let state = std::hash::RandomState::new();
+        assert_eq!(state.hash_one(&Scope::DEFAULT), state.hash_one(&parsed));
+        assert_eq!(format!("{:?}", Scope::DEFAULT), r#"Scope("default")"#);
+    }
+
+    #[test]
+    fn a_clone_shares_the_text() {
+        let scope = Scope::new("tenant-a").unwrap();
+        assert_eq!(scope.clone().as_str().as_ptr(), scope.as_str().as_ptr());
     }
 }

@@ -9,6 +9,7 @@ use time::OffsetDateTime;
 use std::fmt;
 
 use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
 
 /// The random token that identifies one lease on a record.
 ///
@@ -70,9 +71,9 @@ impl RecordState {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     /// The namespace the key lives in.
-    pub scope: String,
+    pub scope: Scope,
     /// The idempotency key.
-    pub key: String,
+    pub key: IdempotencyKey,
     /// The fingerprint of the request that claimed the key.
     pub fingerprint: Fingerprint,
     /// The method of that request.
@@ -228,6 +229,12 @@ impl StoredResponse {
 #[error("corrupt record: {0}")]
 pub struct CorruptRecord(pub &'static str);
 
+/// A key read back from a store, validated again: a stored key that breaks
+/// the rule is a corrupt record, not a panic.
+pub(crate) fn stored_key(raw: &str) -> Result<IdempotencyKey, CorruptRecord> {
+    IdempotencyKey::from_raw(raw).map_err(|_| CorruptRecord("the stored key is invalid"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,8 +243,8 @@ mod tests {
     fn record(lease_left: Duration, response: Option<StoredResponse>) -> Record {
         let now = OffsetDateTime::now_utc();
         Record {
-            scope: "s".into(),
-            key: "k".into(),
+            scope: Scope::new("s").unwrap(),
+            key: IdempotencyKey::from_raw("k").unwrap(),
             fingerprint: Fingerprint::from_bytes([0; 32]),
             method: "POST".into(),
             path: "/".into(),

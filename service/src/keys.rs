@@ -152,7 +152,7 @@ async fn answer_key(
         .map(|f| f.parse::<Fingerprint>())
         .transpose()
         .map_err(|error| ApiProblem::BadRequest(error.to_string()))?;
-    let record = read(state.store.get(scope.as_str(), key.as_str())).await?;
+    let record = read(state.store.get(scope, &key)).await?;
     let mut status =
         record.and_then(|record| key_status(&record, fingerprint.as_ref(), state.retry_after));
     if status.is_none() && held(state, scope.as_str(), &[key.as_str()]).await?[0] {
@@ -199,13 +199,17 @@ pub(crate) async fn lookup(
             request.keys.len()
         )));
     }
-    for (index, key) in request.keys.iter().enumerate() {
-        IdempotencyKey::from_raw(key).map_err(|error| {
-            ApiProblem::BadRequest(format!("keys[{index}] is invalid: {error}"))
-        })?;
-    }
-    let keys: Vec<&str> = request.keys.iter().map(String::as_str).collect();
-    let records = read(state.store.get_many(scope.as_str(), &keys)).await?;
+    let keys = request
+        .keys
+        .iter()
+        .enumerate()
+        .map(|(index, key)| {
+            IdempotencyKey::from_raw(key).map_err(|error| {
+                ApiProblem::BadRequest(format!("keys[{index}] is invalid: {error}"))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let records = read(state.store.get_many(&scope, &keys)).await?;
     let statuses: Vec<_> = records
         .into_iter()
         .map(|record| record.and_then(|record| key_status(&record, None, state.retry_after)))
@@ -215,7 +219,7 @@ pub(crate) async fn lookup(
         .iter()
         .zip(&statuses)
         .filter(|(_, status)| status.is_none())
-        .map(|(key, _)| *key)
+        .map(|(key, _)| key.as_str())
         .collect();
     let mut held_keys = if absent.is_empty() {
         Vec::new()

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, header};
-use idempotency_guard::Store;
+use idempotency_guard::{IdempotencyKey, Scope, Store};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -12,7 +12,13 @@ use crate::problem::ApiProblem;
 use crate::state::{AppState, read};
 
 /// The scope and key `/readyz` reads to prove the store answers.
-const READINESS_PROBE: (&str, &str) = ("readyz", "readyz");
+static READINESS_PROBE: std::sync::LazyLock<(Scope, IdempotencyKey)> =
+    std::sync::LazyLock::new(|| {
+        (
+            Scope::new("readyz").expect("a valid scope"),
+            IdempotencyKey::from_raw("readyz").expect("a valid key"),
+        )
+    });
 /// The body of `/healthz` and `/readyz`.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Health {
@@ -37,7 +43,7 @@ pub(crate) async fn healthz() -> Json<Health> {
     )
 )]
 pub(crate) async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiProblem> {
-    let (scope, key) = READINESS_PROBE;
+    let (scope, key) = &*READINESS_PROBE;
     read(state.store.get(scope, key)).await?;
     Ok(Json(Health { status: "ok" }))
 }

@@ -36,7 +36,7 @@ pub fn key_status(
         (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
     });
     Some(KeyStatus {
-        key: record.key.clone(),
+        key: record.key.as_str().to_owned(),
         state,
         advice,
         fingerprint: Some(record.fingerprint.to_string()),
@@ -99,8 +99,8 @@ mod tests {
             ),
         };
         Record {
-            scope: "s".into(),
-            key: "k".into(),
+            scope: idempotency_guard::Scope::new("s").unwrap(),
+            key: idempotency_guard::IdempotencyKey::from_raw("k").unwrap(),
             fingerprint: Fingerprint::from_bytes([1; 32]),
             method: "POST".into(),
             path: "/p".into(),

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use idempotency_guard::store::{AnyStore, Claim, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, Store as _, StoredResponse};
-use idempotency_tests::Process;
 use idempotency_tests::programs::{self, Program};
+use idempotency_tests::{Process, names};
 
 const KEYS: &str = "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 const PAYMENT: &str = r#"{"amount":42,"currency":"EUR"}"#;
@@ -29,8 +29,8 @@ async fn plant_in_clear(url: &str, key: &str) {
         PAYMENT.as_bytes(),
     );
     let new = NewRecord {
-        scope: "default",
-        key,
+        scope: names::scope("default"),
+        key: names::key(key),
         fingerprint: &fingerprint,
         method: "POST",
         path: "/payments",

@@ -14,6 +14,7 @@ pub mod broker_server;
 pub mod console_browser;
 pub mod fixtures;
 pub mod mcp_sdk;
+pub mod names;
 pub mod nats_server;
 pub mod partition;
 pub mod postgres_replication;

@@ -10,6 +10,7 @@ use idempotency_consumer::nats::{JetStreamConsumer, REASON_HEADER};
 use idempotency_consumer::{Inbox, Incoming, KeySource};
 use idempotency_guard::engine::RunContext;
 use idempotency_guard::{Engine, RecordState, Store};
+use idempotency_tests::names;
 use tokio::sync::oneshot;
 
 use crate::brokers::{Effects, eventually, nats, unique};
@@ -201,7 +202,7 @@ pub(crate) async fn two_consumers_racing_on_duplicates_apply_one_effect<S: Store
     );
     assert_eq!(
         store
-            .get(&stream.name, "order-1")
+            .get(names::scope(&stream.name), names::key("order-1"))
             .await
             .unwrap()
             .unwrap()
@@ -237,7 +238,7 @@ pub(crate) async fn a_lost_ack_is_answered_from_the_stored_outcome<S: Store>(sto
         let store = store.clone();
         let name = stream.name.clone();
         async move {
-            matches!(store.get(&name, "order-7").await, Ok(Some(record)) if record.state() == RecordState::Completed)
+            matches!(store.get(names::scope(&name), names::key("order-7")).await, Ok(Some(record)) if record.state() == RecordState::Completed)
         }
     })
     .await;
@@ -307,7 +308,11 @@ pub(crate) async fn a_poison_message_is_dead_lettered_and_the_stream_flows<S: St
         Some("poison")
     );
     assert!(
-        store.get(&stream.name, "bad-1").await.unwrap().is_none(),
+        store
+            .get(names::scope(&stream.name), names::key("bad-1"))
+            .await
+            .unwrap()
+            .is_none(),
         "the poison key was released"
     );
     drop(consumer.0);

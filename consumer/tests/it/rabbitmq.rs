@@ -8,6 +8,7 @@ use idempotency_consumer::rabbitmq::{ATTEMPT_HEADER, REASON_HEADER, RabbitConsum
 use idempotency_consumer::{Inbox, Incoming};
 use idempotency_guard::engine::{Job, RunContext, Settle};
 use idempotency_guard::{Engine, Fingerprint, RecordState, Store};
+use idempotency_tests::names;
 use lapin::options::{BasicGetOptions, BasicPublishOptions};
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection};
@@ -141,7 +142,12 @@ pub(crate) async fn two_consumers_racing_on_duplicates_apply_one_effect<S: Store
         effects.duplicated()
     );
     assert_eq!(
-        store.get(&queue, "order-1").await.unwrap().unwrap().state(),
+        store
+            .get(names::scope(&queue), names::key("order-1"))
+            .await
+            .unwrap()
+            .unwrap()
+            .state(),
         RecordState::Completed
     );
     drop((a.0, b.0));
@@ -180,7 +186,7 @@ pub(crate) async fn a_lost_ack_is_answered_from_the_stored_outcome<S: Store>(sto
         let store = store.clone();
         let queue = queue.clone();
         async move {
-            matches!(store.get(&queue, "order-7").await, Ok(Some(record)) if record.state() == RecordState::Completed)
+            matches!(store.get(names::scope(&queue), names::key("order-7")).await, Ok(Some(record)) if record.state() == RecordState::Completed)
         }
     })
     .await;
@@ -273,7 +279,11 @@ pub(crate) async fn a_poison_message_is_dead_lettered_and_the_queue_flows<S: Sto
         Some(&AMQPValue::LongUInt(3))
     );
     assert!(
-        store.get(&queue, "bad-1").await.unwrap().is_none(),
+        store
+            .get(names::scope(&queue), names::key("bad-1"))
+            .await
+            .unwrap()
+            .is_none(),
         "the poison key was released"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -327,7 +337,12 @@ pub(crate) async fn an_abandoned_key_is_parked_not_run<S: Store>(store: S) {
     );
     assert_eq!(ready(&connection, &queue).await, 0);
     assert_eq!(
-        store.get(&queue, "order-9").await.unwrap().unwrap().state(),
+        store
+            .get(names::scope(&queue), names::key("order-9"))
+            .await
+            .unwrap()
+            .unwrap()
+            .state(),
         RecordState::Abandoned
     );
     drop(consumer.0);
@@ -466,7 +481,7 @@ pub(crate) async fn an_over_long_scope_is_dead_lettered_not_redelivered<S: Store
     assert_eq!(ready(&connection, &queue).await, 0, "not redelivered");
     assert!(
         store
-            .get(&"s".repeat(300), "order-1")
+            .get(names::scope(&"s".repeat(300)), names::key("order-1"))
             .await
             .unwrap()
             .is_none(),

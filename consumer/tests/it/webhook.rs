@@ -13,7 +13,7 @@ use idempotency_consumer::webhook::{
     DeliveryId, DeliveryIdError, WebhookLayer, sign_standard_webhook,
 };
 use idempotency_guard::{IdempotencyLayer, Store};
-use idempotency_tests::{Answer, call};
+use idempotency_tests::{Answer, call, names};
 use sha2::{Digest, Sha256};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -90,7 +90,13 @@ pub(crate) async fn a_valid_delivery_runs_once_and_replays<S: Store>(store: S) {
     assert_eq!(again.body.as_ref(), b"received, run 1");
     assert!(again.replayed());
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
-    assert!(store.get(SCOPE, &id).await.unwrap().is_some());
+    assert!(
+        store
+            .get(names::scope(SCOPE), names::key(&id))
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 pub(crate) async fn refused_deliveries_store_nothing<S: Store>(store: S) {
@@ -142,7 +148,11 @@ pub(crate) async fn refused_deliveries_store_nothing<S: Store>(store: S) {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
     assert!(
-        store.get(SCOPE, &id).await.unwrap().is_none(),
+        store
+            .get(names::scope(SCOPE), names::key(&id))
+            .await
+            .unwrap()
+            .is_none(),
         "nothing was stored"
     );
 }
@@ -237,11 +247,19 @@ pub(crate) async fn a_github_delivery_resent_under_a_fresh_id_does_not_run_again
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
     let key = format!("sha256:{}", hex(&Sha256::digest(body.as_bytes())));
     assert!(
-        store.get(SCOPE, &key).await.unwrap().is_some(),
+        store
+            .get(names::scope(SCOPE), names::key(&key))
+            .await
+            .unwrap()
+            .is_some(),
         "stored under the body's digest"
     );
     assert!(
-        store.get(SCOPE, &delivery_id).await.unwrap().is_none(),
+        store
+            .get(names::scope(SCOPE), names::key(&delivery_id))
+            .await
+            .unwrap()
+            .is_none(),
         "nothing under the unsigned delivery id"
     );
     // Another event (another body) runs; a body changed under the captured
@@ -281,7 +299,13 @@ pub(crate) async fn a_standard_webhooks_delivery_resent_under_a_fresh_id_is_refu
     let copy = call(&app, delivery(Some(&fresh), ts, Some(&signature), body)).await;
     assert_refused(&copy, StatusCode::UNAUTHORIZED, "webhook-signature-invalid");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the copy did not run");
-    assert!(store.get(SCOPE, &fresh).await.unwrap().is_none());
+    assert!(
+        store
+            .get(names::scope(SCOPE), names::key(&fresh))
+            .await
+            .unwrap()
+            .is_none()
+    );
     // The same copy under the captured id is a replay.
     let again = call(&app, delivery(Some(&id), ts, Some(&signature), body)).await;
     assert_replayed_run_1(&again, "the captured delivery under its own id");
@@ -353,10 +377,20 @@ pub(crate) async fn a_stripe_delivery_runs_once_and_forged_or_stale_ones_are_ref
     assert_replayed_run_1(&copy, "a captured copy under fresh header values");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
     assert!(
-        store.get(SCOPE, &event).await.unwrap().is_some(),
+        store
+            .get(names::scope(SCOPE), names::key(&event))
+            .await
+            .unwrap()
+            .is_some(),
         "keyed by the event id"
     );
-    assert!(store.get(SCOPE, &fresh_key).await.unwrap().is_none());
+    assert!(
+        store
+            .get(names::scope(SCOPE), names::key(&fresh_key))
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     let other = format!("evt_{}", uuid::Uuid::new_v4().simple());
     let other_body = body.replace(&event, &other);
@@ -414,7 +448,11 @@ pub(crate) async fn a_stripe_delivery_runs_once_and_forged_or_stale_ones_are_ref
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "no refused delivery ran");
     assert!(
-        store.get(SCOPE, &other).await.unwrap().is_none(),
+        store
+            .get(names::scope(SCOPE), names::key(&other))
+            .await
+            .unwrap()
+            .is_none(),
         "nothing stored"
     );
 }
@@ -478,5 +516,11 @@ pub(crate) async fn a_second_stripe_secret_verifies_while_one_is_rolled<S: Store
         "webhook-signature-invalid",
     );
     assert_eq!(runs.load(Ordering::SeqCst), 3);
-    assert!(store.get(SCOPE, &stranger).await.unwrap().is_none());
+    assert!(
+        store
+            .get(names::scope(SCOPE), names::key(&stranger))
+            .await
+            .unwrap()
+            .is_none()
+    );
 }

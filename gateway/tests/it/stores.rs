@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use idempotency_tests::names;
+
 use crate::support::{pay, stack};
 
 const ROUTES: &str = "[[routes]]\npath = \"/payments\"\n";
@@ -106,7 +108,7 @@ async fn on_redis_with_encryption_at_rest() {
     options.redis_prefix = redis.redis_prefix().expect("a Redis fixture");
     let plain = AnyStore::open(&options).await.expect("Redis");
     let record = plain
-        .get("default", &key)
+        .get(names::scope("default"), names::key(&key))
         .await
         .expect("a read")
         .expect("the record");
@@ -167,8 +169,8 @@ async fn plant_in_clear(url: &str, key: &str, body: &str) {
     let fingerprint =
         Fingerprint::of_request(&http::Method::POST, "/payments", &headers, body.as_bytes());
     let new = NewRecord {
-        scope: "default",
-        key,
+        scope: names::scope("default"),
+        key: names::key(key),
         fingerprint: &fingerprint,
         method: "POST",
         path: "/payments",

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idempotency_guard::Store;
 use idempotency_guard::store::AnyStore;
-use idempotency_tests::Process;
+use idempotency_tests::{Process, names};
 use tempfile::TempDir;
 
 /// The Python backend's script.
@@ -131,7 +131,10 @@ impl Stack {
         let store = AnyStore::connect(&self.store_url)
             .await
             .expect("open the gateway's store");
-        let record = store.get("default", key).await.expect("read the record");
+        let record = store
+            .get(names::scope("default"), names::key(key))
+            .await
+            .expect("read the record");
         let status = record.as_ref().and_then(|record| {
             idempotency_service::key_status(record, None, Duration::from_secs(1))
         });

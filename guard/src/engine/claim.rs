@@ -26,8 +26,8 @@ const MAX_CLAIM_ROUNDS: usize = 8;
 impl<S: Store> Engine<S> {
     fn new_record<'a>(&self, job: &'a Job, token: LeaseToken) -> NewRecord<'a> {
         NewRecord {
-            scope: job.scope.as_str(),
-            key: job.key.as_str(),
+            scope: &job.scope,
+            key: &job.key,
             fingerprint: &job.fingerprint,
             method: &job.method,
             path: &job.path,
@@ -205,10 +205,7 @@ impl<S: Store> Engine<S> {
             .events()
             .subscribe(job.scope.as_str(), job.key.as_str());
         let current = self
-            .timed(
-                "get",
-                self.inner.store.get(job.scope.as_str(), job.key.as_str()),
-            )
+            .timed("get", self.inner.store.get(&job.scope, &job.key))
             .await?;
         match current {
             Some(current)
@@ -219,11 +216,8 @@ impl<S: Store> Engine<S> {
                 // and by its lease (a crashed holder publishes nothing).
                 let bound = wait_left.min(current.lease_remaining());
                 let _ = tokio::time::timeout(bound, subscription.changed()).await;
-                self.timed(
-                    "get",
-                    self.inner.store.get(job.scope.as_str(), job.key.as_str()),
-                )
-                .await
+                self.timed("get", self.inner.store.get(&job.scope, &job.key))
+                    .await
             }
             other => Ok(other),
         }

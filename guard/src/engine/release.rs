@@ -75,7 +75,9 @@ impl<S: Store> Engine<S> {
                 // yet, and a client library may even send it again: keep
                 // trying for the whole window.
                 if let Ok(Ok(())) = tokio::time::timeout(timeout, store.release(&lease)).await {
-                    store.events().publish(&lease.scope, &lease.key);
+                    store
+                        .events()
+                        .publish(lease.scope.as_str(), lease.key.as_str());
                 }
                 tokio::time::sleep(RELEASE_PAUSE).await;
             }

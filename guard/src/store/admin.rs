@@ -6,7 +6,9 @@
 //! `store/mod.rs` (a sub-trait, so the core [`Store`](crate::store::Store)
 //! stays small); it is named here too, the path the admin API imports.
 
+use crate::key::{IdempotencyKey, Scope};
 use crate::record::{Record, RecordState};
+use crate::store::StoreError;
 
 /// Operators' operations on records (declared in `store/mod.rs`).
 pub use crate::store::AdminStore;
@@ -111,7 +113,7 @@ impl Page {
         let more = records.len() > limit;
         records.truncate(limit);
         let next = more
-            .then(|| records.last().map(|r| r.key.clone()))
+            .then(|| records.last().map(|r| r.key.as_str().to_owned()))
             .flatten();
         Self { records, next }
     }
@@ -156,6 +158,20 @@ pub enum Forgotten {
     Refused(RecordState),
     /// There is no record of that key in that scope.
     Missing,
+}
+
+/// Reads the record an admin call names by text (the admin contract takes
+/// the scope and key as text): a scope or key that breaks its rule names
+/// no record, since no store holds one.
+pub(crate) async fn get_named<S: crate::store::Store>(
+    store: &S,
+    scope: &str,
+    key: &str,
+) -> Result<Option<Record>, StoreError> {
+    match (Scope::try_from(scope), IdempotencyKey::from_raw(key)) {
+        (Ok(scope), Ok(key)) => store.get(&scope, &key).await,
+        _ => Ok(None),
+    }
 }
 
 #[cfg(test)]

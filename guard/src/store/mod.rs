@@ -7,18 +7,25 @@
 //!
 //! # The contracts
 //!
-//! | trait | implemented by | called by |
-//! |---|---|---|
-//! | [`Store`] | each backend's direct store and every wrapper | the engine |
-//! | [`Purge`] | every store | [`purge_expired`](crate::purge_expired) |
-//! | `TransactionalStore` (PostgreSQL) | the stores with PostgreSQL behind them | the engine, in transactional mode |
-//! | [`AdminStore`] | every store | the key-status service's admin API |
-//! | [`BatchedStore`] (+ [`ClaimItem`]) | each backend's direct store | [`Batched`](batch::Batched) alone |
-//! | `RecordCache` (Redis) | the Redis store | `TieredStore` alone |
+//! | trait | implemented by | called by | names a record by |
+//! |---|---|---|---|
+//! | [`Store`] | each backend's direct store and every wrapper | the engine | [`Scope`] and [`IdempotencyKey`] (in [`NewRecord`], [`Lease`], [`Record`] and `get`) |
+//! | [`Purge`] | every store | [`purge_expired`](crate::purge_expired) | (none: by expiry) |
+//! | `TransactionalStore` (PostgreSQL) | the stores with PostgreSQL behind them | the engine, in transactional mode | the [`Lease`] |
+//! | [`AdminStore`] | every store | the key-status service's admin API | text (`&str`), as the operator gave it |
+//! | [`BatchedStore`] (+ [`ClaimItem`]) | each backend's direct store | [`Batched`](batch::Batched) alone | [`Scope`] and [`IdempotencyKey`] |
+//! | `RecordCache` (Redis) | the Redis store | `TieredStore` alone | typed to read, text to write |
 //!
 //! Each trait's own documentation says more on both sides. The record they
 //! trade in, and the [`LeaseToken`] that fences its writes, live in
 //! `record.rs`.
+//!
+//! The scope and key stay typed down to the store: a [`NewRecord`] borrows
+//! the request's own, and a [`Lease`], a queued [`ClaimItem`] or a
+//! [`Record`] read back share their text (a clone of either is a reference
+//! count). A store writes them with `as_str()`, in the layout it always
+//! had; a store that reads a scope or key back validates it again, and one
+//! that breaks its rule is a [`CorruptRecord`](crate::record::CorruptRecord).
 //!
 //! # How a store is laid out
 //!
@@ -54,6 +61,7 @@ use std::time::Duration;
 
 use crate::events::RecordEvents;
 use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
 use crate::record::{Record, StoredResponse};
 
 #[cfg(feature = "nats")]
@@ -94,12 +102,15 @@ pub use encrypted::{EncryptedStore, EncryptionKeys};
 pub use crate::record::LeaseToken;
 
 /// A held lease: the right to complete, renew or release one record.
+///
+/// Its scope and key share the request's text: making a lease copies
+/// neither.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     /// The record's scope.
-    pub scope: String,
+    pub scope: Scope,
     /// The record's key.
-    pub key: String,
+    pub key: IdempotencyKey,
     /// The token every later write is fenced by.
     pub token: LeaseToken,
 }
@@ -108,9 +119,9 @@ pub struct Lease {
 #[derive(Debug, Clone)]
 pub struct NewRecord<'a> {
     /// The namespace of the key.
-    pub scope: &'a str,
+    pub scope: &'a Scope,
     /// The idempotency key.
-    pub key: &'a str,
+    pub key: &'a IdempotencyKey,
     /// The request's fingerprint.
     pub fingerprint: &'a Fingerprint,
     /// The request's method.
@@ -128,11 +139,12 @@ pub struct NewRecord<'a> {
 }
 
 impl NewRecord<'_> {
-    /// The lease this claim holds once it succeeds.
+    /// The lease this claim holds once it succeeds (its scope and key
+    /// share the claim's text).
     pub fn lease(&self) -> Lease {
         Lease {
-            scope: self.scope.to_owned(),
-            key: self.key.to_owned(),
+            scope: self.scope.clone(),
+            key: self.key.clone(),
             token: self.token,
         }
     }
@@ -221,6 +233,11 @@ impl StoreError {
 /// when it still carries the named lease token. The conformance suite in
 /// `tests/it/store_suite.rs` holds every implementation to this.
 ///
+/// Records are named by their typed [`Scope`] and [`IdempotencyKey`],
+/// never by text: the engine passes the request's own (borrowed in
+/// [`NewRecord`], shared in [`Lease`]), and what a store returns carries
+/// them the same way.
+///
 /// Implemented by each backend's direct store (`PostgresRecords`,
 /// `SqliteRecords`, `RedisRecords`) and by every store that wraps another
 /// ([`Batched`](batch::Batched), [`EncryptedStore`],
@@ -283,8 +300,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Reads the record of `(scope, key)`, if any (expired ones included).
     fn get(
         &self,
-        scope: &str,
-        key: &str,
+        scope: &Scope,
+        key: &IdempotencyKey,
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
     /// Reads the records of many keys of one scope, in the order of `keys`.
@@ -293,8 +310,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// round trip.
     fn get_many(
         &self,
-        scope: &str,
-        keys: &[&str],
+        scope: &Scope,
+        keys: &[IdempotencyKey],
     ) -> impl Future<Output = Result<Vec<Option<Record>>, StoreError>> + Send {
         async move {
             let mut records = Vec::with_capacity(keys.len());
@@ -451,8 +468,8 @@ pub trait BatchedStore: Store {
 /// crate or as a [`NewRecord`] again ([`ClaimItem::as_new`]).
 #[derive(Debug, Clone)]
 pub struct ClaimItem {
-    pub(crate) scope: String,
-    pub(crate) key: String,
+    pub(crate) scope: Scope,
+    pub(crate) key: IdempotencyKey,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) method: String,
     pub(crate) path: String,
@@ -463,11 +480,11 @@ pub struct ClaimItem {
 }
 
 impl ClaimItem {
-    /// An owned copy of `new`.
+    /// An owned copy of `new` (its scope and key shared, not copied).
     pub fn new(new: &NewRecord<'_>) -> Self {
         Self {
-            scope: new.scope.to_owned(),
-            key: new.key.to_owned(),
+            scope: new.scope.clone(),
+            key: new.key.clone(),
             fingerprint: *new.fingerprint,
             method: new.method.to_owned(),
             path: new.path.to_owned(),
@@ -506,8 +523,8 @@ pub trait RecordCache: Clone + Send + Sync + 'static {
     /// The cached copy of a completed record, with the time it has left.
     fn get_completed(
         &self,
-        scope: &str,
-        key: &str,
+        scope: &Scope,
+        key: &IdempotencyKey,
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
     /// Caches a completed record for `ttl`, counted down by the cache.
@@ -530,4 +547,37 @@ pub trait RecordCache: Clone + Send + Sync + 'static {
 
     /// The waiters of this process (shared with the PostgreSQL store).
     fn events(&self) -> &RecordEvents;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lease, and a queued claim, share the claim's scope and key: the
+    /// same text, not a copy of it.
+    #[test]
+    fn a_lease_shares_the_text_of_its_claims_scope_and_key() {
+        let scope = Scope::new("tenant-a").unwrap();
+        let key = IdempotencyKey::from_raw("order-42").unwrap();
+        let fingerprint = Fingerprint::from_bytes([1; 32]);
+        let new = NewRecord {
+            scope: &scope,
+            key: &key,
+            fingerprint: &fingerprint,
+            method: "POST",
+            path: "/orders",
+            token: LeaseToken::new(),
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+            transactional: false,
+        };
+        let lease = new.lease();
+        assert_eq!(lease.scope.as_str().as_ptr(), scope.as_str().as_ptr());
+        assert_eq!(lease.key.as_str().as_ptr(), key.as_str().as_ptr());
+        let queued = ClaimItem::new(&new);
+        assert_eq!(queued.scope.as_str().as_ptr(), scope.as_str().as_ptr());
+        assert_eq!(queued.key.as_str().as_ptr(), key.as_str().as_ptr());
+        let again = queued.as_new().lease();
+        assert_eq!(again.key.as_str().as_ptr(), key.as_str().as_ptr());
+    }
 }

@@ -30,6 +30,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use crate::events::RecordEvents;
+use crate::key::{IdempotencyKey, Scope};
 use crate::record::{LeaseToken, Record, RecordState, StoredResponse};
 /// What the tiered store asks of its cache (declared with the store's
 /// other contracts, in `store/mod.rs`).
@@ -116,7 +117,7 @@ impl<C: RecordCache> TieredStore<C> {
     }
 
     /// A completed record from the cache, if it holds one.
-    async fn cached_completed(&self, scope: &str, key: &str) -> Option<Record> {
+    async fn cached_completed(&self, scope: &Scope, key: &IdempotencyKey) -> Option<Record> {
         self.cached("cache_get", self.cache.get_completed(scope, key))
             .await
             .flatten()
@@ -144,8 +145,12 @@ impl<C: RecordCache> TieredStore<C> {
 
     /// Wakes waiters in every process after a change in PostgreSQL.
     async fn announce(&self, lease: &Lease) {
-        self.cached("announce", self.cache.announce(&lease.scope, &lease.key))
-            .await;
+        self.cached(
+            "announce",
+            self.cache
+                .announce(lease.scope.as_str(), lease.key.as_str()),
+        )
+        .await;
     }
 }
 
@@ -191,7 +196,7 @@ impl<C: RecordCache> Store for TieredStore<C> {
         Ok(())
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         if let Some(record) = self.cached_completed(scope, key).await {
             return Ok(Some(record));
         }
@@ -204,8 +209,8 @@ impl<C: RecordCache> Store for TieredStore<C> {
 
     async fn get_many(
         &self,
-        scope: &str,
-        keys: &[&str],
+        scope: &Scope,
+        keys: &[IdempotencyKey],
     ) -> Result<Vec<Option<Record>>, StoreError> {
         self.postgres.get_many(scope, keys).await
     }

@@ -12,6 +12,7 @@ use idempotency_guard::store::admin::{
 };
 use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, RecordState, StoredResponse};
+use idempotency_tests::names;
 
 /// Instantiates the admin suite for one store.
 macro_rules! admin_suite {
@@ -43,8 +44,8 @@ const DAY: Duration = Duration::from_secs(86_400);
 
 fn new_record<'a>(scope: &'a str, key: &'a str, transactional: bool) -> NewRecord<'a> {
     NewRecord {
-        scope,
-        key,
+        scope: names::scope(scope),
+        key: names::key(key),
         fingerprint: &FP,
         method: "POST",
         path: "/admin-suite",
@@ -94,7 +95,10 @@ async fn keys<S: AdminStore>(store: &S, scope: &str, filter: StateFilter) -> Vec
         .await
         .expect("list");
     assert_eq!(page.next, None, "one page holds them all");
-    page.records.into_iter().map(|r| r.key).collect()
+    page.records
+        .into_iter()
+        .map(|r| r.key.into_string())
+        .collect()
 }
 
 pub(crate) async fn list_filters_by_state_and_pages_by_key<S: AdminStore>(store: S) {
@@ -140,7 +144,7 @@ pub(crate) async fn list_filters_by_state_and_pages_by_key<S: AdminStore>(store:
             .expect("list a page");
         pages += 1;
         assert!(page.records.len() <= 2);
-        seen.extend(page.records.iter().map(|r| r.key.clone()));
+        seen.extend(page.records.iter().map(|r| r.key.as_str().to_owned()));
         match page.next {
             Some(next) => after = Some(next),
             None => break,
@@ -171,7 +175,13 @@ pub(crate) async fn forget_follows_the_rule_and_never_deletes_a_live_lease<S: Ad
             "{rule:?} must keep a live lease"
         );
     }
-    assert!(store.get("s", "running").await.unwrap().is_some());
+    assert!(
+        store
+            .get(names::scope("s"), names::key("running"))
+            .await
+            .unwrap()
+            .is_some()
+    );
 
     assert_eq!(
         store
@@ -201,8 +211,20 @@ pub(crate) async fn forget_follows_the_rule_and_never_deletes_a_live_lease<S: Ad
             .unwrap(),
         Forgotten::Deleted(RecordState::Abandoned)
     );
-    assert!(store.get("s", "done").await.unwrap().is_none());
-    assert!(store.get("s", "lost").await.unwrap().is_none());
+    assert!(
+        store
+            .get(names::scope("s"), names::key("done"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .get(names::scope("s"), names::key("lost"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(
         store
             .forget("s", "done", ForgetRule::Completed)
@@ -215,7 +237,13 @@ pub(crate) async fn forget_follows_the_rule_and_never_deletes_a_live_lease<S: Ad
 pub(crate) async fn a_forgotten_key_can_be_claimed_again<S: AdminStore>(store: S) {
     completed(&store, "s", "k").await;
     // A replay read (fills the tiered store's cache) before the forget.
-    assert!(store.get("s", "k").await.unwrap().is_some());
+    assert!(
+        store
+            .get(names::scope("s"), names::key("k"))
+            .await
+            .unwrap()
+            .is_some()
+    );
     assert_eq!(
         store.forget("s", "k", ForgetRule::Completed).await.unwrap(),
         Forgotten::Deleted(RecordState::Completed)
@@ -243,5 +271,11 @@ pub(crate) async fn scopes_are_isolated_in_listings_and_forgets<S: AdminStore>(s
             .unwrap(),
         Forgotten::Missing
     );
-    assert!(store.get("tenant-a", "k").await.unwrap().is_some());
+    assert!(
+        store
+            .get(names::scope("tenant-a"), names::key("k"))
+            .await
+            .unwrap()
+            .is_some()
+    );
 }

@@ -22,8 +22,10 @@ use http::{HeaderMap, StatusCode};
 use idempotency_guard::store::batch::{Batched, BatchedStore, ClaimItem};
 use idempotency_guard::store::{BatchLimits, Claim, Lease, LeaseToken, NewRecord};
 use idempotency_guard::{
-    Fingerprint, Record, RecordEvents, RecordState, Store, StoreError, StoredResponse,
+    Fingerprint, IdempotencyKey, Record, RecordEvents, RecordState, Scope, Store, StoreError,
+    StoredResponse,
 };
+use idempotency_tests::names;
 use tokio::sync::{OwnedRwLockWriteGuard, RwLock, mpsc};
 
 /// One batch on its way at a time, as large as the tests need.
@@ -106,11 +108,11 @@ impl<S: Store> Store for Gated<S> {
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         let released = self.inner.release(lease).await;
         let outcome = released.as_ref().map(|_| ()).map_err(ToString::to_string);
-        let _ = self.released.send((lease.key.clone(), outcome));
+        let _ = self.released.send((lease.key.as_str().to_owned(), outcome));
         released
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.inner.get(scope, key).await
     }
 
@@ -199,8 +201,8 @@ macro_rules! batching_suite {
 
 fn new_record<'a>(key: &'a str, fingerprint: &'a Fingerprint) -> NewRecord<'a> {
     NewRecord {
-        scope: "batch",
-        key,
+        scope: names::scope("batch"),
+        key: names::key(key),
         fingerprint,
         method: "POST",
         path: "/payments",
@@ -254,7 +256,11 @@ pub(crate) async fn two_hundred_claims_of_one_key_in_one_batch_have_one_winner<S
         }
     }
     assert_eq!(winners.len(), 1, "{} claims won one key", winners.len());
-    let record = store.get("batch", "one-key").await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("batch"), names::key("one-key"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.lease_token, winners[0].token);
     assert_eq!(record.state(), RecordState::InFlight);
 }
@@ -383,16 +389,30 @@ pub(crate) async fn a_batch_of_completions_is_fenced_per_record<S: BatchedStore>
         answers[2]
     );
 
-    let record = store.get("batch", "held").await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("batch"), names::key("held"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state(), RecordState::Completed);
-    let record = store.get("batch", "taken").await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("batch"), names::key("taken"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         record.state(),
         RecordState::InFlight,
         "the stale write landed"
     );
     assert_eq!(record.lease_token, taken.token);
-    assert!(store.get("batch", "released").await.unwrap().is_none());
+    assert!(
+        store
+            .get(names::scope("batch"), names::key("released"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     // The lead by itself, then the three behind it in one batch.
     assert_eq!(
         (after.batches, after.items, after.largest),
@@ -445,14 +465,34 @@ async fn a_failing_batch_writes_nothing<S: BatchedStore>(store: Batched<Gated<S>
             new.key
         );
     }
-    assert!(store.get("batch", "fresh").await.unwrap().is_none());
-    assert!(store.get("batch", "poison").await.unwrap().is_none());
-    let record = store.get("batch", "done").await.unwrap().unwrap();
+    assert!(
+        store
+            .get(names::scope("batch"), names::key("fresh"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .get(names::scope("batch"), names::key("poison"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let record = store
+        .get(names::scope("batch"), names::key("done"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (record.state(), record.lease_token),
         (RecordState::Completed, done.token)
     );
-    let record = store.get("batch", "running").await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("batch"), names::key("running"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (record.state(), record.lease_token),
         (RecordState::InFlight, running.token)
@@ -540,5 +580,11 @@ async fn a_claim_acquired_for_a_caller_that_left_is_released_by_the_batcher() {
         2,
         "the left claim was sent"
     );
-    assert!(store.get("batch", "left").await.unwrap().is_none());
+    assert!(
+        store
+            .get(names::scope("batch"), names::key("left"))
+            .await
+            .unwrap()
+            .is_none()
+    );
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use idempotency_guard::{IdempotencyLayer, LeaseToken, RecordState, Store};
+use idempotency_tests::names;
 
 use crate::support::{app, send};
 
@@ -18,7 +19,7 @@ async fn settled<S: Store>(store: &S, key: &str) -> Option<RecordState> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     for _ in 0..100 {
         let state = store
-            .get("default", key)
+            .get(names::scope("default"), names::key(key))
             .await
             .unwrap()
             .map(|record| record.state());

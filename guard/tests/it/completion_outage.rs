@@ -171,12 +171,7 @@ async fn an_outage_that_outlasts_the_lease_ends_in_outcome_unknown<S: Store>(db:
     // The lease lapses on its own (nothing renews it any more).
     let mut record = None;
     for _ in 0..100 {
-        record = db
-            .store
-            .get(job.scope.as_str(), job.key.as_str())
-            .await
-            .ok()
-            .flatten();
+        record = db.store.get(&job.scope, &job.key).await.ok().flatten();
         if record
             .as_ref()
             .is_some_and(|r| r.state() == RecordState::Abandoned)

@@ -12,6 +12,7 @@ use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::tiered::TieredStore;
 use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, IdempotencyLayer, InFlightPolicy, Store, StoredResponse};
+use idempotency_tests::names;
 
 use crate::support::{app, call, request, send};
 
@@ -113,8 +114,8 @@ async fn redis_publishes_only_watched_ends(batching: BatchLimits) {
         let store = store.clone();
         async move {
             let new = NewRecord {
-                scope: "s",
-                key,
+                scope: names::scope("s"),
+                key: names::key(key),
                 fingerprint: &fingerprint,
                 method: "POST",
                 path: "/payments",
@@ -136,7 +137,11 @@ async fn redis_publishes_only_watched_ends(batching: BatchLimits) {
     let mut watched = Vec::new();
     for key in ["completed", "released", "abandoned"] {
         let lease = claim(key).await;
-        let read = store.get("s", key).await.unwrap().unwrap();
+        let read = store
+            .get(names::scope("s"), names::key(key))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.lease_token, lease.token);
         watched.push(lease);
     }

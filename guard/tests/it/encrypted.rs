@@ -10,6 +10,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use idempotency_guard::store::encrypted::{DECRYPT_FAILURES_TOTAL, SEALED};
 use idempotency_guard::store::{Claim, EncryptedStore, EncryptionKeys, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, Store, StoreError, StoredResponse};
+use idempotency_tests::names;
 
 /// Instantiates the encryption tests for one store; `$raw` reads the
 /// stored response's bytes straight from the backend.
@@ -66,8 +67,8 @@ fn minted() -> StoredResponse {
 
 async fn complete<S: Store>(store: &S, scope: &str, key: &str, response: &StoredResponse) {
     let new = NewRecord {
-        scope,
-        key,
+        scope: names::scope(scope),
+        key: names::key(key),
         fingerprint: &FP,
         method: "POST",
         path: "/keys",
@@ -112,22 +113,34 @@ where
         );
         assert!(contains(&bytes, "v1 a"), "{key}: the key id is stored");
     }
-    let inner = store.get("enc-scope", "too-large").await.unwrap().unwrap();
+    let inner = store
+        .get(names::scope("enc-scope"), names::key("too-large"))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(
         inner.response.unwrap().body.is_none(),
         "whether a body is stored stays visible without a key"
     );
     // Through the wrapper, the response is whole again.
-    let record = encrypted.get("enc-scope", "minted").await.unwrap().unwrap();
+    let record = encrypted
+        .get(names::scope("enc-scope"), names::key("minted"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.response, Some(minted()));
     let record = encrypted
-        .get("enc-scope", "too-large")
+        .get(names::scope("enc-scope"), names::key("too-large"))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(record.response, Some(too_large));
     // The inner store sees the status (the status API needs it) and the seal.
-    let inner = store.get("enc-scope", "minted").await.unwrap().unwrap();
+    let inner = store
+        .get(names::scope("enc-scope"), names::key("minted"))
+        .await
+        .unwrap()
+        .unwrap();
     let response = inner.response.unwrap();
     assert_eq!(response.status, StatusCode::CREATED);
     assert_eq!(response.headers[&SEALED], "v1 a");
@@ -137,19 +150,29 @@ pub(crate) async fn unsealed_refused_when_required<S: Store>(store: S) {
     // Planted in clear by whoever can write the store.
     complete(&store, "enc-scope", "planted", &minted()).await;
     let lenient = EncryptedStore::new(store.clone(), keys(KEY_A));
-    let record = lenient.get("enc-scope", "planted").await.unwrap().unwrap();
+    let record = lenient
+        .get(names::scope("enc-scope"), names::key("planted"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.response, Some(minted()), "read as it is by default");
     let strict = EncryptedStore::new(store.clone(), keys(KEY_A)).with_require_sealed(true);
     assert!(
         matches!(
-            strict.get("enc-scope", "planted").await,
+            strict
+                .get(names::scope("enc-scope"), names::key("planted"))
+                .await,
             Err(StoreError::Corrupt(_))
         ),
         "refused when sealing is required"
     );
     // A sealed one still reads.
     complete(&strict, "enc-scope", "sealed", &minted()).await;
-    let record = strict.get("enc-scope", "sealed").await.unwrap().unwrap();
+    let record = strict
+        .get(names::scope("enc-scope"), names::key("sealed"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.response, Some(minted()));
 }
 
@@ -160,19 +183,27 @@ pub(crate) async fn rotation_and_unknown_keys<S: Store>(store: S) {
 
     // Rotate: B seals new records, A still opens old ones.
     let under_b = EncryptedStore::new(store.clone(), keys(&format!("{KEY_B},{KEY_A}")));
-    let old = under_b.get("rot", "old").await.unwrap().unwrap();
+    let old = under_b
+        .get(names::scope("rot"), names::key("old"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         old.response,
         Some(minted()),
         "A's record replays after rotation"
     );
     complete(&under_b, "rot", "new", &minted()).await;
-    let new = store.get("rot", "new").await.unwrap().unwrap();
+    let new = store
+        .get(names::scope("rot"), names::key("new"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(new.response.unwrap().headers[&SEALED], "v1 b");
     // Claiming a completed key (a replay) opens it too.
     let claim = NewRecord {
-        scope: "rot",
-        key: "old",
+        scope: names::scope("rot"),
+        key: names::key("old"),
         fingerprint: &FP,
         method: "POST",
         path: "/keys",
@@ -190,7 +221,10 @@ pub(crate) async fn rotation_and_unknown_keys<S: Store>(store: S) {
     let only_b = EncryptedStore::new(store.clone(), keys(KEY_B));
     let before =
         crate::metrics_probe::counter(DECRYPT_FAILURES_TOTAL, &[("reason", "unknown-key")]);
-    let error = only_b.get("rot", "old").await.unwrap_err();
+    let error = only_b
+        .get(names::scope("rot"), names::key("old"))
+        .await
+        .unwrap_err();
     assert!(
         matches!(&error, StoreError::Corrupt(_)) && error.to_string().contains("key id"),
         "{error}"
@@ -205,7 +239,12 @@ pub(crate) async fn rotation_and_unknown_keys<S: Store>(store: S) {
         "each failure is counted ({before} -> {after})"
     );
     assert_eq!(
-        only_b.get("rot", "new").await.unwrap().unwrap().response,
+        only_b
+            .get(names::scope("rot"), names::key("new"))
+            .await
+            .unwrap()
+            .unwrap()
+            .response,
         Some(minted())
     );
 
@@ -216,7 +255,7 @@ pub(crate) async fn rotation_and_unknown_keys<S: Store>(store: S) {
     );
     let before = crate::metrics_probe::counter(DECRYPT_FAILURES_TOTAL, &[("reason", "invalid")]);
     assert!(matches!(
-        impostor.get("rot", "old").await,
+        impostor.get(names::scope("rot"), names::key("old")).await,
         Err(StoreError::Corrupt(_))
     ));
     let after = crate::metrics_probe::counter(DECRYPT_FAILURES_TOTAL, &[("reason", "invalid")]);
@@ -389,8 +428,8 @@ async fn plant_in_clear<S: Store>(store: &S, key: &str, body: &str) {
     let fingerprint =
         Fingerprint::of_request(&http::Method::POST, "/things", &headers, body.as_bytes());
     let new = NewRecord {
-        scope: "default",
-        key,
+        scope: names::scope("default"),
+        key: names::key(key),
         fingerprint: &fingerprint,
         method: "POST",
         path: "/things",

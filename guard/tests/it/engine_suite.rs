@@ -19,9 +19,10 @@ use http::{Request, StatusCode};
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle, Settled};
 use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord, StoreError};
 use idempotency_guard::{
-    AbandonedPolicy, FinalResponse, Fingerprint, IdempotencyLayer, OutcomeUnknown, Record,
-    RecordEvents, RecordState, Store, StoredResponse,
+    AbandonedPolicy, FinalResponse, Fingerprint, IdempotencyKey, IdempotencyLayer, OutcomeUnknown,
+    Record, RecordEvents, RecordState, Scope, Store, StoredResponse,
 };
+use idempotency_tests::names;
 
 use crate::support::{TestDb, call};
 
@@ -186,7 +187,7 @@ impl<S: Store> Store for RetriedClaims<S> {
         self.0.release(lease).await
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.0.get(scope, key).await
     }
 
@@ -218,12 +219,7 @@ pub(crate) async fn a_retried_claim_of_our_own_counts_as_acquired<S: Store>(db: 
         "the request was refused against its own claim: {answer:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let record = db
-        .store
-        .get("engine", job.key.as_str())
-        .await
-        .unwrap()
-        .unwrap();
+    let record = db.store.get(&job.scope, &job.key).await.unwrap().unwrap();
     assert_eq!(record.state(), RecordState::Completed);
 }
 
@@ -268,7 +264,7 @@ impl<S: Store> Store for LostCompletionAnswer<S> {
         self.store.release(lease).await
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.store.get(scope, key).await
     }
 
@@ -354,7 +350,7 @@ impl<S: Store> Store for Counting<S> {
         self.store.release(lease).await
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.store.get(scope, key).await
     }
@@ -469,8 +465,8 @@ pub(crate) async fn an_ended_lease_is_never_renewed<S: Store>(db: TestDb<S>) {
     let fingerprint = Fingerprint::of_bytes(b"renew");
     let key = key("renew");
     let new = NewRecord {
-        scope: "engine",
-        key: &key,
+        scope: names::scope("engine"),
+        key: names::key(&key),
         fingerprint: &fingerprint,
         method: "RUN",
         path: "",
@@ -493,7 +489,12 @@ pub(crate) async fn an_ended_lease_is_never_renewed<S: Store>(db: TestDb<S>) {
         matches!(late, Err(StoreError::LeaseLost)),
         "a late renewal revived an ended lease: {late:?}"
     );
-    let record = db.store.get("engine", &key).await.unwrap().unwrap();
+    let record = db
+        .store
+        .get(names::scope("engine"), names::key(&key))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state(), RecordState::Abandoned);
 }
 
@@ -659,7 +660,12 @@ pub(crate) async fn an_unknown_outcome_abandons_the_key<S: Store>(db: TestDb<S>)
     let first = call(&router, post_json(&key, "application/json", "{}")).await;
     assert_eq!(first.status, StatusCode::BAD_GATEWAY);
     assert_eq!(first.body, "upstream reset");
-    let record = db.store.get("default", &key).await.unwrap().unwrap();
+    let record = db
+        .store
+        .get(names::scope("default"), names::key(&key))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state(), RecordState::Abandoned);
     let retry = call(&router, post_json(&key, "application/json", "{}")).await;
     assert_eq!(retry.problem(), "outcome-unknown");
@@ -684,7 +690,12 @@ pub(crate) async fn status_only_routes_never_replay_the_body<S: Store>(db: TestD
     assert_eq!(replay.status, StatusCode::CREATED);
     assert!(replay.replayed());
     assert_eq!(replay.problem(), "response-not-replayable");
-    let record = db.store.get("default", &key).await.unwrap().unwrap();
+    let record = db
+        .store
+        .get(names::scope("default"), names::key(&key))
+        .await
+        .unwrap()
+        .unwrap();
     let stored = record.response.unwrap();
     assert!(
         !String::from_utf8_lossy(stored.body.as_deref().unwrap_or_default()).contains("sk_live"),
@@ -739,13 +750,13 @@ pub(crate) async fn a_work_that_panics_before_its_future_releases_the_key<S: Sto
         matches!(answer, Answer::Refused(Refusal::HandlerFailed { .. })),
         "{answer:?}"
     );
-    let mut record = db.store.get("engine", job.key.as_str()).await.unwrap();
+    let mut record = db.store.get(&job.scope, &job.key).await.unwrap();
     for _ in 0..50 {
         if record.is_none() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        record = db.store.get("engine", job.key.as_str()).await.unwrap();
+        record = db.store.get(&job.scope, &job.key).await.unwrap();
     }
     assert!(record.is_none(), "the key was not released: {record:?}");
     let runs = Arc::new(AtomicUsize::new(0));

@@ -11,6 +11,7 @@ use http::{HeaderValue, Method, Request, StatusCode};
 use idempotency_guard::{
     AbandonedPolicy, FailureMode, IdempotencyLayer, InFlightPolicy, RecordState, Store,
 };
+use idempotency_tests::names;
 
 use crate::support::{Answer, TestDb, abandon, app, call, send};
 
@@ -173,7 +174,11 @@ pub(crate) async fn invalid_keys_are_refused<S: Store>(db: TestDb<S>) {
     assert_eq!(answer.problem(), "key-invalid");
     assert_eq!(runs.get(), 0);
     assert!(
-        db.store.get("default", "one").await.unwrap().is_none(),
+        db.store
+            .get(names::scope("default"), names::key("one"))
+            .await
+            .unwrap()
+            .is_none(),
         "no record is left behind"
     );
     // The longest valid key, and a quoted one, are fine.
@@ -225,7 +230,13 @@ pub(crate) async fn oversized_bodies_are_refused<S: Store>(db: TestDb<S>) {
     let answer = call(&router, streamed).await;
     assert_eq!(answer.problem(), "body-too-large");
     assert_eq!(runs.get(), 0);
-    assert!(db.store.get("default", "streamed").await.unwrap().is_none());
+    assert!(
+        db.store
+            .get(names::scope("default"), names::key("streamed"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     let fits = "z".repeat(1024);
     assert_eq!(
         call(&router, with_body(post("fits"), &fits)).await.status,
@@ -248,7 +259,7 @@ pub(crate) async fn new_key_runs_once_and_replays_byte_for_byte<S: Store>(db: Te
     );
     let record = db
         .store
-        .get("default", "order-1")
+        .get(names::scope("default"), names::key("order-1"))
         .await
         .unwrap()
         .expect("a record");
@@ -457,7 +468,11 @@ pub(crate) async fn unstored_statuses_release_the_key<S: Store>(db: TestDb<S>) {
         .await;
         assert_eq!(answer.status.as_str(), status);
         assert!(
-            db.store.get("default", &key).await.unwrap().is_none(),
+            db.store
+                .get(names::scope("default"), names::key(&key))
+                .await
+                .unwrap()
+                .is_none(),
             "{status}: released"
         );
         let retry = send(&router, &key, "{}").await;
@@ -475,7 +490,11 @@ pub(crate) async fn unstored_statuses_release_the_key<S: Store>(db: TestDb<S>) {
     .await;
     assert_eq!(answer.status, StatusCode::CREATED);
     assert!(
-        db.store.get("default", "no-store").await.unwrap().is_none(),
+        db.store
+            .get(names::scope("default"), names::key("no-store"))
+            .await
+            .unwrap()
+            .is_none(),
         "no-store: released"
     );
     assert!(!send(&router, "no-store", "{}").await.replayed());
@@ -501,7 +520,13 @@ pub(crate) async fn unstored_statuses_release_the_key<S: Store>(db: TestDb<S>) {
     )
     .await;
     assert_eq!(answer.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(db.store.get("default", "rejected").await.unwrap().is_none());
+    assert!(
+        db.store
+            .get(names::scope("default"), names::key("rejected"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(
         send(&router, "rejected", "{}").await.status,
         StatusCode::CREATED
@@ -519,7 +544,13 @@ pub(crate) async fn panicking_handler_releases_the_key<S: Store>(db: TestDb<S>) 
     .await;
     assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(answer.problem(), "handler-failed");
-    assert!(db.store.get("default", "boom").await.unwrap().is_none());
+    assert!(
+        db.store
+            .get(names::scope("default"), names::key("boom"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(
         send(&router, "boom", "{}").await.status,
         StatusCode::CREATED
@@ -543,7 +574,12 @@ pub(crate) async fn handler_past_max_time_is_cut_off_and_abandoned<S: Store>(db:
     );
     assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(answer.problem(), "handler-timeout");
-    let record = db.store.get("default", "slow").await.unwrap().unwrap();
+    let record = db
+        .store
+        .get(names::scope("default"), names::key("slow"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state(), RecordState::Abandoned);
     assert_eq!(
         send(&router, "slow", "{}").await.problem(),
@@ -566,7 +602,12 @@ pub(crate) async fn lease_is_renewed_while_the_handler_runs<S: Store>(db: TestDb
         }
     });
     tokio::time::sleep(Duration::from_millis(2000)).await;
-    let record = db.store.get("default", "long").await.unwrap().unwrap();
+    let record = db
+        .store
+        .get(names::scope("default"), names::key("long"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         record.state(),
         RecordState::InFlight,
@@ -689,8 +730,20 @@ pub(crate) async fn same_key_in_two_scopes_is_two_records<S: Store>(db: TestDb<S
     );
     assert_ne!(a.body, b.body);
     assert_eq!(runs.get(), 2);
-    assert!(db.store.get("a", "shared").await.unwrap().is_some());
-    assert!(db.store.get("b", "shared").await.unwrap().is_some());
+    assert!(
+        db.store
+            .get(names::scope("a"), names::key("shared"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        db.store
+            .get(names::scope("b"), names::key("shared"))
+            .await
+            .unwrap()
+            .is_some()
+    );
     let replay = call(
         &router,
         with_body(post("shared").header("x-tenant", "a"), "{}"),
@@ -726,7 +779,7 @@ pub(crate) async fn disconnected_client_does_not_cancel_the_handler<S: Store>(db
     let record = loop {
         let record = db
             .store
-            .get("default", "gone")
+            .get(names::scope("default"), names::key("gone"))
             .await
             .unwrap()
             .expect("the record");

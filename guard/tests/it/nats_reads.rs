@@ -11,11 +11,12 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, Store, StoredResponse};
+use idempotency_tests::names;
 
 fn new_record<'a>(key: &'a str, fingerprint: &'a Fingerprint) -> NewRecord<'a> {
     NewRecord {
-        scope: "reads",
-        key,
+        scope: names::scope("reads"),
+        key: names::key(key),
         fingerprint,
         method: "POST",
         path: "/",
@@ -84,7 +85,12 @@ async fn every_deciding_read_goes_to_the_streams_leader_never_to_a_direct_get() 
         .complete(&lease, &StoredResponse::from_bytes("done"))
         .await
         .unwrap();
-    let replay = db.store.get("reads", "k").await.unwrap().unwrap();
+    let replay = db
+        .store
+        .get(names::scope("reads"), names::key("k"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(replay.response.unwrap().body.unwrap(), "done");
 
     assert_eq!(

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle, Settled};
 use idempotency_guard::store::nats::NatsStore;
 use idempotency_guard::{Fingerprint, StoredResponse};
-use idempotency_tests::NatsCluster;
+use idempotency_tests::{NatsCluster, names};
 
 /// Concurrent clients.
 const CLIENTS: usize = 8;
@@ -311,8 +311,8 @@ async fn claim_latency_on_three_replicas_and_on_one() {
         for n in 0..1000 {
             let key = format!("k{n}");
             let new = NewRecord {
-                scope: "latency",
-                key: &key,
+                scope: names::scope("latency"),
+                key: names::key(&key),
                 fingerprint: &fingerprint,
                 method: "POST",
                 path: "/",

@@ -27,7 +27,7 @@ use http::StatusCode;
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle, Settled};
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::{Fingerprint, IdempotencyLayer, Store, StoredResponse, Tx};
-use idempotency_tests::{Commit, Partition, ReplicatedPostgres, call};
+use idempotency_tests::{Commit, Partition, ReplicatedPostgres, call, names};
 use tokio::sync::Notify;
 
 /// The engine's lease: longer than a failover on a loaded machine, so that
@@ -189,8 +189,20 @@ async fn with_a_synchronous_standby_acknowledged_claims_and_completions_survive_
     let standby = PostgresStore::connect(&pair.standby_url(), 1)
         .await
         .unwrap();
-    assert!(standby.get(SCOPE, "completed").await.unwrap().is_none());
-    assert!(standby.get(SCOPE, "running").await.unwrap().is_none());
+    assert!(
+        standby
+            .get(names::scope(SCOPE), names::key("completed"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        standby
+            .get(names::scope(SCOPE), names::key("running"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     drop(standby);
 
     let url = pair.fail_over().await;
@@ -315,7 +327,13 @@ async fn with_asynchronous_replication_a_paused_replay_loses_nothing_received() 
     let standby = PostgresStore::connect(&pair.standby_url(), 1)
         .await
         .unwrap();
-    assert!(standby.get(SCOPE, "completed").await.unwrap().is_none());
+    assert!(
+        standby
+            .get(names::scope(SCOPE), names::key("completed"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     drop(standby);
     // Received, not replayed: the standby's WAL receiver has it.
     let written = pair.primary_url();
@@ -373,7 +391,10 @@ async fn with_a_synchronous_standby_cut_off_claims_fail_closed() {
     })
     .await;
     eventually("the claim is released", || async {
-        store.get(SCOPE, "refused").await.is_ok_and(|r| r.is_none())
+        store
+            .get(names::scope(SCOPE), names::key("refused"))
+            .await
+            .is_ok_and(|r| r.is_none())
     })
     .await;
     assert_eq!(
@@ -405,7 +426,7 @@ async fn a_claim_that_waited_for_the_standby_past_the_release_window_is_stranded
     pair.heal_link();
     eventually("the late claim lands", || async {
         store
-            .get(SCOPE, "stranded")
+            .get(names::scope(SCOPE), names::key("stranded"))
             .await
             .is_ok_and(|r| r.is_some())
     })

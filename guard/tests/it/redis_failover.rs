@@ -20,7 +20,7 @@ use std::time::Duration;
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle, Settled};
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::{Fingerprint, Store, StoredResponse};
-use idempotency_tests::{ReplicatedCluster, ReplicatedRedis};
+use idempotency_tests::{ReplicatedCluster, ReplicatedRedis, names};
 use tokio::sync::Notify;
 
 /// How long a store waits for its replicas: long enough for a loaded
@@ -199,7 +199,12 @@ async fn with_replica_acks_a_failover_never_runs_a_claim_twice() {
     assert_eq!(runs.of("refused"), 0, "the work never runs");
     let mut released = false;
     for _ in 0..40 {
-        if store.get("failover", "refused").await.unwrap().is_none() {
+        if store
+            .get(names::scope("failover"), names::key("refused"))
+            .await
+            .unwrap()
+            .is_none()
+        {
             released = true;
             break;
         }
@@ -230,7 +235,7 @@ async fn with_replica_acks_a_failover_never_runs_a_claim_twice() {
     let mut released = false;
     for _ in 0..40 {
         if unacked_store
-            .get("failover", "refused")
+            .get(names::scope("failover"), names::key("refused"))
             .await
             .unwrap()
             .is_none()
@@ -445,8 +450,8 @@ async fn a_batch_that_too_few_replicas_acknowledge_fails_each_write() {
     let (store, _) = Gated::batched(acked.direct().clone(), &gate);
     let fingerprint = Fingerprint::of_bytes(b"charge 100");
     let new = |key: &'static str| NewRecord {
-        scope: "failover",
-        key,
+        scope: names::scope("failover"),
+        key: names::key(key),
         fingerprint: &fingerprint,
         method: "POST",
         path: "/payments",

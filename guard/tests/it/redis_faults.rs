@@ -14,7 +14,7 @@ use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::tiered::FALLBACKS_TOTAL;
 use idempotency_guard::telemetry::LEASE_LOST_TOTAL;
 use idempotency_guard::{AbandonedPolicy, IdempotencyLayer, Store};
-use idempotency_tests::{Answer, Partition, RedisServer, call};
+use idempotency_tests::{Answer, Partition, RedisServer, call, names};
 
 use crate::metrics_probe;
 
@@ -197,7 +197,11 @@ async fn a_lease_lost_in_a_partition_is_fenced_and_reported() {
     );
 
     // A's late completion was refused: the record holds B's answer.
-    let record = store_b.get("default", "contested").await.unwrap().unwrap();
+    let record = store_b
+        .get(names::scope("default"), names::key("contested"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.response.unwrap().body.unwrap(), "contested ran on b");
     assert!(call(&b, request("contested", 0)).await.body == "contested ran on b");
     let lost = metrics_probe::counter(LEASE_LOST_TOTAL, &[("route", "/faults")]) - lost_before;
@@ -308,13 +312,19 @@ async fn a_claim_whose_reply_comes_too_late_is_released_and_runs_once_later() {
     assert_eq!(refused.problem(), "store-unavailable");
     partition.delay_replies(Duration::ZERO);
     // The background release lands (it went to Redis right behind the claim).
-    let mut record = db.store.get("default", "late-reply").await;
+    let mut record = db
+        .store
+        .get(names::scope("default"), names::key("late-reply"))
+        .await;
     for _ in 0..50 {
         if matches!(record, Ok(None)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-        record = db.store.get("default", "late-reply").await;
+        record = db
+            .store
+            .get(names::scope("default"), names::key("late-reply"))
+            .await;
     }
     assert!(
         matches!(record, Ok(None)),
@@ -368,8 +378,8 @@ async fn every_store_call_loads_its_script_again_after_a_script_flush() {
             .unwrap()
             .with_batching(batching);
         let new = NewRecord {
-            scope: "s",
-            key: "k",
+            scope: names::scope("s"),
+            key: names::key("k"),
             fingerprint: &fingerprint,
             method: "POST",
             path: "/payments",
@@ -385,7 +395,11 @@ async fn every_store_call_loads_its_script_again_after_a_script_flush() {
         flush().await;
         store.renew(&lease, Duration::from_secs(30)).await.unwrap();
         flush().await;
-        let read = store.get("s", "k").await.unwrap().unwrap();
+        let read = store
+            .get(names::scope("s"), names::key("k"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.lease_token, lease.token, "{name}");
         flush().await;
         store

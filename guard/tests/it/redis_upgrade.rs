@@ -9,6 +9,7 @@ use std::time::Duration;
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord, Store};
 use idempotency_guard::{Fingerprint, RecordState, StoredResponse};
+use idempotency_tests::names;
 use redis::{Script, Value};
 
 /// Release 1's scripts, assembled as release 1 assembled them.
@@ -110,8 +111,8 @@ async fn setup() -> (idempotency_tests::TestDb<RedisStore>, Release1) {
 
 fn new_record<'a>(key: &'a str, fingerprint: &'a Fingerprint) -> NewRecord<'a> {
     NewRecord {
-        scope: "s",
-        key,
+        scope: names::scope("s"),
+        key: names::key(key),
         fingerprint,
         method: "POST",
         path: "/orders",
@@ -166,7 +167,12 @@ async fn a_completed_release1_record_replays_byte_for_byte_redis() {
         ("POST", "/orders")
     );
     assert!(!record.is_expired());
-    let read = db.store.get("s", "done").await.unwrap().unwrap();
+    let read = db
+        .store
+        .get(names::scope("s"), names::key("done"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(read.response, Some(response()));
 }
 
@@ -205,7 +211,12 @@ async fn an_in_flight_release1_record_stays_in_flight_redis() {
             .unwrap(),
         1
     );
-    let record = db.store.get("s", "running").await.unwrap().unwrap();
+    let record = db
+        .store
+        .get(names::scope("s"), names::key("running"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state(), RecordState::Completed);
     assert_eq!(record.response, Some(response()));
 }
@@ -236,7 +247,12 @@ async fn an_abandoned_release1_record_is_taken_over_and_old_scripts_fail_closed_
         None
     );
     db.store.complete(&lease, &response()).await.unwrap();
-    let record = db.store.get("s", "lapsed").await.unwrap().unwrap();
+    let record = db
+        .store
+        .get(names::scope("s"), names::key("lapsed"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.response, Some(response()));
 
     // Release 1 meets the version 2 record: its claim fails, it never
@@ -278,5 +294,11 @@ async fn release1_records_are_forgotten_by_the_admin_store_redis() {
         .await
         .unwrap();
     assert_eq!(forgotten, Forgotten::Deleted(RecordState::Completed));
-    assert!(db.store.get("s", "old").await.unwrap().is_none());
+    assert!(
+        db.store
+            .get(names::scope("s"), names::key("old"))
+            .await
+            .unwrap()
+            .is_none()
+    );
 }

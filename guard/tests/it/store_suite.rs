@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, RecordState, Store, StoreError, StoredResponse};
+use idempotency_tests::names;
 
 /// Instantiates the conformance suite for one store.
 macro_rules! store_suite {
@@ -57,8 +58,8 @@ fn new_record<'a>(
     retention: Duration,
 ) -> NewRecord<'a> {
     NewRecord {
-        scope,
-        key,
+        scope: names::scope(scope),
+        key: names::key(key),
         fingerprint,
         method: "POST",
         path: "/things?x=1",
@@ -147,7 +148,11 @@ pub(crate) async fn complete_stores_binary_and_1_mib_bodies<S: Store>(store: S) 
         let lease = acquire(&store, &new_record("s", key, &FP, LEASE, DAY)).await;
         let stored = response(Some(body.clone()));
         store.complete(&lease, &stored).await.expect("complete");
-        let record = store.get("s", key).await.unwrap().expect("the record");
+        let record = store
+            .get(names::scope("s"), names::key(key))
+            .await
+            .unwrap()
+            .expect("the record");
         assert_eq!(record.state(), RecordState::Completed);
         assert!(record.completed_at.is_some());
         assert_eq!(
@@ -166,7 +171,11 @@ pub(crate) async fn complete_stores_binary_and_1_mib_bodies<S: Store>(store: S) 
 pub(crate) async fn response_too_large_to_store_is_completed_without_body<S: Store>(store: S) {
     let lease = acquire(&store, &new_record("s", "huge", &FP, LEASE, DAY)).await;
     store.complete(&lease, &response(None)).await.unwrap();
-    let record = store.get("s", "huge").await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("s"), names::key("huge"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state(), RecordState::Completed);
     let stored = record.response.unwrap();
     assert_eq!(stored.status, StatusCode::CREATED);
@@ -183,7 +192,11 @@ pub(crate) async fn renew_extends_the_lease_and_zero_abandons_it<S: Store>(store
         .renew(&lease, Duration::from_secs(120))
         .await
         .expect("renew");
-    let record = store.get("s", "k").await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("s"), names::key("k"))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(
         record.lease_remaining() > Duration::from_secs(100),
         "renewed to 120 s"
@@ -193,7 +206,11 @@ pub(crate) async fn renew_extends_the_lease_and_zero_abandons_it<S: Store>(store
         .renew(&lease, Duration::ZERO)
         .await
         .expect("end the lease");
-    let record = store.get("s", "k").await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("s"), names::key("k"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state(), RecordState::Abandoned);
     // An abandoned record can still be completed by its holder, if nobody took over.
     store
@@ -216,9 +233,21 @@ pub(crate) async fn release_frees_the_key<S: Store>(store: S) {
         matches!(store.release(&stranger).await, Err(StoreError::LeaseLost)),
         "a wrong token releases nothing"
     );
-    assert!(store.get("s", "k").await.unwrap().is_some());
+    assert!(
+        store
+            .get(names::scope("s"), names::key("k"))
+            .await
+            .unwrap()
+            .is_some()
+    );
     store.release(&lease).await.expect("release");
-    assert!(store.get("s", "k").await.unwrap().is_none());
+    assert!(
+        store
+            .get(names::scope("s"), names::key("k"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(
         matches!(store.release(&lease).await, Err(StoreError::LeaseLost)),
         "nothing left to release"
@@ -233,7 +262,11 @@ pub(crate) async fn fencing_refuses_a_holder_after_takeover<S: Store>(store: S) 
     )
     .await;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let record = store.get("s", "k").await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("s"), names::key("k"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state(), RecordState::Abandoned);
     let takeover = new_record("s", "k", &FP, LEASE, DAY);
     let second = store
@@ -263,14 +296,22 @@ pub(crate) async fn fencing_refuses_a_holder_after_takeover<S: Store>(store: S) 
             .unwrap()
             .is_none()
     );
-    let record = store.get("s", "k").await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("s"), names::key("k"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.lease_token, second.token);
     assert_eq!(record.state(), RecordState::InFlight);
     store
         .complete(&second, &response(Some(Bytes::from_static(b"new"))))
         .await
         .unwrap();
-    let record = store.get("s", "k").await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("s"), names::key("k"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.response.unwrap().body.unwrap(), "new");
 }
 
@@ -297,7 +338,11 @@ pub(crate) async fn take_over_refuses_a_live_lease<S: Store>(store: S) {
             .is_none(),
         "nor a completed record within retention"
     );
-    let record = store.get("s", "k").await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("s"), names::key("k"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.lease_token, lease.token);
 }
 
@@ -328,7 +373,11 @@ pub(crate) async fn take_over_replaces_an_expired_record<S: Store>(store: S) {
         // Stores with native expiry (Redis) have dropped it already.
         Claim::Acquired(lease) => lease,
     };
-    let record = store.get("s", "k").await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("s"), names::key("k"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.lease_token, lease.token);
     assert_eq!(record.fingerprint, other);
     assert!(record.response.is_none(), "the old response is gone");
@@ -371,7 +420,7 @@ pub(crate) async fn purge_removes_expired_records_and_only_those<
     for i in 0..25 {
         assert!(
             store
-                .get("s", &format!("short-{i}"))
+                .get(names::scope("s"), names::key(&format!("short-{i}")))
                 .await
                 .unwrap()
                 .is_none()
@@ -380,7 +429,7 @@ pub(crate) async fn purge_removes_expired_records_and_only_those<
     for i in 0..5 {
         assert!(
             store
-                .get("s", &format!("long-{i}"))
+                .get(names::scope("s"), names::key(&format!("long-{i}")))
                 .await
                 .unwrap()
                 .is_some(),
@@ -403,12 +452,16 @@ pub(crate) async fn scopes_are_isolated<S: Store>(store: S) {
         .complete(&a, &response(Some(Bytes::from_static(b"a"))))
         .await
         .unwrap();
-    let record_b = store.get("tenant-b", "same-key").await.unwrap().unwrap();
+    let record_b = store
+        .get(names::scope("tenant-b"), names::key("same-key"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record_b.state(), RecordState::InFlight);
     assert_eq!(record_b.fingerprint, other);
     // A lease of one scope writes nothing in the other.
     let cross = Lease {
-        scope: "tenant-b".into(),
+        scope: names::scope("tenant-b").clone(),
         ..a.clone()
     };
     assert!(matches!(
@@ -418,7 +471,13 @@ pub(crate) async fn scopes_are_isolated<S: Store>(store: S) {
     // Scope and key are not concatenated anywhere they could collide.
     acquire(&store, &new_record("tenant-a:same", "key", &FP, LEASE, DAY)).await;
     acquire(&store, &new_record("tenant-a", "same:key", &FP, LEASE, DAY)).await;
-    assert!(store.get("tenant", "-asame-key").await.unwrap().is_none());
+    assert!(
+        store
+            .get(names::scope("tenant"), names::key("-asame-key"))
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 pub(crate) async fn keys_of_255_visible_ascii_characters_round_trip<S: Store>(store: S) {
@@ -431,17 +490,18 @@ pub(crate) async fn keys_of_255_visible_ascii_characters_round_trip<S: Store>(st
         .await
         .unwrap();
     let record = store
-        .get("s", &key)
+        .get(names::scope("s"), names::key(&key))
         .await
         .unwrap()
         .expect("found by the same key");
-    assert_eq!(record.key, key);
-    for injection in ["' or 1=1 --", "*", "k\\", "%", "_", "{s}"] {
+    assert_eq!(record.key.as_str(), key);
+    // Keys are visible ASCII, so an injection has no spaces.
+    for injection in ["'or'1'='1'--", "*", "k\\", "%", "_", "{s}"] {
         let lease = acquire(&store, &new_record("s", injection, &FP, LEASE, DAY)).await;
-        assert_eq!(lease.key, injection);
+        assert_eq!(lease.key.as_str(), injection);
         assert!(
             store
-                .get("s", &format!("{injection}x"))
+                .get(names::scope("s"), names::key(&format!("{injection}x")))
                 .await
                 .unwrap()
                 .is_none()

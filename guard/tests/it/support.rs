@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, IdempotencyLayer, RecordState, Store};
-pub(crate) use idempotency_tests::{Answer, TestDb, call};
+pub(crate) use idempotency_tests::{Answer, TestDb, call, names};
 
 /// How many times the test handler ran.
 #[derive(Clone, Default)]
@@ -109,8 +109,8 @@ pub(crate) async fn abandon<S: Store>(store: &S, key: &str, body: &str, transact
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     let fingerprint = Fingerprint::of_request(&Method::POST, "/things", &headers, body.as_bytes());
     let new = NewRecord {
-        scope: "default",
-        key,
+        scope: names::scope("default"),
+        key: names::key(key),
         fingerprint: &fingerprint,
         method: "POST",
         path: "/things",
@@ -124,6 +124,10 @@ pub(crate) async fn abandon<S: Store>(store: &S, key: &str, body: &str, transact
         Claim::Acquired(_)
     ));
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let record = store.get("default", key).await.unwrap().unwrap();
+    let record = store
+        .get(names::scope("default"), names::key(key))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state(), RecordState::Abandoned);
 }

@@ -16,7 +16,7 @@ use idempotency_guard::{IdempotencyLayer, RecordState, Store, Tx};
 use tokio::sync::Notify;
 
 use crate::support::{abandon, call, request, send};
-use idempotency_tests::postgres;
+use idempotency_tests::{names, postgres};
 
 /// Lets a test hold the handler between its write and its answer.
 #[derive(Clone, Default)]
@@ -150,7 +150,12 @@ async fn writes_commit_with_the_stored_response(mode: Mode) {
     assert!(replay.replayed());
     assert_eq!(replay.body, first.body);
     assert_eq!(payments(&db.store).await, 1);
-    let record = db.store.get("default", "k").await.unwrap().unwrap();
+    let record = db
+        .store
+        .get(names::scope("default"), names::key("k"))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(record.transactional);
     assert_eq!(record.state(), RecordState::Completed);
 }
@@ -164,7 +169,13 @@ async fn a_failure_status_rolls_writes_back_and_frees_the_key(mode: Mode) {
         StatusCode::INTERNAL_SERVER_ERROR
     );
     assert_eq!(payments(&db.store).await, 0, "the write was rolled back");
-    assert!(db.store.get("default", "k").await.unwrap().is_none());
+    assert!(
+        db.store
+            .get(names::scope("default"), names::key("k"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(send(&router, "k", "{}").await.status, StatusCode::CREATED);
     assert_eq!(payments(&db.store).await, 1);
 }
@@ -188,7 +199,11 @@ async fn a_timeout_rolls_back_and_the_retry_runs_once(mode: Mode) {
     assert_eq!(answer.problem(), "handler-timeout");
     assert_eq!(payments(&db.store).await, 0, "cut off: nothing committed");
     assert!(
-        db.store.get("default", "k").await.unwrap().is_none(),
+        db.store
+            .get(names::scope("default"), names::key("k"))
+            .await
+            .unwrap()
+            .is_none(),
         "and the key is free"
     );
     assert_eq!(send(&router, "k", "{}").await.status, StatusCode::CREATED);
@@ -254,7 +269,13 @@ async fn no_store_keeps_the_writes_and_frees_the_key(mode: Mode) {
         StatusCode::CREATED
     );
     assert_eq!(payments(&db.store).await, 1);
-    assert!(db.store.get("default", "k").await.unwrap().is_none());
+    assert!(
+        db.store
+            .get(names::scope("default"), names::key("k"))
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 async fn concurrent_identical_requests_write_once(mode: Mode) {
@@ -365,7 +386,13 @@ async fn a_run_without_tx_killed_mid_way(mode: Mode) {
             db.store.locks_held("default", &["no-tx"]).await.unwrap(),
             vec![false]
         );
-        assert!(db.store.get("default", "no-tx").await.unwrap().is_none());
+        assert!(
+            db.store
+                .get(names::scope("default"), names::key("no-tx"))
+                .await
+                .unwrap()
+                .is_none()
+        );
         let guard = IdempotencyLayer::new(db.store.clone())
             .with_transactional_mode(true)
             .with_single_commit(true);
@@ -381,7 +408,12 @@ async fn a_run_without_tx_killed_mid_way(mode: Mode) {
         assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
         return;
     }
-    let record = db.store.get("default", "no-tx").await.unwrap().unwrap();
+    let record = db
+        .store
+        .get(names::scope("default"), names::key("no-tx"))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(
         !record.transactional,
         "a run that never began its transaction was recorded as transactional"
@@ -411,7 +443,11 @@ async fn single_commit_holds_the_key_by_its_lock_alone() {
     });
     hooks.wrote.notified().await;
     assert!(
-        db.store.get("default", "k").await.unwrap().is_none(),
+        db.store
+            .get(names::scope("default"), names::key("k"))
+            .await
+            .unwrap()
+            .is_none(),
         "nothing is committed while the handler runs"
     );
     assert_eq!(
@@ -432,7 +468,12 @@ async fn single_commit_holds_the_key_by_its_lock_alone() {
         vec![false],
         "the commit freed the lock"
     );
-    let record = db.store.get("default", "k").await.unwrap().unwrap();
+    let record = db
+        .store
+        .get(names::scope("default"), names::key("k"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state(), RecordState::Completed);
     assert!(send(&router, "k", "{}").await.replayed());
     assert_eq!(payments(&db.store).await, 1);
@@ -490,8 +531,8 @@ async fn a_hung_single_commit_run_is_ended_by_postgresql() {
     let db = postgres().await;
     let fingerprint = idempotency_guard::Fingerprint::of_bytes(b"{}");
     let new = idempotency_guard::store::NewRecord {
-        scope: "default",
-        key: "hung",
+        scope: names::scope("default"),
+        key: names::key("hung"),
         fingerprint: &fingerprint,
         method: "POST",
         path: "/things",

@@ -10,6 +10,7 @@ use axum::Router;
 use axum::routing::post;
 use idempotency_guard::{Engine, Store};
 use idempotency_jsonrpc::JsonRpcLayer;
+use idempotency_tests::names;
 use serde_json::{Value, json};
 
 use crate::email::{Form, Outbox, router};
@@ -264,10 +265,20 @@ async fn a_read_only_tool_is_never_stored() {
     assert!(!again.replayed);
     assert_eq!(text_of(&again.message), "1", "it ran again, fresh");
     assert!(
-        db.store.get("agent-1", "read-1").await.unwrap().is_none(),
+        db.store
+            .get(names::scope("agent-1"), names::key("read-1"))
+            .await
+            .unwrap()
+            .is_none(),
         "no record for a read-only tool's key"
     );
-    assert!(db.store.get("agent-1", "write-1").await.unwrap().is_some());
+    assert!(
+        db.store
+            .get(names::scope("agent-1"), names::key("write-1"))
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

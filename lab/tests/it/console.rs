@@ -12,7 +12,7 @@ use std::time::Duration;
 use idempotency_guard::store::{AnyStore, Claim, LeaseToken, NewRecord, StoreOptions};
 use idempotency_guard::{Fingerprint, Store as _};
 use idempotency_lab::callers::debit;
-use idempotency_tests::Process;
+use idempotency_tests::{Process, names};
 use serde_json::Value;
 
 use crate::lab_run::{PAYMENTS, STATUS_SERVICE, lab_run};
@@ -28,8 +28,8 @@ const REASON: &str =
 async fn abandon(store: &AnyStore, scope: &str, key: &str) {
     let fingerprint = Fingerprint::of_bytes(key.as_bytes());
     let new = NewRecord {
-        scope,
-        key,
+        scope: names::scope(scope),
+        key: names::key(key),
         fingerprint: &fingerprint,
         method: "POST",
         path: "/payments",

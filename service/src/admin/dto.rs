@@ -70,8 +70,8 @@ impl AdminRecord {
     /// The record as the admin API shows it, with its reconciled mark.
     pub(crate) fn new(record: &Record, reconciled: Option<Reconciliation>) -> Self {
         Self {
-            scope: record.scope.clone(),
-            key: record.key.clone(),
+            scope: record.scope.as_str().to_owned(),
+            key: record.key.as_str().to_owned(),
             state: record.state().as_str().to_owned(),
             fingerprint: record.fingerprint.to_string(),
             method: record.method.clone(),

@@ -75,7 +75,7 @@ pub(super) async fn scan(
             found.push(record);
             if found.len() == wanted {
                 let more = index + 1 < count || page.next.is_some();
-                return Ok((found, more.then(|| raw.key.clone())));
+                return Ok((found, more.then(|| raw.key.as_str().to_owned())));
             }
         }
         match page.next {

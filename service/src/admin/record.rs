@@ -52,7 +52,7 @@ async fn read(
     state: &AdminState,
     AdminTarget { scope, key }: &AdminTarget,
 ) -> Result<Record, AdminProblem> {
-    match store_call(state.store.get(scope.as_str(), key.as_str())).await? {
+    match store_call(state.store.get(scope, key)).await? {
         Some(record) if StateFilter::Any.accepts(&record) => Ok(record),
         _ => Err(AdminProblem::KeyNotFound {
             key: key.as_str().to_owned(),

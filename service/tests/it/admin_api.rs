@@ -11,7 +11,7 @@ use axum::routing::post;
 use http::{Method, Request, StatusCode};
 use idempotency_guard::store::AnyStore;
 use idempotency_guard::{IdempotencyLayer, Store};
-use idempotency_tests::TestDb;
+use idempotency_tests::{TestDb, names};
 use serde_json::Value;
 
 use crate::support::{ADMIN_A, ADMIN_ALL, Seed, TOKEN_A, call, get, router, seed};
@@ -179,7 +179,11 @@ pub(crate) async fn scope_tokens_cannot_call_admin_endpoints<S: Store + Into<Any
         }
     }
     assert!(
-        store.get("tenant-a", "done").await.unwrap().is_some(),
+        store
+            .get(names::scope("tenant-a"), names::key("done"))
+            .await
+            .unwrap()
+            .is_some(),
         "nothing was deleted"
     );
     // And an admin token is no scope token.
@@ -214,8 +218,20 @@ pub(crate) async fn an_admin_of_scope_a_cannot_touch_scope_b<S: Store + Into<Any
     assert_eq!(answer.status, StatusCode::FORBIDDEN);
     let answer = call(&router, RELEASE, release("tenant-b", "lost", ADMIN_A)).await;
     assert_eq!(answer.status, StatusCode::FORBIDDEN);
-    assert!(store.get("tenant-b", "done").await.unwrap().is_some());
-    assert!(store.get("tenant-b", "lost").await.unwrap().is_some());
+    assert!(
+        store
+            .get(names::scope("tenant-b"), names::key("done"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        store
+            .get(names::scope("tenant-b"), names::key("lost"))
+            .await
+            .unwrap()
+            .is_some()
+    );
 
     // Its own scope is fine.
     let answer = call(
@@ -345,7 +361,13 @@ pub(crate) async fn live_in_flight_records_are_never_deleted_abandoned_ones_need
     }
     let answer = call(&router, RELEASE, release("tenant-a", "running", ADMIN_A)).await;
     assert_eq!(answer.status, StatusCode::CONFLICT);
-    assert!(store.get("tenant-a", "running").await.unwrap().is_some());
+    assert!(
+        store
+            .get(names::scope("tenant-a"), names::key("running"))
+            .await
+            .unwrap()
+            .is_some()
+    );
 
     let answer = call(&router, FORGET, forget("tenant-a", "lost", false, ADMIN_A)).await;
     assert_eq!(answer.status, StatusCode::CONFLICT);
@@ -521,7 +543,11 @@ pub(crate) async fn reconciled_records_leave_the_needs_decision_list_and_the_csv
     assert_eq!(marked["reconciled"]["by"], "alice");
     assert_eq!(marked["reconciled"]["reason"], "refunded by finance #412");
     assert!(
-        store.get("tenant-a", "lost-1").await.unwrap().is_some(),
+        store
+            .get(names::scope("tenant-a"), names::key("lost-1"))
+            .await
+            .unwrap()
+            .is_some(),
         "reconciling keeps the record"
     );
 
@@ -674,8 +700,8 @@ pub(crate) async fn a_record_shows_its_life_request_and_redacted_response<
         let store = store.clone();
         async move {
             let new = NewRecord {
-                scope: "tenant-a",
-                key,
+                scope: names::scope("tenant-a"),
+                key: names::key(key),
                 fingerprint: &crate::support::FP,
                 method: "POST",
                 path: "/payments",
@@ -862,8 +888,8 @@ pub(crate) async fn listings_filter_by_method_route_and_time_across_pages<
             ("POST", "/payments".to_owned())
         };
         let new = NewRecord {
-            scope: "tenant-a",
-            key: &key,
+            scope: names::scope("tenant-a"),
+            key: names::key(&key),
             fingerprint: &crate::support::FP,
             method,
             path: &path,

@@ -15,6 +15,7 @@ use axum::routing::post;
 use http::{Request, StatusCode};
 use idempotency_guard::store::{AnyStore, StoreOptions};
 use idempotency_guard::{IdempotencyLayer, Store as _};
+use idempotency_tests::names;
 use serde_json::Value;
 
 use crate::support::{Seed, get, seed};
@@ -110,8 +111,8 @@ async fn complete_with_a_card(store: &AnyStore, key: &str) {
     use idempotency_guard::StoredResponse;
     use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
     let new = NewRecord {
-        scope: "default",
-        key,
+        scope: names::scope("default"),
+        key: names::key(key),
         fingerprint: &crate::support::FP,
         method: "POST",
         path: "/debits",
@@ -392,11 +393,19 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
             .contains("Forgot debit-0001")
     );
     assert!(
-        store.get("default", XSS_KEY).await.unwrap().is_some(),
+        store
+            .get(names::scope("default"), names::key(XSS_KEY))
+            .await
+            .unwrap()
+            .is_some(),
         "reconciled: kept"
     );
     assert!(
-        store.get("default", "debit-0001").await.unwrap().is_none(),
+        store
+            .get(names::scope("default"), names::key("debit-0001"))
+            .await
+            .unwrap()
+            .is_none(),
         "forgotten"
     );
     let marks = std::fs::read_to_string(&reconciled).unwrap();

@@ -9,6 +9,7 @@ use http::{Method, Request, StatusCode};
 use idempotency_guard::LeaseToken;
 use idempotency_guard::store::NewRecord;
 use idempotency_guard::store::postgres::LockedClaim;
+use idempotency_tests::names;
 
 use crate::support::{ADMIN_ALL, FP, TOKEN_A, TOKEN_B, call, get, lookup_request, router};
 
@@ -16,8 +17,8 @@ use crate::support::{ADMIN_ALL, FP, TOKEN_A, TOKEN_B, call, get, lookup_request,
 async fn a_key_held_by_its_lock_is_in_flight_for_status_lookup_and_admin() {
     let db = idempotency_tests::postgres().await;
     let new = NewRecord {
-        scope: "tenant-a",
-        key: "running",
+        scope: names::scope("tenant-a"),
+        key: names::key("running"),
         fingerprint: &FP,
         method: "POST",
         path: "/payments",

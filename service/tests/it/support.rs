@@ -12,7 +12,7 @@ use idempotency_guard::store::{AnyStore, Claim, Lease, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, Store, StoredResponse};
 use idempotency_service::Tokens;
 use idempotency_service::{AppState, build_router};
-use idempotency_tests::Answer;
+use idempotency_tests::{Answer, names};
 use serde_json::Value;
 
 pub(crate) const TOKEN_A: &str = "token-of-tenant-a-0123456789";
@@ -161,8 +161,8 @@ pub(crate) enum Seed {
 /// Puts `key` of `scope` in the given state, through the store's own operations.
 pub(crate) async fn seed<S: Store>(store: &S, scope: &str, key: &str, seed: Seed) -> Lease {
     let new = NewRecord {
-        scope,
-        key,
+        scope: names::scope(scope),
+        key: names::key(key),
         fingerprint: &FP,
         method: "POST",
         path: "/payments?x=1",

@@ -352,7 +352,12 @@ impl<S: crate::store::Store> Engine<S> {
                         )
                         .await;
                     }
-                    subscription = Some(self.inner.store.events().subscribe(new.scope, new.key));
+                    subscription = Some(
+                        self.inner
+                            .store
+                            .events()
+                            .subscribe(new.scope.as_str(), new.key.as_str()),
+                    );
                 }
                 Err(error) => {
                     // Nothing committed: the lock went with the transaction.

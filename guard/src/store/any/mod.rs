@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::events::RecordEvents;
+use crate::key::{IdempotencyKey, Scope};
 use crate::record::{LeaseToken, Record, StoredResponse};
 #[cfg(feature = "postgres")]
 use crate::store::TransactionalStore;
@@ -546,14 +547,14 @@ impl Store for Backend {
         on_backend!(self, store => Box::pin(store.release(lease)).await)
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         on_backend!(self, store => Box::pin(store.get(scope, key)).await)
     }
 
     async fn get_many(
         &self,
-        scope: &str,
-        keys: &[&str],
+        scope: &Scope,
+        keys: &[IdempotencyKey],
     ) -> Result<Vec<Option<Record>>, StoreError> {
         on_backend!(self, store => store.get_many(scope, keys).await)
     }
@@ -588,14 +589,14 @@ impl Store for AnyStore {
         on_store!(self, store => store.release(lease).await)
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         on_store!(self, store => store.get(scope, key).await)
     }
 
     async fn get_many(
         &self,
-        scope: &str,
-        keys: &[&str],
+        scope: &Scope,
+        keys: &[IdempotencyKey],
     ) -> Result<Vec<Option<Record>>, StoreError> {
         on_store!(self, store => store.get_many(scope, keys).await)
     }

@@ -47,6 +47,7 @@ pub use limits::{BATCH_SIZE, BatchCounts, BatchLimits, BatchStats};
 use queue::BatchFuture;
 
 use crate::events::RecordEvents;
+use crate::key::{IdempotencyKey, Scope};
 use crate::record::{LeaseToken, Record, StoredResponse};
 use crate::store::admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter};
 use crate::store::{AdminStore, Claim, Lease, NewRecord, Purge, Store, StoreError};
@@ -250,14 +251,14 @@ impl<S: BatchedStore> Store for Batched<S> {
         self.direct.release(lease).await
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.direct.get(scope, key).await
     }
 
     async fn get_many(
         &self,
-        scope: &str,
-        keys: &[&str],
+        scope: &Scope,
+        keys: &[IdempotencyKey],
     ) -> Result<Vec<Option<Record>>, StoreError> {
         self.direct.get_many(scope, keys).await
     }
@@ -305,7 +306,11 @@ impl<S: BatchedStore + AdminStore> AdminStore for Batched<S> {
 /// batched).
 #[cfg(feature = "redis")]
 impl<S: BatchedStore + crate::store::RecordCache> crate::store::RecordCache for Batched<S> {
-    async fn get_completed(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get_completed(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<Option<Record>, StoreError> {
         self.direct().get_completed(scope, key).await
     }
 

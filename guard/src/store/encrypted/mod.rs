@@ -54,6 +54,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::events::RecordEvents;
+use crate::key::{IdempotencyKey, Scope};
 use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
 use crate::store::{Claim, Lease, NewRecord, Store, StoreError};
 
@@ -267,7 +268,11 @@ impl<S> EncryptedStore<S> {
         let nonce: [u8; NONCE_LEN] = nonce
             .try_into()
             .map_err(|_| failure("invalid", "the sealed response is truncated"))?;
-        let aad = associated_data(&record.scope, &record.key, response.status.as_u16());
+        let aad = associated_data(
+            record.scope.as_str(),
+            record.key.as_str(),
+            response.status.as_u16(),
+        );
         let plaintext = cipher
             .decrypt(
                 &aes_gcm::Nonce::from(nonce),
@@ -313,7 +318,7 @@ impl<S: Store> Store for EncryptedStore<S> {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        let sealed = self.seal(&lease.scope, &lease.key, response)?;
+        let sealed = self.seal(lease.scope.as_str(), lease.key.as_str(), response)?;
         self.inner.complete(lease, &sealed).await
     }
 
@@ -325,7 +330,7 @@ impl<S: Store> Store for EncryptedStore<S> {
         self.inner.release(lease).await
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.inner
             .get(scope, key)
             .await?
@@ -335,8 +340,8 @@ impl<S: Store> Store for EncryptedStore<S> {
 
     async fn get_many(
         &self,
-        scope: &str,
-        keys: &[&str],
+        scope: &Scope,
+        keys: &[IdempotencyKey],
     ) -> Result<Vec<Option<Record>>, StoreError> {
         self.inner
             .get_many(scope, keys)

@@ -4,6 +4,7 @@
 use futures_util::StreamExt as _;
 
 use super::{NatsStore, RACE_ATTEMPTS, Slot, Written, token, untoken};
+use crate::key::{IdempotencyKey, Scope};
 use crate::store::StoreError;
 use crate::store::admin::{AdminStore, ForgetRule, Forgotten, Page, PageRequest, StateFilter};
 
@@ -74,6 +75,10 @@ impl AdminStore for NatsStore {
         page: PageRequest<'_>,
     ) -> Result<Page, StoreError> {
         let limit = page.clamped_limit();
+        // A scope that breaks the rule holds no record.
+        let Ok(typed_scope) = Scope::try_from(scope) else {
+            return Ok(Page::from_overfetch(Vec::new(), limit));
+        };
         let wanted = usize::try_from(limit)
             .unwrap_or(usize::MAX)
             .saturating_add(1);
@@ -83,7 +88,8 @@ impl AdminStore for NatsStore {
                 continue;
             }
             // Each record from the leader, as every read that decides.
-            if let Slot::Record(stored) = self.read(scope, &key, self.deadline()).await?
+            let key = crate::record::stored_key(&key)?;
+            if let Slot::Record(stored) = self.read(&typed_scope, &key, self.deadline()).await?
                 && filter.accepts(&stored.record)
             {
                 records.push(stored.record);
@@ -101,10 +107,16 @@ impl AdminStore for NatsStore {
         key: &str,
         rule: ForgetRule,
     ) -> Result<Forgotten, StoreError> {
+        // A scope or key that breaks its rule names no record.
+        let (Ok(typed_scope), Ok(typed_key)) =
+            (Scope::try_from(scope), IdempotencyKey::from_raw(key))
+        else {
+            return Ok(Forgotten::Missing);
+        };
         let deadline = self.deadline();
         let subject = self.subject(scope, key);
         for _ in 0..RACE_ATTEMPTS {
-            let Slot::Record(stored) = self.read(scope, key, deadline).await? else {
+            let Slot::Record(stored) = self.read(&typed_scope, &typed_key, deadline).await? else {
                 return Ok(Forgotten::Missing);
             };
             if stored.record.is_expired() {

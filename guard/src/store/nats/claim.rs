@@ -34,7 +34,7 @@ impl NatsStore {
     /// See [`Store::claim`](crate::Store::claim).
     pub(super) async fn claim_record(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
         let deadline = self.deadline();
-        let subject = self.subject(new.scope, new.key);
+        let subject = self.subject(new.scope.as_str(), new.key.as_str());
         let value = codec::encode(&claimed(new));
         let ttl = ttl(ms(new.retention));
         let mut expected = 0;
@@ -83,7 +83,7 @@ impl NatsStore {
             return Ok(None);
         }
         let before = stored.revision;
-        let subject = self.subject(new.scope, new.key);
+        let subject = self.subject(new.scope.as_str(), new.key.as_str());
         let value = codec::encode(&claimed(new));
         match self
             .write(

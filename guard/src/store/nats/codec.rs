@@ -38,6 +38,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use time::OffsetDateTime;
 
 use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
 use crate::record::CorruptRecord;
 use crate::record::{LeaseToken, Record, StoredResponse};
 
@@ -213,8 +214,8 @@ pub(crate) fn from_unix_ms(ms: i64) -> Result<OffsetDateTime, CorruptRecord> {
 /// time) with sequence `revision`, read when the leader's clock showed
 /// about `observed_at`.
 pub(crate) fn decode(
-    scope: &str,
-    key: &str,
+    scope: &Scope,
+    key: &IdempotencyKey,
     value: &[u8],
     stamp: OffsetDateTime,
     revision: u64,
@@ -265,8 +266,8 @@ pub(crate) fn decode(
         lease_end_ms = cap;
     }
     let record = Record {
-        scope: scope.to_owned(),
-        key: key.to_owned(),
+        scope: scope.clone(),
+        key: key.clone(),
         fingerprint: Fingerprint::from_bytes(fingerprint),
         method,
         path,
@@ -316,7 +317,15 @@ mod tests {
     #[test]
     fn a_claim_resolves_its_times_on_its_own_stamp() {
         let value = packed(None);
-        let stored = decode("s", "k", &encode(&value), at(1_000_000), 42, at(1_000_500)).unwrap();
+        let stored = decode(
+            Scope::leaked("s"),
+            IdempotencyKey::leaked("k"),
+            &encode(&value),
+            at(1_000_000),
+            42,
+            at(1_000_500),
+        )
+        .unwrap();
         let record = &stored.record;
         assert_eq!(stored.revision, 42);
         assert_eq!(record.created_at, at(1_000_000));
@@ -347,7 +356,15 @@ mod tests {
             let mut value = packed(Some(&response));
             value.created = Time::At(5_000);
             value.lease_end = Time::At(35_000);
-            let stored = decode("s", "k", &encode(&value), at(9_000), 1, at(9_001)).unwrap();
+            let stored = decode(
+                Scope::leaked("s"),
+                IdempotencyKey::leaked("k"),
+                &encode(&value),
+                at(9_000),
+                1,
+                at(9_001),
+            )
+            .unwrap();
             assert_eq!(stored.record.created_at, at(5_000));
             assert_eq!(stored.record.lease_expires_at, at(35_000));
             assert_eq!(stored.record.completed_at, Some(at(9_000)));
@@ -361,9 +378,25 @@ mod tests {
         value.created = Time::At(0);
         value.lease_end = Time::AfterStamp(60_000);
         value.lease_cap = Time::At(10_000);
-        let in_time = decode("s", "k", &encode(&value), at(9_999), 2, at(9_999)).unwrap();
+        let in_time = decode(
+            Scope::leaked("s"),
+            IdempotencyKey::leaked("k"),
+            &encode(&value),
+            at(9_999),
+            2,
+            at(9_999),
+        )
+        .unwrap();
         assert_eq!(in_time.record.lease_expires_at, at(69_999));
-        let late = decode("s", "k", &encode(&value), at(10_001), 2, at(10_001)).unwrap();
+        let late = decode(
+            Scope::leaked("s"),
+            IdempotencyKey::leaked("k"),
+            &encode(&value),
+            at(10_001),
+            2,
+            at(10_001),
+        )
+        .unwrap();
         assert_eq!(late.record.lease_expires_at, at(10_000));
     }
 
@@ -372,12 +405,30 @@ mod tests {
         let value = encode(&packed(None));
         for len in 0..value.len() {
             assert!(
-                decode("s", "k", &value[..len], at(0), 1, at(0)).is_err(),
+                decode(
+                    Scope::leaked("s"),
+                    IdempotencyKey::leaked("k"),
+                    &value[..len],
+                    at(0),
+                    1,
+                    at(0)
+                )
+                .is_err(),
                 "{len}"
             );
         }
         let mut other = value.to_vec();
         other[0] = b'X';
-        assert!(decode("s", "k", &other, at(0), 1, at(0)).is_err());
+        assert!(
+            decode(
+                Scope::leaked("s"),
+                IdempotencyKey::leaked("k"),
+                &other,
+                at(0),
+                1,
+                at(0)
+            )
+            .is_err()
+        );
     }
 }

@@ -63,7 +63,7 @@ impl NatsStore {
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
         let deadline = self.deadline();
-        let subject = self.subject(&lease.scope, &lease.key);
+        let subject = self.subject(lease.scope.as_str(), lease.key.as_str());
         let mut unknown: Option<StoreError> = None;
         for _ in 0..RACE_ATTEMPTS {
             let slot = self.read(&lease.scope, &lease.key, deadline).await?;
@@ -125,7 +125,7 @@ impl NatsStore {
         duration: Duration,
     ) -> Result<(), StoreError> {
         let deadline = self.deadline();
-        let subject = self.subject(&lease.scope, &lease.key);
+        let subject = self.subject(lease.scope.as_str(), lease.key.as_str());
         for _ in 0..RACE_ATTEMPTS {
             let slot = self.read(&lease.scope, &lease.key, deadline).await?;
             let Some(stored) = held(&slot, lease) else {
@@ -169,7 +169,7 @@ impl NatsStore {
     /// See [`Store::release`](crate::Store::release).
     pub(super) async fn release_record(&self, lease: &Lease) -> Result<(), StoreError> {
         let deadline = self.deadline();
-        let subject = self.subject(&lease.scope, &lease.key);
+        let subject = self.subject(lease.scope.as_str(), lease.key.as_str());
         let mut unknown: Option<StoreError> = None;
         for _ in 0..RACE_ATTEMPTS {
             let slot = self.read(&lease.scope, &lease.key, deadline).await?;

@@ -72,6 +72,7 @@ use async_nats::jetstream;
 use base64::Engine as _;
 
 use crate::events::RecordEvents;
+use crate::key::{IdempotencyKey, Scope};
 use crate::record::{Record, StoredResponse};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
 
@@ -397,7 +398,7 @@ impl Store for NatsStore {
         self.release_record(lease).await
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         Ok(match self.read(scope, key, self.deadline()).await? {
             Slot::Record(stored) if !stored.record.is_expired() => Some(stored.record),
             _ => None,

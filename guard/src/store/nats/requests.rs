@@ -11,6 +11,7 @@ use bytes::Bytes;
 use time::OffsetDateTime;
 
 use super::{NatsStore, Slot, Written, codec, unavailable};
+use crate::key::{IdempotencyKey, Scope};
 use crate::store::StoreError;
 
 impl NatsStore {
@@ -62,12 +63,12 @@ impl NatsStore {
     /// again while it fails, until `deadline`.
     pub(super) async fn read(
         &self,
-        scope: &str,
-        key: &str,
+        scope: &Scope,
+        key: &IdempotencyKey,
         deadline: Instant,
     ) -> Result<Slot, StoreError> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;
-        let subject = self.subject(scope, key);
+        let subject = self.subject(scope.as_str(), key.as_str());
         let mut pause = Duration::from_millis(50);
         loop {
             let answer = self

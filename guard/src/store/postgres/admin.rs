@@ -7,9 +7,10 @@ use sqlx::Row;
 
 use super::single_commit::{LOCKS_HELD, lock_key};
 use super::{PostgresRecords, record_from_row};
+use crate::key::Scope;
 use crate::record::RecordState;
-use crate::store::admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter};
-use crate::store::{AdminStore, Store, StoreError};
+use crate::store::admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter, get_named};
+use crate::store::{AdminStore, StoreError};
 
 /// One page of a scope's records (keyset pagination by key, byte order).
 /// `$3` is the state filter's name; expired records are left out.
@@ -44,6 +45,10 @@ impl AdminStore for PostgresRecords {
         page: PageRequest<'_>,
     ) -> Result<Page, StoreError> {
         let limit = page.clamped_limit();
+        // A scope that breaks the rule holds no record.
+        let Ok(typed_scope) = Scope::try_from(scope) else {
+            return Ok(Page::from_overfetch(Vec::new(), limit));
+        };
         let rows = sqlx::query(ADMIN_LIST)
             .bind(scope)
             .bind(page.after.unwrap_or(""))
@@ -55,7 +60,7 @@ impl AdminStore for PostgresRecords {
             .iter()
             .map(|row| {
                 let key: String = row.try_get("key")?;
-                record_from_row(row, scope, &key)
+                record_from_row(row, &typed_scope, &crate::record::stored_key(&key)?)
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Page::from_overfetch(records, limit))
@@ -85,7 +90,7 @@ impl AdminStore for PostgresRecords {
         }
         // Nothing deleted: say why (a read after the decision, for the
         // answer only).
-        Ok(match self.get(scope, key).await? {
+        Ok(match get_named(self, scope, key).await? {
             Some(record) => Forgotten::Refused(record.state()),
             None => Forgotten::Missing,
         })

@@ -95,20 +95,20 @@ impl BatchedStore for PostgresRecords {
             if pending.is_empty() {
                 break;
             }
-            let column = |f: &dyn Fn(&ClaimItem) -> String| -> Vec<String> {
+            let column = |f: &dyn Fn(&ClaimItem) -> &str| -> Vec<&str> {
                 pending.iter().map(|&i| f(&items[i])).collect()
             };
             let rows = sqlx::query(CLAIM_BATCH)
-                .bind(column(&|item| item.scope.clone()))
-                .bind(column(&|item| item.key.clone()))
+                .bind(column(&|item| item.scope.as_str()))
+                .bind(column(&|item| item.key.as_str()))
                 .bind(
                     pending
                         .iter()
                         .map(|&i| items[i].fingerprint.as_bytes().to_vec())
                         .collect::<Vec<_>>(),
                 )
-                .bind(column(&|item| item.method.clone()))
-                .bind(column(&|item| item.path.clone()))
+                .bind(column(&|item| &item.method))
+                .bind(column(&|item| &item.path))
                 .bind(
                     pending
                         .iter()

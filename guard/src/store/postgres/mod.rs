@@ -27,6 +27,7 @@ use time::OffsetDateTime;
 
 use crate::events::RecordEvents;
 use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
 use crate::migrate::MigrationError;
 use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
@@ -322,7 +323,7 @@ impl PostgresRecords {
         if self.listener.is_some() {
             sqlx::query(NOTIFY)
                 .bind(NOTIFY_CHANNEL)
-                .bind(notification(&lease.scope, &lease.key))
+                .bind(notification(lease.scope.as_str(), lease.key.as_str()))
                 .execute(executor)
                 .await?;
         }
@@ -361,7 +362,7 @@ fn parse_notification(payload: &str) -> Option<(&str, &str)> {
     Some((rest.get(..length)?, rest.get(length..)?))
 }
 
-fn record_from_row(row: &PgRow, scope: &str, key: &str) -> Result<Record, StoreError> {
+fn record_from_row(row: &PgRow, scope: &Scope, key: &IdempotencyKey) -> Result<Record, StoreError> {
     let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
     let fingerprint: [u8; 32] = fingerprint
         .try_into()
@@ -380,8 +381,8 @@ fn record_from_row(row: &PgRow, scope: &str, key: &str) -> Result<Record, StoreE
         None => None,
     };
     Ok(Record {
-        scope: scope.to_owned(),
-        key: key.to_owned(),
+        scope: scope.clone(),
+        key: key.clone(),
         fingerprint: Fingerprint::from_bytes(fingerprint),
         method: row.try_get("method")?,
         path: row.try_get("path")?,
@@ -400,8 +401,8 @@ impl Store for PostgresRecords {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
         for _ in 0..CLAIM_ATTEMPTS {
             let row = sqlx::query(CLAIM)
-                .bind(new.scope)
-                .bind(new.key)
+                .bind(new.scope.as_str())
+                .bind(new.key.as_str())
                 .bind(new.fingerprint.as_bytes().as_slice())
                 .bind(new.method)
                 .bind(new.path)
@@ -433,8 +434,8 @@ impl Store for PostgresRecords {
         new: &NewRecord<'_>,
     ) -> Result<Option<Lease>, StoreError> {
         let result = sqlx::query(TAKE_OVER)
-            .bind(new.scope)
-            .bind(new.key)
+            .bind(new.scope.as_str())
+            .bind(new.key.as_str())
             .bind(previous.as_uuid())
             .bind(new.fingerprint.as_bytes().as_slice())
             .bind(new.method)
@@ -472,10 +473,10 @@ impl Store for PostgresRecords {
         self.notify(&self.pool, lease).await
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         let row = sqlx::query(GET)
-            .bind(scope)
-            .bind(key)
+            .bind(scope.as_str())
+            .bind(key.as_str())
             .fetch_optional(&self.pool)
             .await?;
         row.map(|row| record_from_row(&row, scope, key)).transpose()
@@ -483,21 +484,30 @@ impl Store for PostgresRecords {
 
     async fn get_many(
         &self,
-        scope: &str,
-        keys: &[&str],
+        scope: &Scope,
+        keys: &[IdempotencyKey],
     ) -> Result<Vec<Option<Record>>, StoreError> {
+        let texts: Vec<&str> = keys.iter().map(IdempotencyKey::as_str).collect();
         let rows = sqlx::query(GET_MANY)
-            .bind(scope)
-            .bind(keys)
+            .bind(scope.as_str())
+            .bind(&texts)
             .fetch_all(&self.pool)
             .await?;
+        // Each record carries the caller's key (shared), found by its text.
+        let asked: std::collections::HashMap<&str, &IdempotencyKey> =
+            keys.iter().map(|key| (key.as_str(), key)).collect();
         let mut found = std::collections::HashMap::with_capacity(rows.len());
         for row in &rows {
-            let key: String = row.try_get("key")?;
-            let record = record_from_row(row, scope, &key)?;
-            found.insert(key, record);
+            let text: String = row.try_get("key")?;
+            let Some(&key) = asked.get(text.as_str()) else {
+                return Err(CorruptRecord("the store answered a key it was not asked for").into());
+            };
+            found.insert(key.as_str(), record_from_row(row, scope, key)?);
         }
-        Ok(keys.iter().map(|key| found.get(*key).cloned()).collect())
+        Ok(keys
+            .iter()
+            .map(|key| found.get(key.as_str()).cloned())
+            .collect())
     }
 
     fn events(&self) -> &RecordEvents {

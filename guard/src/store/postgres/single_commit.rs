@@ -139,8 +139,8 @@ impl PostgresStore {
     ) -> Result<LockedClaim, StoreError> {
         let mut transaction = self.pool().begin().await?;
         let row = sqlx::query(CLAIM_LOCKED)
-            .bind(new.scope)
-            .bind(new.key)
+            .bind(new.scope.as_str())
+            .bind(new.key.as_str())
             .bind(new.fingerprint.as_bytes().as_slice())
             .bind(new.method)
             .bind(new.path)
@@ -148,7 +148,7 @@ impl PostgresStore {
             .bind(millis(new.lease))
             .bind(true)
             .bind(millis(new.retention))
-            .bind(lock_key(new.scope, new.key))
+            .bind(lock_key(new.scope.as_str(), new.key.as_str()))
             .bind(format!("{}ms", millis(idle_bound).max(1)))
             .fetch_one(&mut *transaction)
             .await?;
@@ -165,8 +165,8 @@ impl PostgresStore {
             // Committed by the previous holder after this statement's
             // snapshot: a statement of its own sees it.
             sqlx::query(GET)
-                .bind(new.scope)
-                .bind(new.key)
+                .bind(new.scope.as_str())
+                .bind(new.key.as_str())
                 .fetch_optional(&mut *transaction)
                 .await?
                 .map(|row| record_from_row(&row, new.scope, new.key))

@@ -7,6 +7,7 @@ use super::call::ScriptCall;
 use super::connection::Connection;
 use super::scripts::ADMIN_FORGET;
 use super::{RECORDS, RedisRecords, parse_record_key};
+use crate::key::Scope;
 use crate::record::{CorruptRecord, RecordState};
 use crate::store::admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter};
 use crate::store::{AdminStore, Store, StoreError};
@@ -123,6 +124,10 @@ impl AdminStore for RedisRecords {
         page: PageRequest<'_>,
     ) -> Result<Page, StoreError> {
         let limit = page.clamped_limit();
+        // A scope that breaks the rule holds no record.
+        let Ok(typed_scope) = Scope::try_from(scope) else {
+            return Ok(Page::from_overfetch(Vec::new(), limit));
+        };
         let wanted = usize::try_from(limit).unwrap_or(usize::MAX) + 1;
         let pattern = format!(
             "{}:{RECORDS}:{}:{}:*",
@@ -144,9 +149,14 @@ impl AdminStore for RedisRecords {
         keys.dedup();
         let mut records = Vec::new();
         for chunk in keys.chunks(ADMIN_READ_CHUNK) {
-            let read =
-                futures_util::future::try_join_all(chunk.iter().map(|key| self.get(scope, key)))
-                    .await?;
+            let chunk = chunk
+                .iter()
+                .map(|key| crate::record::stored_key(key))
+                .collect::<Result<Vec<_>, _>>()?;
+            let read = futures_util::future::try_join_all(
+                chunk.iter().map(|key| self.get(&typed_scope, key)),
+            )
+            .await?;
             records.extend(read.into_iter().flatten().filter(|r| filter.accepts(r)));
             if records.len() >= wanted {
                 break;

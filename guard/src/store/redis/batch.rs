@@ -30,7 +30,8 @@ impl BatchedStore for RedisRecords {
         // answered per key.
         let groups = self.groups(items.iter().map(|item| {
             let new = item.as_new();
-            self.key_arg(RECORDS, new.scope, new.key).to_bytes()
+            self.key_arg(RECORDS, new.scope.as_str(), new.key.as_str())
+                .to_bytes()
         }));
         let sent = futures_util::future::join_all(
             groups.iter().map(|group| self.claim_group(&items, group)),
@@ -91,7 +92,7 @@ impl BatchedStore for RedisRecords {
         }
         let record_key = |index: usize| {
             let lease = &items[index].0;
-            self.key_arg(RECORDS, &lease.scope, &lease.key)
+            self.key_arg(RECORDS, lease.scope.as_str(), lease.key.as_str())
         };
         let groups = self.groups(
             native
@@ -184,7 +185,7 @@ impl RedisRecords {
             let value = codec::claim_value(&new);
             Self::claim_commands(
                 &mut pipe,
-                &self.key_arg(RECORDS, new.scope, new.key),
+                &self.key_arg(RECORDS, new.scope.as_str(), new.key.as_str()),
                 &value,
                 new.retention,
             );
@@ -193,7 +194,11 @@ impl RedisRecords {
         let first = items[group[0]].as_new();
         let sent_at = std::time::Instant::now();
         let acked = self
-            .send(pipe, &self.key_arg(RECORDS, first.scope, first.key), true)
+            .send(
+                pipe,
+                &self.key_arg(RECORDS, first.scope.as_str(), first.key.as_str()),
+                true,
+            )
             .await?;
         if acked.values.len() != 2 * group.len() {
             return Err(CorruptRecord("the batch claim answered too few keys").into());
@@ -298,7 +303,7 @@ mod tests {
             let groups = store.direct().groups(items.iter().map(|item| {
                 store
                     .direct()
-                    .key_arg(RECORDS, &item.scope, &item.key)
+                    .key_arg(RECORDS, item.scope.as_str(), item.key.as_str())
                     .to_bytes()
             }));
             match keys {

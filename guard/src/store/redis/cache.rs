@@ -9,6 +9,7 @@ use redis::Value;
 
 use super::{CACHED, RECORDS, RedisRecords, codec, server_error, wrong_type};
 use crate::events::RecordEvents;
+use crate::key::{IdempotencyKey, Scope};
 use crate::record::{CorruptRecord, Record};
 use crate::store::{RecordCache, Store, StoreError};
 
@@ -16,8 +17,12 @@ impl RedisRecords {
     /// Reads a cached completed record (tiered store): the value and its
     /// `PTTL`, native. A release 1 hash there reads as a miss (the
     /// PostgreSQL record behind it is the truth).
-    async fn cache_get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        let at = self.key_arg(CACHED, scope, key);
+    async fn cache_get(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<Option<Record>, StoreError> {
+        let at = self.key_arg(CACHED, scope.as_str(), key.as_str());
         let mut pipe = redis::pipe();
         pipe.cmd("GET").arg(&at).cmd("PTTL").arg(&at);
         let sent = self.send(pipe, &at, false).await?;
@@ -47,7 +52,7 @@ impl RedisRecords {
         let value = codec::cached(record, &codec::encode_response(response), ttl);
         let mut command = redis::cmd("SET");
         command
-            .arg(self.key_arg(CACHED, &record.scope, &record.key))
+            .arg(self.key_arg(CACHED, record.scope.as_str(), record.key.as_str()))
             .arg(value)
             .arg("PX")
             .arg(codec::millis(ttl));
@@ -77,7 +82,11 @@ impl RedisRecords {
 
 /// The tiered store's cache: completed records under their own keys.
 impl RecordCache for RedisRecords {
-    async fn get_completed(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get_completed(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> Result<Option<Record>, StoreError> {
         self.cache_get(scope, key).await
     }
 

@@ -167,7 +167,7 @@ impl RedisRecords {
 
     /// One claim on its own.
     pub(super) async fn claim_alone(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
-        let at = self.key_arg(RECORDS, new.scope, new.key);
+        let at = self.key_arg(RECORDS, new.scope.as_str(), new.key.as_str());
         let mut value = codec::claim_value(new);
         // A record deleted between the claim and its read (its `PTTL`, or a
         // release 1 record's own read) leaves the key free: claim again
@@ -197,7 +197,7 @@ impl RedisRecords {
         lease: &Lease,
         response: Vec<u8>,
     ) -> Result<(), StoreError> {
-        let at = self.key_arg(RECORDS, &lease.scope, &lease.key);
+        let at = self.key_arg(RECORDS, lease.scope.as_str(), lease.key.as_str());
         if let Some(claimed) = self
             .native_fence
             .then(|| self.claimed.take(lease.token))
@@ -241,6 +241,7 @@ mod tests {
     use super::super::tests::{raw, record, script_calls};
     use super::super::{RedisStore, codec};
     use crate::fingerprint::Fingerprint;
+    use crate::key::{IdempotencyKey, Scope};
     use crate::record::{RecordState, StoredResponse};
     use crate::store::{Claim, Store, StoreError};
 
@@ -352,14 +353,22 @@ mod tests {
         // The script ran (counted once more when its first call met an empty
         // script cache and was sent again).
         assert!(script_calls(&url).await > before, "the fenced script ran");
-        let read = store.get("s", "renewed").await.unwrap().unwrap();
+        let read = store
+            .get(Scope::leaked("s"), IdempotencyKey::leaked("renewed"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.response.as_ref(), Some(&response));
 
         // Watched by another store: the script completes it and wakes it.
         let new = record("watched", &fingerprint, Duration::from_secs(30));
         let lease = lease_of(store.claim(&new).await.unwrap());
         let waiting = other.events().subscribe("s", "watched");
-        let read = other.get("s", "watched").await.unwrap().unwrap();
+        let read = other
+            .get(Scope::leaked("s"), IdempotencyKey::leaked("watched"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.state(), RecordState::InFlight);
         // The other store's subscriber task starts listening at connect.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -367,7 +376,11 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), waiting.changed())
             .await
             .expect("the waiter in the other store is woken by the completion");
-        let read = other.get("s", "watched").await.unwrap().unwrap();
+        let read = other
+            .get(Scope::leaked("s"), IdempotencyKey::leaked("watched"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.response.as_ref(), Some(&response));
 
         // Taken over: the first holder completes nothing.
@@ -393,7 +406,11 @@ mod tests {
             before,
             "the new holder's native completion"
         );
-        let read = store.get("s", "taken").await.unwrap().unwrap();
+        let read = store
+            .get(Scope::leaked("s"), IdempotencyKey::leaked("taken"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.response.as_ref(), Some(&response));
     }
 }

@@ -56,6 +56,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
 use crate::record::CorruptRecord;
 use crate::record::LeaseToken;
 use crate::record::{Record, StoredResponse};
@@ -321,8 +322,8 @@ impl<'a> View<'a> {
 ///
 /// [`CorruptRecord`] when the value is not a version 2 value.
 pub(super) fn decode(
-    scope: &str,
-    key: &str,
+    scope: &Scope,
+    key: &IdempotencyKey,
     value: &[u8],
     pttl: i64,
     observed_at: OffsetDateTime,
@@ -338,8 +339,8 @@ pub(super) fn decode(
     let (fingerprint, transactional, method, path) = decode_request(view.request)?;
     let completed = view.state == COMPLETED;
     Ok(Record {
-        scope: scope.to_owned(),
-        key: key.to_owned(),
+        scope: scope.clone(),
+        key: key.clone(),
         fingerprint,
         method,
         path,
@@ -534,7 +535,14 @@ mod tests {
             );
             let elapsed = draw.below(retention + 1);
             let pttl = i64::try_from(retention - elapsed).unwrap();
-            let record = decode("s", "k", &pending, pttl, observed_at).unwrap();
+            let record = decode(
+                Scope::leaked("s"),
+                IdempotencyKey::leaked("k"),
+                &pending,
+                pttl,
+                observed_at,
+            )
+            .unwrap();
             assert_eq!(record.lease_token, token);
             assert_eq!(
                 (record.fingerprint, record.transactional),
@@ -573,7 +581,14 @@ mod tests {
                 &encode_response(&stored),
             )
             .unwrap();
-            let record = decode("s", "k", &done, pttl, observed_at).unwrap();
+            let record = decode(
+                Scope::leaked("s"),
+                IdempotencyKey::leaked("k"),
+                &done,
+                pttl,
+                observed_at,
+            )
+            .unwrap();
             assert_eq!(record.response.as_ref(), Some(&stored));
             assert_eq!(
                 ms(record.completed_at.unwrap() - record.created_at),
@@ -590,8 +605,8 @@ mod tests {
         let fingerprint = Fingerprint::from_bytes([3; 32]);
         for (method, path, transactional) in [("POST", "/orders?x=1", false), ("", "", true)] {
             let new = NewRecord {
-                scope: "s",
-                key: "k",
+                scope: Scope::leaked("s"),
+                key: IdempotencyKey::leaked("k"),
                 fingerprint: &fingerprint,
                 method,
                 path,
@@ -636,7 +651,16 @@ mod tests {
             &request,
         );
         let now = OffsetDateTime::now_utc();
-        assert!(decode("s", "k", &good, 5000, now).is_ok());
+        assert!(
+            decode(
+                Scope::leaked("s"),
+                IdempotencyKey::leaked("k"),
+                &good,
+                5000,
+                now
+            )
+            .is_ok()
+        );
         let mut wrong_mark = good.clone();
         wrong_mark[1] = b'1';
         let mut wrong_state = good.clone();
@@ -654,7 +678,17 @@ mod tests {
             &trailing,
             b"",
         ] {
-            assert!(decode("s", "k", bad, 5000, now).is_err(), "{bad:?}");
+            assert!(
+                decode(
+                    Scope::leaked("s"),
+                    IdempotencyKey::leaked("k"),
+                    bad,
+                    5000,
+                    now
+                )
+                .is_err(),
+                "{bad:?}"
+            );
         }
         assert!(completed(&trailing, Duration::ZERO, b"").is_err());
     }
@@ -670,9 +704,23 @@ mod tests {
             Duration::from_secs(90),
             &request,
         );
-        let record = decode("s", "k", &value, -2, OffsetDateTime::now_utc()).unwrap();
+        let record = decode(
+            Scope::leaked("s"),
+            IdempotencyKey::leaked("k"),
+            &value,
+            -2,
+            OffsetDateTime::now_utc(),
+        )
+        .unwrap();
         assert!(record.is_expired());
-        let record = decode("s", "k", &value, 90_000, OffsetDateTime::now_utc()).unwrap();
+        let record = decode(
+            Scope::leaked("s"),
+            IdempotencyKey::leaked("k"),
+            &value,
+            90_000,
+            OffsetDateTime::now_utc(),
+        )
+        .unwrap();
         assert!(!record.is_expired());
         assert_eq!(record.state(), crate::record::RecordState::InFlight);
     }

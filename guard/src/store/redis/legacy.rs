@@ -6,6 +6,7 @@
 use time::OffsetDateTime;
 
 use super::codec::{decode_request, decode_response};
+use crate::key::{IdempotencyKey, Scope};
 use crate::record::CorruptRecord;
 use crate::record::LeaseToken;
 use crate::record::Record;
@@ -56,8 +57,8 @@ fn decimal_value(bytes: &[u8]) -> Option<i64> {
 /// present fields' bytes in order), read at `now`; `None` when the record
 /// does not exist.
 pub(super) fn record_from_packed(
-    scope: &str,
-    key: &str,
+    scope: &Scope,
+    key: &IdempotencyKey,
     packed: &[u8],
     now: i64,
 ) -> Result<Option<Record>, StoreError> {
@@ -83,8 +84,8 @@ pub(super) fn record_from_packed(
 /// A record from the values of [`FIELDS`], in order; `None` when the record
 /// does not exist (no lease token).
 fn record_from(
-    scope: &str,
-    key: &str,
+    scope: &Scope,
+    key: &IdempotencyKey,
     fields: &[Option<&[u8]>; FIELDS.len()],
     now: i64,
 ) -> Result<Option<Record>, StoreError> {
@@ -107,8 +108,8 @@ fn record_from(
         .then(|| decode_response(field("p").ok_or(missing)?))
         .transpose()?;
     Ok(Some(Record {
-        scope: scope.to_owned(),
-        key: key.to_owned(),
+        scope: scope.clone(),
+        key: key.clone(),
         fingerprint,
         method,
         path,
@@ -192,9 +193,14 @@ mod tests {
             Some(&response),
             Some(b"1700000001000"),
         ];
-        let record = record_from_packed("s", "k", &pack(&completed), 1_700_000_002_000)
-            .unwrap()
-            .unwrap();
+        let record = record_from_packed(
+            Scope::leaked("s"),
+            IdempotencyKey::leaked("k"),
+            &pack(&completed),
+            1_700_000_002_000,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(
             record.response.unwrap().body.as_deref(),
             Some(&b"12:~ok"[..])
@@ -207,17 +213,33 @@ mod tests {
         in_flight[1] = Some(b"f");
         in_flight[6] = None;
         in_flight[7] = None;
-        let record = record_from_packed("s", "k", &pack(&in_flight), 1_700_000_002_000)
-            .unwrap()
-            .unwrap();
+        let record = record_from_packed(
+            Scope::leaked("s"),
+            IdempotencyKey::leaked("k"),
+            &pack(&in_flight),
+            1_700_000_002_000,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(record.state(), crate::record::RecordState::InFlight);
-        let record = record_from_packed("s", "k", &pack(&in_flight), 1_700_000_060_000)
-            .unwrap()
-            .unwrap();
+        let record = record_from_packed(
+            Scope::leaked("s"),
+            IdempotencyKey::leaked("k"),
+            &pack(&in_flight),
+            1_700_000_060_000,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(record.state(), crate::record::RecordState::Abandoned);
         // No token: no record.
         assert_eq!(
-            record_from_packed("s", "k", &pack(&[None; 8]), 0).unwrap(),
+            record_from_packed(
+                Scope::leaked("s"),
+                IdempotencyKey::leaked("k"),
+                &pack(&[None; 8]),
+                0
+            )
+            .unwrap(),
             None
         );
         // Truncated, too long, too few fields, lengths cut short: corrupt.
@@ -228,7 +250,11 @@ mod tests {
             &pack(&completed[..7])[..],
             &whole[..30],
         ] {
-            assert!(record_from_packed("s", "k", bad, 0).is_err(), "{bad:?}");
+            assert!(
+                record_from_packed(Scope::leaked("s"), IdempotencyKey::leaked("k"), bad, 0)
+                    .is_err(),
+                "{bad:?}"
+            );
         }
     }
 }

@@ -91,6 +91,7 @@ use scripts::{GET, RELEASE, RENEW, TAKE_OVER};
 use slots::SlotMap;
 
 use crate::events::RecordEvents;
+use crate::key::{IdempotencyKey, Scope};
 use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
 use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError};
@@ -351,7 +352,7 @@ impl Store for RedisRecords {
         previous: LeaseToken,
         new: &NewRecord<'_>,
     ) -> Result<Option<Lease>, StoreError> {
-        let at = self.key_arg(RECORDS, new.scope, new.key);
+        let at = self.key_arg(RECORDS, new.scope.as_str(), new.key.as_str());
         let value = codec::claim_value(new);
         let mut call = ScriptCall::new(&TAKE_OVER, 1, 120 + value.len());
         call.arg(&at)
@@ -379,7 +380,7 @@ impl Store for RedisRecords {
         // The value changes (its lease end): completions go by script.
         self.claimed.take(lease.token);
         let mut call = ScriptCall::new(&RENEW, 1, 80);
-        call.arg(self.key_arg(RECORDS, &lease.scope, &lease.key))
+        call.arg(self.key_arg(RECORDS, lease.scope.as_str(), lease.key.as_str()))
             .arg(lease.token.as_uuid().as_bytes().as_slice())
             .arg(codec::millis(duration))
             .arg(&*self.channel);
@@ -389,15 +390,15 @@ impl Store for RedisRecords {
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.claimed.take(lease.token);
         let mut call = ScriptCall::new(&RELEASE, 1, 80);
-        call.arg(self.key_arg(RECORDS, &lease.scope, &lease.key))
+        call.arg(self.key_arg(RECORDS, lease.scope.as_str(), lease.key.as_str()))
             .arg(lease.token.as_uuid().as_bytes().as_slice())
             .arg(&*self.channel);
         self.fenced(&call).await
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         let mut call = ScriptCall::new(&GET, 1, 64);
-        call.arg(self.key_arg(RECORDS, scope, key));
+        call.arg(self.key_arg(RECORDS, scope.as_str(), key.as_str()));
         let shape = || CorruptRecord("the get script returned an unexpected shape");
         match self.invoke(&call).await? {
             Value::Array(reply) => match reply.as_slice() {
@@ -416,8 +417,8 @@ impl Store for RedisRecords {
 
     async fn get_many(
         &self,
-        scope: &str,
-        keys: &[&str],
+        scope: &Scope,
+        keys: &[IdempotencyKey],
     ) -> Result<Vec<Option<Record>>, StoreError> {
         // One script per key, all in flight at once on the multiplexed
         // connection (on a cluster, the keys live in many slots).
@@ -539,8 +540,8 @@ mod tests {
         lease: Duration,
     ) -> NewRecord<'a> {
         NewRecord {
-            scope: "s",
-            key,
+            scope: Scope::leaked("s"),
+            key: IdempotencyKey::leaked(key),
             fingerprint,
             method: "POST",
             path: "/orders",

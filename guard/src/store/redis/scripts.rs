@@ -40,6 +40,7 @@ mod tests {
     use super::super::{RECORDS, RedisStore};
     use super::codec;
     use crate::fingerprint::Fingerprint;
+    use crate::key::{IdempotencyKey, Scope};
     use crate::record::{LeaseToken, RecordState, StoredResponse};
     use crate::store::{Claim, NewRecord, Store};
 
@@ -56,8 +57,8 @@ mod tests {
             .with_native_fence(false);
         let fingerprint = Fingerprint::from_bytes([3; 32]);
         let new = NewRecord {
-            scope: "s",
-            key: "k",
+            scope: Scope::leaked("s"),
+            key: IdempotencyKey::leaked("k"),
             fingerprint: &fingerprint,
             method: "POST",
             path: "/orders?x=1",
@@ -87,7 +88,11 @@ mod tests {
         assert_eq!(renewed[..28], claimed[..28]);
         assert_eq!(renewed[36..], claimed[36..]);
 
-        let read = store.get("s", "k").await.unwrap().unwrap();
+        let read = store
+            .get(Scope::leaked("s"), IdempotencyKey::leaked("k"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.state(), RecordState::InFlight);
         let watched = raw(&store, "s", "k").await;
         assert!(codec::View::parse(&watched).unwrap().watched);
@@ -109,7 +114,11 @@ mod tests {
             )
             .unwrap()
         );
-        let record = store.get("s", "k").await.unwrap().unwrap();
+        let record = store
+            .get(Scope::leaked("s"), IdempotencyKey::leaked("k"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(record.response, Some(response));
         let mut del = redis::cmd("DEL");
         del.arg(store.direct().key_arg(RECORDS, "s", "k"));

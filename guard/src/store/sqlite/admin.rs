@@ -6,9 +6,10 @@ use sqlx::Row;
 use time::OffsetDateTime;
 
 use super::{SqliteRecords, now_millis, record_from_row, to_millis};
+use crate::key::Scope;
 use crate::record::RecordState;
-use crate::store::admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter};
-use crate::store::{AdminStore, Store, StoreError};
+use crate::store::admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter, get_named};
+use crate::store::{AdminStore, StoreError};
 
 /// One page of a scope's records (keyset pagination by key; SQLite compares
 /// text bytewise). `?3` is the state filter's name, `?5` the clock.
@@ -40,6 +41,10 @@ impl AdminStore for SqliteRecords {
         page: PageRequest<'_>,
     ) -> Result<Page, StoreError> {
         let limit = page.clamped_limit();
+        // A scope that breaks the rule holds no record.
+        let Ok(typed_scope) = Scope::try_from(scope) else {
+            return Ok(Page::from_overfetch(Vec::new(), limit));
+        };
         let observed_at = OffsetDateTime::now_utc();
         let rows = sqlx::query(ADMIN_LIST)
             .bind(scope)
@@ -53,7 +58,8 @@ impl AdminStore for SqliteRecords {
             .iter()
             .map(|row| {
                 let key: String = row.try_get("key")?;
-                record_from_row(row, scope, &key, observed_at)
+                let key = crate::record::stored_key(&key)?;
+                record_from_row(row, &typed_scope, &key, observed_at)
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Page::from_overfetch(records, limit))
@@ -84,7 +90,7 @@ impl AdminStore for SqliteRecords {
         }
         // Nothing deleted: say why (a read after the decision, for the
         // answer only).
-        Ok(match self.get(scope, key).await? {
+        Ok(match get_named(self, scope, key).await? {
             Some(record) => Forgotten::Refused(record.state()),
             None => Forgotten::Missing,
         })

@@ -32,8 +32,8 @@ impl BatchedStore for SqliteRecords {
             for item in &items {
                 let observed_at = OffsetDateTime::now_utc();
                 let row = sqlx::query(GET)
-                    .bind(&item.scope)
-                    .bind(&item.key)
+                    .bind(item.scope.as_str())
+                    .bind(item.key.as_str())
                     .fetch_optional(&mut *connection)
                     .await?;
                 results.push(
@@ -54,8 +54,8 @@ impl BatchedStore for SqliteRecords {
                     continue;
                 }
                 let inserted = sqlx::query(INSERT)
-                    .bind(&item.scope)
-                    .bind(&item.key)
+                    .bind(item.scope.as_str())
+                    .bind(item.key.as_str())
                     .bind(item.fingerprint.as_bytes().as_slice())
                     .bind(&item.method)
                     .bind(&item.path)
@@ -72,8 +72,8 @@ impl BatchedStore for SqliteRecords {
                 }
                 let observed_at = OffsetDateTime::now_utc();
                 let row = sqlx::query(GET)
-                    .bind(&item.scope)
-                    .bind(&item.key)
+                    .bind(item.scope.as_str())
+                    .bind(item.key.as_str())
                     .fetch_one(&mut *transaction)
                     .await?;
                 let record = record_from_row(&row, &item.scope, &item.key, observed_at)?;

@@ -32,6 +32,7 @@ mod batch;
 
 use crate::events::RecordEvents;
 use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, Scope};
 use crate::migrate::MigrationError;
 use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
@@ -236,8 +237,8 @@ fn token_bytes(token: LeaseToken) -> Vec<u8> {
 
 fn record_from_row(
     row: &SqliteRow,
-    scope: &str,
-    key: &str,
+    scope: &Scope,
+    key: &IdempotencyKey,
     observed_at: OffsetDateTime,
 ) -> Result<Record, StoreError> {
     let corrupt = CorruptRecord;
@@ -262,8 +263,8 @@ fn record_from_row(
         None => None,
     };
     Ok(Record {
-        scope: scope.to_owned(),
-        key: key.to_owned(),
+        scope: scope.clone(),
+        key: key.clone(),
         fingerprint: Fingerprint::from_bytes(fingerprint),
         method: row.try_get("method")?,
         path: row.try_get("path")?,
@@ -291,8 +292,8 @@ impl Store for SqliteRecords {
         }
         for _ in 0..CLAIM_ATTEMPTS {
             let inserted = sqlx::query(INSERT)
-                .bind(new.scope)
-                .bind(new.key)
+                .bind(new.scope.as_str())
+                .bind(new.key.as_str())
                 .bind(new.fingerprint.as_bytes().as_slice())
                 .bind(new.method)
                 .bind(new.path)
@@ -323,8 +324,8 @@ impl Store for SqliteRecords {
         new: &NewRecord<'_>,
     ) -> Result<Option<Lease>, StoreError> {
         let result = sqlx::query(TAKE_OVER)
-            .bind(new.scope)
-            .bind(new.key)
+            .bind(new.scope.as_str())
+            .bind(new.key.as_str())
             .bind(token_bytes(previous))
             .bind(new.fingerprint.as_bytes().as_slice())
             .bind(new.method)
@@ -375,11 +376,11 @@ impl Store for SqliteRecords {
         fenced(result.rows_affected())
     }
 
-    async fn get(&self, scope: &str, key: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         let observed_at = OffsetDateTime::now_utc();
         let row = sqlx::query(GET)
-            .bind(scope)
-            .bind(key)
+            .bind(scope.as_str())
+            .bind(key.as_str())
             .fetch_optional(&self.pool)
             .await?;
         row.map(|row| record_from_row(&row, scope, key, observed_at))

@@ -151,9 +151,10 @@ impl Reconciled {
     /// The mark of `record`'s life, if an operator reconciled it.
     pub(crate) fn of(&self, record: &Record) -> Option<Reconciliation> {
         let marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
-        let kept = marks
-            .kept
-            .get(&(record.scope.clone(), record.key.clone()))?;
+        let kept = marks.kept.get(&(
+            record.scope.as_str().to_owned(),
+            record.key.as_str().to_owned(),
+        ))?;
         (kept.fingerprint == record.fingerprint.to_string() && kept.lease == life(record))
             .then(|| kept.mark.clone())
     }
@@ -170,7 +171,10 @@ impl Reconciled {
         record: &Record,
         mark: Reconciliation,
     ) -> Result<(), ReconciledError> {
-        let identity = (record.scope.clone(), record.key.clone());
+        let identity = (
+            record.scope.as_str().to_owned(),
+            record.key.as_str().to_owned(),
+        );
         let kept = Kept {
             fingerprint: record.fingerprint.to_string(),
             lease: life(record),

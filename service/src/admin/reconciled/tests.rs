@@ -8,8 +8,8 @@ use super::*;
 fn record(key: &str) -> Record {
     let now = OffsetDateTime::now_utc();
     Record {
-        scope: "default".to_owned(),
-        key: key.to_owned(),
+        scope: idempotency_guard::Scope::new("default").unwrap(),
+        key: idempotency_guard::IdempotencyKey::from_raw(key).unwrap(),
         fingerprint: Fingerprint::from_bytes([7; 32]),
         method: "POST".to_owned(),
         path: "/debits".to_owned(),
