@@ -10,10 +10,11 @@ use http::HeaderValue;
 use reqwest::{Method, Request, Response};
 
 use crate::breaker::BreakerState;
-use crate::budget::{self, TokenBucket};
+use crate::budget::{self, Refusal, TokenBucket};
 use crate::deadline::Deadline;
 use crate::decision::{self, Class, Decision, GuardConflict, Observed, Situation};
 use crate::key::{IDEMPOTENCY_KEY, RETRY_ATTEMPT};
+use crate::signal::Signal;
 use crate::status::{Advice, StatusClient};
 use crate::{ErrorKind, Failure, Kind, Policy, RetryBudget, RetryError, new_key, telemetry};
 
@@ -312,6 +313,9 @@ impl RetryClient {
         };
 
         let mut pending = Some(first);
+        // What the last attempt said about the server: which tokens a
+        // retry after it may take.
+        let mut signal = Signal::ServerError;
         loop {
             if let Some(breaker) = &endpoint_state.breaker
                 && lock(breaker).admit(Instant::now()).is_err()
@@ -339,6 +343,10 @@ impl RetryClient {
             let (mut outcome, result) = classify(sent, class).await;
             telemetry::attempt(endpoint, call.attempts, outcome);
             call.attempts += 1;
+            if let Some(seen) = Signal::of(outcome) {
+                signal = seen;
+                lock(&endpoint_state.budget).observe(seen);
+            }
             if let Some(breaker) = &endpoint_state.breaker {
                 lock(breaker).record(!outcome.is_failure(), Instant::now());
             }
@@ -378,14 +386,21 @@ impl RetryClient {
                         };
                     }
                     Decision::Resend { after } => {
-                        if !budget::take_retry(&endpoint_state.budget) {
-                            let label = if endpoint_state.own_budget {
-                                "endpoint"
-                            } else {
-                                "shared"
-                            };
-                            telemetry::budget_refusal(endpoint, label);
-                            return Err(call.stop(ErrorKind::BudgetExhausted));
+                        match budget::take_retry(&endpoint_state.budget, signal) {
+                            Ok(()) => {}
+                            Err(Refusal::Budget) => {
+                                let label = if endpoint_state.own_budget {
+                                    "endpoint"
+                                } else {
+                                    "shared"
+                                };
+                                telemetry::budget_refusal(endpoint, label);
+                                return Err(call.stop(ErrorKind::BudgetExhausted));
+                            }
+                            Err(Refusal::Overload) => {
+                                telemetry::overload_refusal(endpoint);
+                                return Err(call.stop(ErrorKind::Overloaded));
+                            }
                         }
                         pause(after).await;
                         break;

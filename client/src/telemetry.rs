@@ -13,6 +13,8 @@
 //! - `idempotency_client_budget_refusals_total{endpoint, budget}`: retries
 //!   the budget refused (`budget` is `shared`, the client's, or `endpoint`,
 //!   an endpoint's own).
+//! - `idempotency_client_overload_refusals_total{endpoint}`: retries the
+//!   overload limiter refused (the server said it is overloaded).
 //! - `idempotency_client_status_checks_total{endpoint, advice}`: key-status
 //!   look-ups after an outcome-unknown failure, by advice (`replay`,
 //!   `wait`, `retry`, `reconcile`, or `unavailable`).
@@ -32,6 +34,8 @@ pub const ATTEMPTS_TOTAL: &str = "idempotency_client_attempts_total";
 pub const RETRIES_TOTAL: &str = "idempotency_client_retries_total";
 /// Retries the budget refused.
 pub const BUDGET_REFUSALS_TOTAL: &str = "idempotency_client_budget_refusals_total";
+/// Retries the overload limiter refused.
+pub const OVERLOAD_REFUSALS_TOTAL: &str = "idempotency_client_overload_refusals_total";
 /// Key-status look-ups.
 pub const STATUS_CHECKS_TOTAL: &str = "idempotency_client_status_checks_total";
 
@@ -53,6 +57,10 @@ pub fn describe() {
     metrics::describe_counter!(
         BUDGET_REFUSALS_TOTAL,
         "Retries refused by the retry budget, by endpoint and budget (shared or endpoint)."
+    );
+    metrics::describe_counter!(
+        OVERLOAD_REFUSALS_TOTAL,
+        "Retries refused by the overload limiter (the server said it is overloaded), by endpoint."
     );
     metrics::describe_counter!(
         STATUS_CHECKS_TOTAL,
@@ -122,6 +130,11 @@ pub(crate) fn budget_refusal(endpoint: &str, budget: &'static str) {
         "budget" => budget,
     )
     .increment(1);
+}
+
+/// Counts one retry the overload limiter refused.
+pub(crate) fn overload_refusal(endpoint: &str) {
+    metrics::counter!(OVERLOAD_REFUSALS_TOTAL, "endpoint" => endpoint.to_owned()).increment(1);
 }
 
 /// Counts one status look-up.
