@@ -125,6 +125,7 @@
 //! `idempotency_client_retries_total{endpoint, outcome}`,
 //! `idempotency_client_budget_refusals_total{endpoint, budget}`,
 //! `idempotency_client_overload_refusals_total{endpoint}`,
+//! `idempotency_client_given_up_total{endpoint, class, cause}`,
 //! `idempotency_client_status_checks_total{endpoint, advice}`.
 //!
 //! ```text

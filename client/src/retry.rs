@@ -301,6 +301,7 @@ impl RetryClient {
         };
         let policy = self.policy(endpoint, first.method());
         let (class, key) = identify(&first, policy);
+        call.class = Some(class);
         call.key = key
             .as_ref()
             .map(|k| String::from_utf8_lossy(k.as_bytes()).into_owned());
@@ -419,6 +420,8 @@ impl RetryClient {
 /// The bookkeeping of one call, for its error and its metrics.
 struct Call<'a> {
     endpoint: &'a str,
+    /// Known once the first request is built.
+    class: Option<Class>,
     attempts: u32,
     key: Option<String>,
     may_have_run: bool,
@@ -429,6 +432,7 @@ impl<'a> Call<'a> {
     fn new(endpoint: &'a str) -> Self {
         Self {
             endpoint,
+            class: None,
             attempts: 0,
             key: None,
             may_have_run: false,
@@ -453,6 +457,12 @@ impl<'a> Call<'a> {
 
     fn stop(self, kind: ErrorKind) -> RetryError {
         telemetry::call(self.endpoint, kind.as_str(), self.attempts > 1);
+        let class = match self.class {
+            Some(Class::Read) => "read",
+            Some(Class::KeyedWrite | Class::UnkeyedWrite) => "write",
+            None => "unknown",
+        };
+        telemetry::given_up(self.endpoint, class, kind);
         RetryError {
             kind,
             endpoint: self.endpoint.to_owned(),

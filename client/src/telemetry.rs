@@ -5,6 +5,12 @@
 //!   calls, by how they ended (`success`, `client-error`, `server-error`,
 //!   or an [`ErrorKind`](crate::ErrorKind) name such as
 //!   `budget-exhausted`) and whether they retried (`true`/`false`).
+//! - `idempotency_client_given_up_total{endpoint, class, cause}`: calls
+//!   that ended without an answer, split by `class` (`read`, `write`, or
+//!   `unknown` for a request that could not be built) and by `cause`
+//!   (`budget`, `deadline`, `breaker`, `overload`, `attempts`,
+//!   `outcome-unknown`, `still-running`, `unkeyed-write`, `not-retryable`,
+//!   `invalid-request`).
 //! - `idempotency_client_attempts_total{endpoint, outcome}`: every request
 //!   sent, by what it got (below).
 //! - `idempotency_client_retries_total{endpoint, outcome}`: the attempts
@@ -24,10 +30,13 @@
 //! guard's 409s), `server-error` (408, 5xx), `timeout`, `connect-error`,
 //! `dropped` or `broken`.
 
+use crate::ErrorKind;
 use crate::decision::{GuardConflict, Observed};
 
 /// Logical calls.
 pub const CALLS_TOTAL: &str = "idempotency_client_calls_total";
+/// Calls given up, by class and cause.
+pub const GIVEN_UP_TOTAL: &str = "idempotency_client_given_up_total";
 /// Requests sent.
 pub const ATTEMPTS_TOTAL: &str = "idempotency_client_attempts_total";
 /// Requests sent after the first of their call.
@@ -45,6 +54,10 @@ pub fn describe() {
     metrics::describe_counter!(
         CALLS_TOTAL,
         "Logical calls of the retry client, by endpoint, outcome and whether they retried."
+    );
+    metrics::describe_counter!(
+        GIVEN_UP_TOTAL,
+        "Calls of the retry client that ended without an answer, by endpoint, class (read, write) and cause."
     );
     metrics::describe_counter!(
         ATTEMPTS_TOTAL,
@@ -118,6 +131,33 @@ pub(crate) fn call(endpoint: &str, outcome: &'static str, retried: bool) {
         "endpoint" => endpoint.to_owned(),
         "outcome" => outcome,
         "retried" => if retried { "true" } else { "false" },
+    )
+    .increment(1);
+}
+
+/// The `cause` label of a call given up.
+pub(crate) fn cause(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::BudgetExhausted => "budget",
+        ErrorKind::DeadlineExceeded => "deadline",
+        ErrorKind::CircuitOpen => "breaker",
+        ErrorKind::Overloaded => "overload",
+        ErrorKind::AttemptsExhausted => "attempts",
+        ErrorKind::OutcomeUnknown => "outcome-unknown",
+        ErrorKind::OutcomeStillRunning => "still-running",
+        ErrorKind::UnkeyedWrite => "unkeyed-write",
+        ErrorKind::NotRetryable => "not-retryable",
+        ErrorKind::InvalidRequest => "invalid-request",
+    }
+}
+
+/// Counts one call given up.
+pub(crate) fn given_up(endpoint: &str, class: &'static str, kind: ErrorKind) {
+    metrics::counter!(
+        GIVEN_UP_TOTAL,
+        "endpoint" => endpoint.to_owned(),
+        "class" => class,
+        "cause" => cause(kind),
     )
     .increment(1);
 }
