@@ -13,6 +13,18 @@
 //! at or below `1 + share + initial / n`: with the defaults `1.1 + 10 / n`,
 //! that is 1.110 over 1000 calls at 100 % failure, and `1 + share` over
 //! any long window. The cap bounds how much a quiet spell saves up.
+//!
+//! Beside the share, a floor of retries per second (Finagle's
+//! `minRetriesPerSec`, 10 by default) serves lost answers (a reset, a
+//! timeout, a connect error) while the server answers at least a third of
+//! the client's attempts and is not overloaded: a client with little
+//! traffic can retry a blip, which the share alone (one retry per ten
+//! calls) spends in seconds. A retry after a lost answer takes the floor's
+//! token first, the share's when the floor has none. Retries after server
+//! errors take the share only (the bound above holds for them), and
+//! retries after overload answers (a 429, a 5xx with `Retry-After`) take
+//! the share only and stop once the overload limiter
+//! ([`crate::overload`]) says the server is overloaded.
 
 /// How many retries a client, or one endpoint, may make: a share of its
 /// calls.
@@ -28,6 +40,7 @@
 pub struct RetryBudget {
     share: f64,
     cap: f64,
+    min_per_sec: f64,
     /// `None`: a fresh bucket is full (holds the cap).
     initial: Option<f64>,
 }
@@ -43,6 +56,10 @@ impl Defaults {
     /// spell retries ten calls more than its share, not thousands. A fresh
     /// bucket holds as much, so a fresh client can retry.
     const CAP: f64 = 10.0;
+    /// Ten retries per second after lost answers, whatever the share has
+    /// earned: Finagle's `minRetriesPerSec` default. The lab's jitter row
+    /// "calls given up" moves with it.
+    const MIN_PER_SEC: f64 = 10.0;
 }
 
 impl Default for RetryBudget {
@@ -59,6 +76,7 @@ impl RetryBudget {
         Self {
             share: non_negative(share),
             cap: Defaults::CAP,
+            min_per_sec: Defaults::MIN_PER_SEC,
             initial: None,
         }
     }
@@ -101,6 +119,32 @@ impl RetryBudget {
         self
     }
 
+    /// Sets the floor: retries per second allowed after lost answers (a
+    /// reset, a timeout, a connect error) on top of the share, while the
+    /// server answers at least a third of the attempts and is not
+    /// overloaded. At most one second's worth is saved up. 0 turns it off:
+    /// then every retry takes the share.
+    ///
+    /// The default value is 10 (Finagle's `minRetriesPerSec`).
+    ///
+    /// ```
+    /// use idempotency_client::RetryBudget;
+    ///
+    /// assert_eq!(RetryBudget::default().min_per_sec(), 10.0);
+    /// let strict = RetryBudget::new(0.1).with_min_per_sec(0.0);
+    /// assert_eq!(strict.min_per_sec(), 0.0);
+    /// ```
+    #[must_use]
+    pub fn with_min_per_sec(mut self, retries: f64) -> Self {
+        self.min_per_sec = non_negative(retries);
+        self
+    }
+
+    /// Returns the floor: retries per second allowed after lost answers.
+    pub fn min_per_sec(&self) -> f64 {
+        self.min_per_sec
+    }
+
     /// Returns the share: retries allowed per call.
     pub fn share(&self) -> f64 {
         self.share
@@ -125,6 +169,11 @@ fn non_negative(value: f64) -> f64 {
     }
 }
 
+use std::time::Instant;
+
+use crate::overload::OverloadLimiter;
+use crate::signal::Signal;
+
 /// A token is this many milli-tokens: integers, so that a share of 0.1 adds
 /// up to exactly one token in ten calls.
 const TOKEN: u64 = 1000;
@@ -135,22 +184,94 @@ fn milli(tokens: f64) -> u64 {
     (tokens * TOKEN as f64).round() as u64
 }
 
-/// The state of one budget: its balance, in milli-tokens.
+/// How much the share of answered attempts moves with each attempt (an
+/// exponentially weighted average over about the last twenty).
+const ANSWERED_WEIGHT: f64 = 0.05;
+/// The share of answered attempts below which lost answers are no blip:
+/// the server answers fewer than one attempt in three.
+const ANSWERED_ENOUGH: f64 = 1.0 / 3.0;
+
+/// The state of one budget: its balance, in milli-tokens, its floor's
+/// tokens, the share of attempts answered, and its overload limiter.
 #[derive(Debug)]
 pub(crate) struct TokenBucket {
     balance: u64,
     deposit: u64,
     cap: u64,
+    /// The floor's tokens (milli), refilled at `floor_rate` per second up
+    /// to one second's worth.
+    floor: u64,
+    floor_rate: u64,
+    floor_at: Instant,
+    /// The share of recent attempts that got an answer (not overload).
+    answered: f64,
+    overload: OverloadLimiter,
+}
+
+/// Why a retry was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The budget's share (and, for a lost answer, its floor) is spent.
+    Budget,
+    /// The server says it is overloaded (the overload limiter).
+    Overload,
 }
 
 impl TokenBucket {
     /// A bucket for `budget`, holding its initial tokens.
     pub(crate) fn new(budget: &RetryBudget) -> Self {
+        let floor_rate = milli(budget.min_per_sec);
         Self {
             balance: milli(budget.initial()),
             deposit: milli(budget.share),
             cap: milli(budget.cap),
+            floor: floor_rate,
+            floor_rate,
+            floor_at: Instant::now(),
+            answered: 1.0,
+            overload: OverloadLimiter::new(),
         }
+    }
+
+    /// Counts what an attempt got.
+    pub(crate) fn observe(&mut self, signal: Signal) {
+        self.overload.observe(signal);
+        let answered = match signal {
+            Signal::Answered | Signal::ServerError => 1.0,
+            Signal::LostAnswer | Signal::Overload => 0.0,
+        };
+        self.answered += ANSWERED_WEIGHT * (answered - self.answered);
+    }
+
+    /// Takes a retry's token after an attempt that got `signal`, or says
+    /// why not.
+    pub(crate) fn take_for(&mut self, signal: Signal, now: Instant) -> Result<(), Refusal> {
+        match signal {
+            Signal::Overload if self.overload.overloaded() => return Err(Refusal::Overload),
+            Signal::LostAnswer
+                if !self.overload.overloaded() && self.answered >= ANSWERED_ENOUGH =>
+            {
+                self.refill_floor(now);
+                if self.floor >= TOKEN {
+                    self.floor -= TOKEN;
+                    return Ok(());
+                }
+            }
+            Signal::Overload | Signal::LostAnswer | Signal::ServerError | Signal::Answered => {}
+        }
+        if self.has_token() {
+            self.take();
+            Ok(())
+        } else {
+            Err(Refusal::Budget)
+        }
+    }
+
+    fn refill_floor(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.floor_at);
+        self.floor_at = now;
+        let earned = (elapsed.as_secs_f64() * self.floor_rate as f64) as u64;
+        self.floor = self.floor.saturating_add(earned).min(self.floor_rate);
     }
 
     /// A call starts: it earns its share of a retry.
@@ -177,21 +298,22 @@ impl TokenBucket {
     }
 }
 
-/// Takes one retry's token from `bucket`; `false` when it has none.
-pub(crate) fn take_retry(bucket: &std::sync::Mutex<TokenBucket>) -> bool {
-    let mut bucket = bucket
+/// Takes one retry's token from `bucket` after an attempt that got
+/// `signal`, or says why not.
+pub(crate) fn take_retry(
+    bucket: &std::sync::Mutex<TokenBucket>,
+    signal: Signal,
+) -> Result<(), Refusal> {
+    bucket
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let has = bucket.has_token();
-    if has {
-        bucket.take();
-    }
-    has
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take_for(signal, Instant::now())
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
+    use std::time::Duration;
 
     use super::*;
 
@@ -299,11 +421,110 @@ mod tests {
     fn a_refused_retry_takes_nothing() {
         let bucket = Mutex::new(TokenBucket::new(&RetryBudget::new(0.5).with_initial(0.0)));
         bucket.lock().unwrap().deposit();
-        assert!(!take_retry(&bucket));
+        assert_eq!(
+            take_retry(&bucket, Signal::ServerError),
+            Err(Refusal::Budget)
+        );
         assert_eq!(bucket.lock().unwrap().retries_left(), 0.5);
         bucket.lock().unwrap().deposit();
-        assert!(take_retry(&bucket));
-        assert!(!take_retry(&bucket));
+        assert_eq!(take_retry(&bucket, Signal::ServerError), Ok(()));
+        assert_eq!(
+            take_retry(&bucket, Signal::ServerError),
+            Err(Refusal::Budget)
+        );
+    }
+
+    #[test]
+    fn the_floor_serves_lost_answers_only() {
+        // An empty share: only the floor can serve.
+        let budget = RetryBudget::new(0.0).with_initial(0.0);
+        let start = Instant::now();
+        let mut bucket = TokenBucket::new(&budget);
+        // A full second's worth at start: ten lost answers retried.
+        for n in 0..10 {
+            assert_eq!(bucket.take_for(Signal::LostAnswer, start), Ok(()), "{n}");
+        }
+        assert_eq!(
+            bucket.take_for(Signal::LostAnswer, start),
+            Err(Refusal::Budget)
+        );
+        // Server errors and overload answers never take the floor.
+        let later = start + Duration::from_secs(1);
+        assert_eq!(
+            bucket.take_for(Signal::ServerError, later),
+            Err(Refusal::Budget)
+        );
+        assert_eq!(
+            bucket.take_for(Signal::Overload, later),
+            Err(Refusal::Budget)
+        );
+        // Half a second earns five, and no more than a second's worth is
+        // kept however long the quiet.
+        let mut bucket = TokenBucket::new(&budget);
+        let mut taken = 0;
+        while bucket.take_for(Signal::LostAnswer, start).is_ok() {
+            taken += 1;
+        }
+        assert_eq!(taken, 10);
+        let half = start + Duration::from_millis(500);
+        while bucket.take_for(Signal::LostAnswer, half).is_ok() {
+            taken += 1;
+        }
+        assert_eq!(taken, 15);
+        let hour = start + Duration::from_secs(3600);
+        while bucket.take_for(Signal::LostAnswer, hour).is_ok() {
+            taken += 1;
+        }
+        assert_eq!(taken, 25);
+    }
+
+    #[test]
+    fn no_floor_when_the_server_answers_too_little_or_is_overloaded() {
+        let budget = RetryBudget::new(0.0).with_initial(0.0);
+        let now = Instant::now();
+        // A server that answers nothing (down, or hung): the share only.
+        let mut bucket = TokenBucket::new(&budget);
+        for _ in 0..40 {
+            bucket.observe(Signal::LostAnswer);
+        }
+        assert_eq!(
+            bucket.take_for(Signal::LostAnswer, now),
+            Err(Refusal::Budget)
+        );
+        // Jitter: two attempts in three answered: the floor serves.
+        let mut bucket = TokenBucket::new(&budget);
+        for n in 0..300 {
+            bucket.observe(if n % 3 == 0 {
+                Signal::LostAnswer
+            } else {
+                Signal::Answered
+            });
+        }
+        assert_eq!(bucket.take_for(Signal::LostAnswer, now), Ok(()));
+        // Overloaded: neither the floor nor a retry of an overload answer.
+        let mut bucket = TokenBucket::new(&RetryBudget::default());
+        for _ in 0..5 {
+            bucket.observe(Signal::Overload);
+        }
+        assert_eq!(
+            bucket.take_for(Signal::Overload, now),
+            Err(Refusal::Overload)
+        );
+        // The share still serves a lost answer (the bucket is full).
+        assert_eq!(bucket.take_for(Signal::LostAnswer, now), Ok(()));
+        assert_eq!(bucket.retries_left(), 9.0, "from the share, not the floor");
+    }
+
+    #[test]
+    fn a_zero_floor_leaves_the_share_alone() {
+        let budget = RetryBudget::new(0.1)
+            .with_initial(0.0)
+            .with_min_per_sec(0.0);
+        let mut bucket = TokenBucket::new(&budget);
+        assert_eq!(
+            bucket.take_for(Signal::LostAnswer, Instant::now()),
+            Err(Refusal::Budget)
+        );
     }
 
     #[test]

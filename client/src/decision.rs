@@ -179,6 +179,18 @@ fn want(outcome: Observed, class: Class) -> Want {
             },
             _,
         ) => Want::ResendAfterHint(hint),
+        // A 503 with `Retry-After`: the server sheds load (or the guard's
+        // store is unavailable) and said when to come back. A read or a
+        // keyed write waits that long; a write without a key takes the
+        // 503 as the answer, as before.
+        (
+            Observed::Answer {
+                status: 503,
+                retry_after: Some(hint),
+                ..
+            },
+            Read | KeyedWrite,
+        ) => Want::ResendAfterHint(hint),
         // Not run (or released by the guard): send again.
         (
             Observed::Answer {
@@ -426,6 +438,11 @@ mod tests {
             (answer(500), UW, true, 1, s, Return),
             (answer(502), UW, true, 1, s, Return),
             (answer(503), UW, true, 1, s, Return),
+            // A 503 with `Retry-After` waits as told (floor and jitter as
+            // for a 429); a write without a key still takes it as the answer.
+            (hinted(503, 1), R, false, 1, s, wait_1s),
+            (hinted(503, 1), KW, true, 1, s, wait_1s),
+            (hinted(503, 1), UW, true, 1, s, Return),
             (answer(504), UW, true, 1, s, Return),
             (answer(408), UW, true, 1, s, Return),
             (Observed::TimedOut, UW, true, 1, s, Stop(UnkeyedWrite)),

@@ -22,6 +22,13 @@ pub enum ErrorKind {
     /// call failed and was not retried, so that retries stay a bounded
     /// share of calls. Not a network failure of its own.
     BudgetExhausted,
+    /// The server said it is overloaded (a 429, or a 5xx with
+    /// `Retry-After`) often enough that the client's overload limiter
+    /// holds retries back (gRPC's retry throttling, fed by throttling
+    /// answers only): the call failed and was not retried, so that a
+    /// server shedding load is not sent more. The last failure is the
+    /// server's answer.
+    Overloaded,
     /// The call's time budget ran out, or what is left of it cannot cover
     /// another attempt (or the wait the server asked for).
     DeadlineExceeded,
@@ -50,6 +57,7 @@ impl ErrorKind {
             Self::UnkeyedWrite => "unkeyed-write",
             Self::NotRetryable => "not-retryable",
             Self::BudgetExhausted => "budget-exhausted",
+            Self::Overloaded => "overloaded",
             Self::DeadlineExceeded => "deadline-exceeded",
             Self::AttemptsExhausted => "attempts-exhausted",
             Self::CircuitOpen => "circuit-open",
@@ -66,6 +74,7 @@ impl fmt::Display for ErrorKind {
             Self::UnkeyedWrite => "a write without an idempotency key failed and is never resent",
             Self::NotRetryable => "the request failed in a way no retry fixes",
             Self::BudgetExhausted => "the retry budget is spent",
+            Self::Overloaded => "the server is overloaded; its retries are held back",
             Self::DeadlineExceeded => "the deadline leaves no room for another attempt",
             Self::AttemptsExhausted => "the attempts allowed are spent",
             Self::CircuitOpen => "the circuit breaker is open",

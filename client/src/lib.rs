@@ -108,6 +108,15 @@
 //! makes it `1 + share` from the first call, at the price that a fresh
 //! client earns its first retry only after ten calls.
 //!
+//! That bound holds for retries after server errors and overload answers.
+//! Retries after lost answers (a reset, a timeout, a connect error) may
+//! also take a floor of 10 per second ([`RetryBudget::with_min_per_sec`],
+//! Finagle's `minRetriesPerSec`) while the server answers at least a third
+//! of the attempts; and after overload answers (a 429, a 5xx with
+//! `Retry-After`) an overload limiter (gRPC's retry throttling, fed by
+//! those answers only) stops retries while the server sheds load
+//! ([`ErrorKind::Overloaded`]).
+//!
 //! # Metrics
 //!
 //! Through the `metrics` facade (see [`telemetry`]):
@@ -115,6 +124,8 @@
 //! `idempotency_client_attempts_total{endpoint, outcome}`,
 //! `idempotency_client_retries_total{endpoint, outcome}`,
 //! `idempotency_client_budget_refusals_total{endpoint, budget}`,
+//! `idempotency_client_overload_refusals_total{endpoint}`,
+//! `idempotency_client_given_up_total{endpoint, class, cause}`,
 //! `idempotency_client_status_checks_total{endpoint, advice}`.
 //!
 //! ```text
@@ -136,9 +147,11 @@ mod deadline;
 mod decision;
 mod error;
 mod key;
+mod overload;
 mod policy;
 mod retry;
 mod retry_after;
+mod signal;
 pub mod status;
 pub mod telemetry;
 

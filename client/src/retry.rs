@@ -10,10 +10,11 @@ use http::HeaderValue;
 use reqwest::{Method, Request, Response};
 
 use crate::breaker::BreakerState;
-use crate::budget::{self, TokenBucket};
+use crate::budget::{self, Refusal, TokenBucket};
 use crate::deadline::Deadline;
 use crate::decision::{self, Class, Decision, GuardConflict, Observed, Situation};
 use crate::key::{IDEMPOTENCY_KEY, RETRY_ATTEMPT};
+use crate::signal::Signal;
 use crate::status::{Advice, StatusClient};
 use crate::{ErrorKind, Failure, Kind, Policy, RetryBudget, RetryError, new_key, telemetry};
 
@@ -300,6 +301,7 @@ impl RetryClient {
         };
         let policy = self.policy(endpoint, first.method());
         let (class, key) = identify(&first, policy);
+        call.class = Some(class);
         call.key = key
             .as_ref()
             .map(|k| String::from_utf8_lossy(k.as_bytes()).into_owned());
@@ -312,6 +314,9 @@ impl RetryClient {
         };
 
         let mut pending = Some(first);
+        // What the last attempt said about the server: which tokens a
+        // retry after it may take.
+        let mut signal = Signal::ServerError;
         loop {
             if let Some(breaker) = &endpoint_state.breaker
                 && lock(breaker).admit(Instant::now()).is_err()
@@ -339,6 +344,10 @@ impl RetryClient {
             let (mut outcome, result) = classify(sent, class).await;
             telemetry::attempt(endpoint, call.attempts, outcome);
             call.attempts += 1;
+            if let Some(seen) = Signal::of(outcome) {
+                signal = seen;
+                lock(&endpoint_state.budget).observe(seen);
+            }
             if let Some(breaker) = &endpoint_state.breaker {
                 lock(breaker).record(!outcome.is_failure(), Instant::now());
             }
@@ -378,14 +387,21 @@ impl RetryClient {
                         };
                     }
                     Decision::Resend { after } => {
-                        if !budget::take_retry(&endpoint_state.budget) {
-                            let label = if endpoint_state.own_budget {
-                                "endpoint"
-                            } else {
-                                "shared"
-                            };
-                            telemetry::budget_refusal(endpoint, label);
-                            return Err(call.stop(ErrorKind::BudgetExhausted));
+                        match budget::take_retry(&endpoint_state.budget, signal) {
+                            Ok(()) => {}
+                            Err(Refusal::Budget) => {
+                                let label = if endpoint_state.own_budget {
+                                    "endpoint"
+                                } else {
+                                    "shared"
+                                };
+                                telemetry::budget_refusal(endpoint, label);
+                                return Err(call.stop(ErrorKind::BudgetExhausted));
+                            }
+                            Err(Refusal::Overload) => {
+                                telemetry::overload_refusal(endpoint);
+                                return Err(call.stop(ErrorKind::Overloaded));
+                            }
                         }
                         pause(after).await;
                         break;
@@ -404,6 +420,8 @@ impl RetryClient {
 /// The bookkeeping of one call, for its error and its metrics.
 struct Call<'a> {
     endpoint: &'a str,
+    /// Known once the first request is built.
+    class: Option<Class>,
     attempts: u32,
     key: Option<String>,
     may_have_run: bool,
@@ -414,6 +432,7 @@ impl<'a> Call<'a> {
     fn new(endpoint: &'a str) -> Self {
         Self {
             endpoint,
+            class: None,
             attempts: 0,
             key: None,
             may_have_run: false,
@@ -438,6 +457,12 @@ impl<'a> Call<'a> {
 
     fn stop(self, kind: ErrorKind) -> RetryError {
         telemetry::call(self.endpoint, kind.as_str(), self.attempts > 1);
+        let class = match self.class {
+            Some(Class::Read) => "read",
+            Some(Class::KeyedWrite | Class::UnkeyedWrite) => "write",
+            None => "unknown",
+        };
+        telemetry::given_up(self.endpoint, class, kind);
         RetryError {
             kind,
             endpoint: self.endpoint.to_owned(),

@@ -5,6 +5,12 @@
 //!   calls, by how they ended (`success`, `client-error`, `server-error`,
 //!   or an [`ErrorKind`](crate::ErrorKind) name such as
 //!   `budget-exhausted`) and whether they retried (`true`/`false`).
+//! - `idempotency_client_given_up_total{endpoint, class, cause}`: calls
+//!   that ended without an answer, split by `class` (`read`, `write`, or
+//!   `unknown` for a request that could not be built) and by `cause`
+//!   (`budget`, `deadline`, `breaker`, `overload`, `attempts`,
+//!   `outcome-unknown`, `still-running`, `unkeyed-write`, `not-retryable`,
+//!   `invalid-request`).
 //! - `idempotency_client_attempts_total{endpoint, outcome}`: every request
 //!   sent, by what it got (below).
 //! - `idempotency_client_retries_total{endpoint, outcome}`: the attempts
@@ -13,6 +19,8 @@
 //! - `idempotency_client_budget_refusals_total{endpoint, budget}`: retries
 //!   the budget refused (`budget` is `shared`, the client's, or `endpoint`,
 //!   an endpoint's own).
+//! - `idempotency_client_overload_refusals_total{endpoint}`: retries the
+//!   overload limiter refused (the server said it is overloaded).
 //! - `idempotency_client_status_checks_total{endpoint, advice}`: key-status
 //!   look-ups after an outcome-unknown failure, by advice (`replay`,
 //!   `wait`, `retry`, `reconcile`, or `unavailable`).
@@ -22,16 +30,21 @@
 //! guard's 409s), `server-error` (408, 5xx), `timeout`, `connect-error`,
 //! `dropped` or `broken`.
 
+use crate::ErrorKind;
 use crate::decision::{GuardConflict, Observed};
 
 /// Logical calls.
 pub const CALLS_TOTAL: &str = "idempotency_client_calls_total";
+/// Calls given up, by class and cause.
+pub const GIVEN_UP_TOTAL: &str = "idempotency_client_given_up_total";
 /// Requests sent.
 pub const ATTEMPTS_TOTAL: &str = "idempotency_client_attempts_total";
 /// Requests sent after the first of their call.
 pub const RETRIES_TOTAL: &str = "idempotency_client_retries_total";
 /// Retries the budget refused.
 pub const BUDGET_REFUSALS_TOTAL: &str = "idempotency_client_budget_refusals_total";
+/// Retries the overload limiter refused.
+pub const OVERLOAD_REFUSALS_TOTAL: &str = "idempotency_client_overload_refusals_total";
 /// Key-status look-ups.
 pub const STATUS_CHECKS_TOTAL: &str = "idempotency_client_status_checks_total";
 
@@ -41,6 +54,10 @@ pub fn describe() {
     metrics::describe_counter!(
         CALLS_TOTAL,
         "Logical calls of the retry client, by endpoint, outcome and whether they retried."
+    );
+    metrics::describe_counter!(
+        GIVEN_UP_TOTAL,
+        "Calls of the retry client that ended without an answer, by endpoint, class (read, write) and cause."
     );
     metrics::describe_counter!(
         ATTEMPTS_TOTAL,
@@ -53,6 +70,10 @@ pub fn describe() {
     metrics::describe_counter!(
         BUDGET_REFUSALS_TOTAL,
         "Retries refused by the retry budget, by endpoint and budget (shared or endpoint)."
+    );
+    metrics::describe_counter!(
+        OVERLOAD_REFUSALS_TOTAL,
+        "Retries refused by the overload limiter (the server said it is overloaded), by endpoint."
     );
     metrics::describe_counter!(
         STATUS_CHECKS_TOTAL,
@@ -114,6 +135,33 @@ pub(crate) fn call(endpoint: &str, outcome: &'static str, retried: bool) {
     .increment(1);
 }
 
+/// The `cause` label of a call given up.
+pub(crate) fn cause(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::BudgetExhausted => "budget",
+        ErrorKind::DeadlineExceeded => "deadline",
+        ErrorKind::CircuitOpen => "breaker",
+        ErrorKind::Overloaded => "overload",
+        ErrorKind::AttemptsExhausted => "attempts",
+        ErrorKind::OutcomeUnknown => "outcome-unknown",
+        ErrorKind::OutcomeStillRunning => "still-running",
+        ErrorKind::UnkeyedWrite => "unkeyed-write",
+        ErrorKind::NotRetryable => "not-retryable",
+        ErrorKind::InvalidRequest => "invalid-request",
+    }
+}
+
+/// Counts one call given up.
+pub(crate) fn given_up(endpoint: &str, class: &'static str, kind: ErrorKind) {
+    metrics::counter!(
+        GIVEN_UP_TOTAL,
+        "endpoint" => endpoint.to_owned(),
+        "class" => class,
+        "cause" => cause(kind),
+    )
+    .increment(1);
+}
+
 /// Counts one refused retry.
 pub(crate) fn budget_refusal(endpoint: &str, budget: &'static str) {
     metrics::counter!(
@@ -122,6 +170,11 @@ pub(crate) fn budget_refusal(endpoint: &str, budget: &'static str) {
         "budget" => budget,
     )
     .increment(1);
+}
+
+/// Counts one retry the overload limiter refused.
+pub(crate) fn overload_refusal(endpoint: &str) {
+    metrics::counter!(OVERLOAD_REFUSALS_TOTAL, "endpoint" => endpoint.to_owned()).increment(1);
 }
 
 /// Counts one status look-up.

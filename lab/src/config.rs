@@ -69,6 +69,54 @@ pub struct IncidentConfig {
     /// lease is [`CRASH_LEASE`], so the killed debit's key is abandoned
     /// before the run ends. Off by default.
     pub crash_at: Option<Duration>,
+    /// The overload scenario: the API has a capacity, and the offered load
+    /// surges past it for the schedule's window. Off (the jitter scenario)
+    /// by default.
+    pub overload: Option<Overload>,
+}
+
+/// The overload scenario's settings: no network faults, but a capacity
+/// the window's surge of traffic exceeds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Overload {
+    /// Requests per second the API admits (the proxy answers the others
+    /// `503` with `Retry-After`, see [`crate::capacity`]).
+    pub capacity: f64,
+    /// The offered load inside the window, in multiples of the rate.
+    pub surge: f64,
+}
+
+impl Overload {
+    /// The defaults for a traffic of `rate` operations per second: a
+    /// capacity of 1.5 times the rate, and twice the rate offered in the
+    /// window (a third more than the API admits, before any retry).
+    pub fn for_rate(rate: f64) -> Self {
+        Self {
+            capacity: 1.5 * rate,
+            surge: 2.0,
+        }
+    }
+}
+
+/// Which of the two incidents a run replays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// Network jitter: answers delayed, dropped and reset in the window,
+    /// on a healthy server.
+    Jitter,
+    /// Overload: the offered load surges past the API's capacity in the
+    /// window.
+    Overload,
+}
+
+impl Scenario {
+    /// The scenario's name, and the stem of its page and plot.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Jitter => "incident",
+            Self::Overload => "overload",
+        }
+    }
 }
 
 /// How long a debit's handler takes when the run has a crash (the
@@ -92,6 +140,29 @@ impl IncidentConfig {
             schedule: FaultSchedule::new(seed),
             naive: NaivePolicy::default(),
             crash_at: None,
+            overload: None,
+        }
+    }
+
+    /// The default overload incident of `seed`: the same traffic, no
+    /// network faults, a capacity of 60 requests per second, and 80
+    /// operations per second offered for 30 s from 10 s in.
+    pub fn overload(seed: u64) -> Self {
+        let mut config = Self::new(seed);
+        config.schedule.window = Duration::from_secs(30);
+        config.schedule.delayed = 0.0;
+        config.schedule.dropped = 0.0;
+        config.schedule.reset = 0.0;
+        config.duration = Duration::from_secs(55);
+        config.overload = Some(Overload::for_rate(config.rate));
+        config
+    }
+
+    /// Which incident this is.
+    pub fn scenario(&self) -> Scenario {
+        match self.overload {
+            Some(_) => Scenario::Overload,
+            None => Scenario::Jitter,
         }
     }
 
@@ -118,6 +189,14 @@ impl IncidentConfig {
             return Err(format!(
                 "--rate must be above 0 and at most 1000, not {}",
                 self.rate
+            ));
+        }
+        if let Some(overload) = self.overload
+            && !(overload.capacity > 0.0 && overload.surge >= 1.0 && overload.surge <= 10.0)
+        {
+            return Err(format!(
+                "--capacity must be above 0 and --surge between 1 and 10, not {} and {}",
+                overload.capacity, overload.surge
             ));
         }
         if self.clients == 0 {
@@ -151,5 +230,8 @@ mod tests {
         let mut config = IncidentConfig::new(1);
         config.writes = 1.5;
         assert!(config.check().is_err_and(|e| e.contains("--writes")));
+        let config = IncidentConfig::overload(1);
+        assert_eq!(config.check(), Ok(()));
+        assert_eq!(config.scenario(), Scenario::Overload);
     }
 }

@@ -12,14 +12,16 @@
 //!
 //! Everything runs on this machine with nothing started beforehand: each
 //! run has its own SQLite file; the app and the status service are the
-//! workspace's own programs, started as processes ([`Programs`]: the
-//! command line builds the workspace's; the tests start this package's
-//! `lab-payments` and `lab-status-service`, the same files built with the
-//! test build).
+//! workspace's own programs, started as processes ([`Programs`]: this
+//! package's `lab-payments` and `lab-status-service`, built from the
+//! payments example's and the service's files; the command line finds
+//! them next to its executable, the tests get them with the test build).
 
 pub mod callers;
+pub mod capacity;
 pub mod config;
 pub mod plot;
+pub mod programs;
 pub mod proxy;
 pub mod report;
 pub mod run;
@@ -31,12 +33,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
-pub use config::{IncidentConfig, Mode, NaivePolicy};
-pub use run::{AbandonedKey, Programs};
+pub use config::{IncidentConfig, Mode, NaivePolicy, Overload, Scenario};
+pub use programs::Programs;
+pub use run::AbandonedKey;
 pub use schedule::FaultSchedule;
 pub use tally::{Series, Summary};
 
-/// The file names the lab writes into its output directory.
+/// The file names the lab writes into its output directory (the jitter
+/// scenario's; the overload scenario's are `overload.md` and
+/// `overload.svg`).
 pub const TABLE_FILE: &str = "incident.md";
 /// The plot's file name.
 pub const PLOT_FILE: &str = "incident.svg";
@@ -83,10 +88,12 @@ pub async fn incident(
     );
     let (naive, guarded) = (Summary::of(&naive), Summary::of(&guarded));
     std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
-    let table = out.join(TABLE_FILE);
-    let plot = out.join(PLOT_FILE);
+    let stem = config.scenario().as_str();
+    let plot_file = format!("{stem}.svg");
+    let table = out.join(format!("{stem}.md"));
+    let plot = out.join(&plot_file);
     std::fs::write(&plot, svg).with_context(|| format!("write {}", plot.display()))?;
-    let page = report::page(config, &naive, &guarded, PLOT_FILE);
+    let page = report::page(config, &naive, &guarded, &plot_file);
     std::fs::write(&table, page).with_context(|| format!("write {}", table.display()))?;
     Ok(Incident {
         naive,

@@ -12,6 +12,10 @@
 //! suite's `idempotency_tests::proxy` (faults by connection number, no
 //! delays), its faults follow a window in time and the request's identity,
 //! so the two runs of a seed meet the same ones.
+//!
+//! In the overload scenario the proxy also stands for the API's capacity
+//! ([`Capacity`]): a request past it is answered `503` with `Retry-After`
+//! by the proxy itself and never reaches the app.
 
 use std::collections::HashMap;
 use std::io;
@@ -23,6 +27,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
+use crate::capacity::{Capacity, SHED_RETRY_AFTER};
 use crate::schedule::{Fate, FaultSchedule};
 use crate::traffic::Kind;
 
@@ -52,6 +57,8 @@ pub struct Exchange {
     pub replayed: bool,
     /// Whether the whole answer reached a client still waiting for it.
     pub delivered: bool,
+    /// Whether the API's capacity refused it (`503`, never at the app).
+    pub shed: bool,
 }
 
 impl Exchange {
@@ -106,7 +113,8 @@ pub struct FaultProxy {
 
 impl FaultProxy {
     /// Starts a proxy on a free loopback port that forwards to `target`,
-    /// with the window of `schedule` counted from `origin`.
+    /// with the window of `schedule` counted from `origin`, and, with a
+    /// `capacity`, refuses what is past it.
     ///
     /// # Errors
     ///
@@ -115,6 +123,7 @@ impl FaultProxy {
         target: SocketAddr,
         schedule: FaultSchedule,
         origin: Instant,
+        capacity: Option<Capacity>,
     ) -> io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
@@ -131,9 +140,11 @@ impl FaultProxy {
                 };
                 let log = Arc::clone(&shared);
                 let counter = counter.clone();
+                let capacity = capacity.clone();
                 tokio::spawn(async move {
                     let at = origin.elapsed();
-                    if let Ok(exchange) = relay(client, target, &schedule, at, &counter).await {
+                    let relayed = relay(client, target, &schedule, at, &counter, capacity).await;
+                    if let Ok(exchange) = relayed {
                         log.lock()
                             .unwrap_or_else(PoisonError::into_inner)
                             .push(exchange);
@@ -178,6 +189,7 @@ async fn relay(
     schedule: &FaultSchedule,
     at: Duration,
     at_upstream: &WritesAtUpstream,
+    capacity: Option<Capacity>,
 ) -> io::Result<Exchange> {
     let (head, rest) = read_head(&mut client).await?;
     let request = RequestHead::parse(&head);
@@ -191,7 +203,18 @@ async fn relay(
         status: None,
         replayed: false,
         delivered: false,
+        shed: false,
     };
+    if capacity.is_some_and(|capacity| !capacity.admit(Instant::now())) {
+        exchange.fate = Fate::Forward;
+        exchange.status = Some(503);
+        exchange.shed = true;
+        exchange.delivered = pass_on(&mut client, &shed_answer()).await;
+        // Read what is left of the request until the client closes, so
+        // that closing does not reset the connection under the answer.
+        let _ = tokio::time::timeout(Duration::from_secs(1), closed(&mut client)).await;
+        return Ok(exchange);
+    }
     let write = request.kind == Kind::Write && request.attempt == 0;
     if write {
         at_upstream.set(request.operation, true);
@@ -265,6 +288,15 @@ async fn forward(
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
     Ok(answer)
+}
+
+/// The API's refusal past its capacity.
+fn shed_answer() -> Vec<u8> {
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\nRetry-After: {SHED_RETRY_AFTER}\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes()
 }
 
 /// Writes the answer and closes; whether it all went out.

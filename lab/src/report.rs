@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::config::IncidentConfig;
+use crate::config::{IncidentConfig, Scenario};
 use crate::tally::{Summary, Traffic};
 
 fn percent(value: f64) -> String {
@@ -67,6 +67,23 @@ pub fn table(naive: &Summary, guarded: &Summary) -> String {
     row("calls given up by the client (reads / writes)", &|s| {
         pair(s.reads.gave_up, s.writes.gave_up)
     });
+    row("given up, by cause (reads / writes)", &|s| {
+        if s.gave_up_by.is_empty() {
+            return "none".to_owned();
+        }
+        s.gave_up_by
+            .iter()
+            .map(|(cause, n)| format!("{cause} {}", pair(n.reads, n.writes)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
+    row("**amplification in the window**", &|s| {
+        format!("**{:.3}**", s.window.amplification())
+    });
+    row(
+        "**goodput in the window** (operations completed per second)",
+        &|s| format!("**{:.1}**", s.window.goodput()),
+    );
     row("status look-ups", &|s| match s.unsettled {
         None => "none (no status service)".to_owned(),
         Some(_) => s.lookups.to_string(),
@@ -88,6 +105,9 @@ pub fn table(naive: &Summary, guarded: &Summary) -> String {
     );
     row("answers delayed / dropped / reset by the proxy", &|s| {
         format!("{} / {} / {}", s.delayed, s.dropped, s.reset)
+    });
+    row("requests refused past the API's capacity (503)", &|s| {
+        s.shed.to_string()
     });
     row("wall time of the traffic", &|s| {
         format!("{:.1} s", s.elapsed.as_secs_f64())
@@ -124,9 +144,19 @@ pub fn command(config: &IncidentConfig) -> String {
         .crash_at
         .map(|at| format!(" --crash-at {}", at.as_secs_f64()))
         .unwrap_or_default();
+    let overload = config
+        .overload
+        .map(|o| {
+            format!(
+                " --scenario overload --capacity {} --surge {}",
+                o.capacity, o.surge
+            )
+        })
+        .unwrap_or_default();
     format!(
         "cargo run -p idempotency-lab -- incident --seed {} --window {} --window-start {} \
-         --duration {} --rate {} --writes {} --clients {} --delayed {} --dropped {} --reset {}{crash}",
+         --duration {} --rate {} --writes {} --clients {} --delayed {} --dropped {} --reset {}\
+         {overload}{crash}",
         s.seed,
         s.window.as_secs_f64(),
         s.start.as_secs_f64(),
@@ -142,6 +172,69 @@ pub fn command(config: &IncidentConfig) -> String {
 
 /// The whole page: what ran, the table, the plot.
 pub fn page(config: &IncidentConfig, naive: &Summary, guarded: &Summary, plot: &str) -> String {
+    match config.scenario() {
+        Scenario::Jitter => jitter_page(config, naive, guarded, plot),
+        Scenario::Overload => overload_page(config, naive, guarded, plot),
+    }
+}
+
+/// What the figures are worth on this machine.
+const MACHINE: &str = "Run on a shared 2-core machine while other builds ran: \
+     the counts (requests, retries, calls given up, double charges) are the \
+     figures to compare; times and rates per second are the machine's too.";
+
+/// The overload scenario's page.
+fn overload_page(
+    config: &IncidentConfig,
+    naive: &Summary,
+    guarded: &Summary,
+    plot: &str,
+) -> String {
+    let s = &config.schedule;
+    let overload = config.overload.unwrap_or(crate::config::Overload {
+        capacity: 0.0,
+        surge: 1.0,
+    });
+    let naive_pauses: Vec<String> = config
+        .naive
+        .pauses
+        .iter()
+        .map(|p| format!("{} s", p.as_secs_f64()))
+        .collect();
+    format!(
+        "# The overload lab: the last run\n\n\
+         Written by the lab; rerun with:\n\n```sh\n{command}\n```\n\n\
+         {operations} operations over {duration} s ({rate} per second, {writes:.0} % debits, \
+         over {clients} client instances), twice over the same seeded traffic; the API admits \
+         {capacity} requests per second and answers the others `503` with `Retry-After: \
+         {retry_after}` (each refusal costs a quarter of an admitted request); from {start} s \
+         for {window} s the offered load is {surge} times the rate ({offered} operations per \
+         second), no network faults. Naive: no key, every 5xx, timeout and connection error \
+         retried after {pauses}, the app without its guard. Guarded: the app behind the guard, \
+         the retry client's defaults, the status service asked before a write is resent. \
+         \"In the window\": requests reaching the API in it, per operation started in it; \
+         goodput: operations whose successful answer came from a request that arrived in it, per second of it. {machine}\n\n\
+         {table}\n![Both runs over time]({plot})\n",
+        command = command(config),
+        operations = naive.reads.operations + naive.writes.operations,
+        duration = config.duration.as_secs_f64(),
+        rate = config.rate,
+        writes = config.writes * 100.0,
+        clients = config.clients,
+        capacity = overload.capacity,
+        retry_after = crate::capacity::SHED_RETRY_AFTER,
+        start = s.start.as_secs_f64(),
+        window = s.window.as_secs_f64(),
+        surge = overload.surge,
+        offered = config.rate * overload.surge,
+        pauses = naive_pauses.join(", "),
+        machine = MACHINE,
+        table = table(naive, guarded),
+    )
+}
+
+/// The jitter scenario's page.
+fn jitter_page(config: &IncidentConfig, naive: &Summary, guarded: &Summary, plot: &str) -> String {
     let s = &config.schedule;
     let naive_pauses: Vec<String> = config
         .naive
@@ -160,7 +253,7 @@ pub fn page(config: &IncidentConfig, naive: &Summary, guarded: &Summary, plot: &
          {timeout} s per attempt, the app without its guard. Guarded: the app behind the guard, \
          the retry client's defaults, the status service asked before a write is resent. \
          Counted at the proxy (requests, retries, whether the client got the answer) and \
-         at the ledger (executions per debit).{crash}\n\n{table}\n{keys}![Both runs over time]({plot})\n",
+         at the ledger (executions per debit).{crash} {machine}\n\n{table}\n{keys}![Both runs over time]({plot})\n",
         command = command(config),
         operations = naive.reads.operations + naive.writes.operations,
         duration = config.duration.as_secs_f64(),
@@ -178,6 +271,7 @@ pub fn page(config: &IncidentConfig, naive: &Summary, guarded: &Summary, plot: &
         timeout = config.naive.timeout.as_secs_f64(),
         table = table(naive, guarded),
         keys = to_reconcile(guarded),
+        machine = MACHINE,
         crash = config
             .crash_at
             .map(|at| format!(

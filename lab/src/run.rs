@@ -12,7 +12,9 @@ use idempotency_tests::Process;
 use tokio::task::JoinSet;
 
 use crate::callers::{CallOutcome, Caller};
+use crate::capacity::Capacity;
 use crate::config::{CRASH_HANDLER_TIME, CRASH_LEASE, IncidentConfig, Mode};
+use crate::programs::Programs;
 use crate::proxy::{Exchange, FaultProxy};
 use crate::schedule::FaultSchedule;
 use crate::traffic::{self, Kind, Operation, SEEDED_AMOUNT, SEEDED_PAYMENTS};
@@ -21,26 +23,6 @@ use crate::traffic::{self, Kind, Operation, SEEDED_AMOUNT, SEEDED_PAYMENTS};
 const TOKEN: &str = "token-of-the-incident-lab-0001";
 /// The admin token the lab reads the records needing a decision with.
 const ADMIN_TOKEN: &str = "admin-token-of-the-incident-lab-01";
-
-/// The paths of the programs a run starts.
-#[derive(Debug, Clone)]
-pub struct Programs {
-    /// The guard's payments example.
-    pub payments: String,
-    /// `idempotency-service`.
-    pub status_service: String,
-}
-
-impl Programs {
-    /// The workspace's own builds of both (built on first use).
-    pub fn of_the_workspace() -> Self {
-        use idempotency_tests::programs::{Program, path};
-        Self {
-            payments: path(Program::Payments),
-            status_service: path(Program::StatusService),
-        }
-    }
-}
 
 /// One logical operation and how its client saw it end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +77,9 @@ pub struct RunRecord {
     pub abandoned: Vec<AbandonedKey>,
     /// From the first operation to the last answer.
     pub elapsed: Duration,
+    /// The window (of faults, or of the surge), from the start of the
+    /// traffic.
+    pub window: std::ops::Range<Duration>,
 }
 
 /// Runs the incident once in `mode`; the SQLite file lives in `dir`.
@@ -152,12 +137,18 @@ pub async fn run(
     };
 
     let schedule = config.schedule;
-    let mut operations = traffic::plan(
+    let window = schedule.start..schedule.start + schedule.window;
+    let surge = config.overload.map(|overload| traffic::Surge {
+        window: window.clone(),
+        factor: overload.surge,
+    });
+    let mut operations = traffic::plan_with_surge(
         schedule.seed,
         config.rate,
         config.duration,
         config.writes,
         config.clients,
+        surge.as_ref(),
     );
     if config.crash_at.is_some() {
         for operation in operations.iter_mut().filter(|o| o.kind == Kind::Write) {
@@ -165,14 +156,17 @@ pub async fn run(
         }
     }
     let origin = Instant::now();
-    let proxy = FaultProxy::start(app.address, schedule, origin).await?;
+    let capacity = config
+        .overload
+        .map(|overload| Capacity::new(overload.capacity));
+    let proxy = FaultProxy::start(app.address, schedule, origin, capacity).await?;
     // The status service's traffic, counted and never faulted.
     let calm = FaultSchedule {
         window: Duration::ZERO,
         ..schedule
     };
     let status_proxy = match &service {
-        Some(service) => Some(FaultProxy::start(service.address, calm, origin).await?),
+        Some(service) => Some(FaultProxy::start(service.address, calm, origin, None).await?),
         None => None,
     };
     let app_address = app.address;
@@ -269,6 +263,7 @@ pub async fn run(
         unsettled,
         abandoned,
         elapsed,
+        window,
     })
 }
 

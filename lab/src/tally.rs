@@ -1,7 +1,7 @@
 //! The figures of a run, from its record: totals for the table and
 //! per-second series for the plot. Pure functions of the record.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use crate::callers::CallOutcome;
@@ -61,6 +61,46 @@ fn ratio(part: u64, whole: u64) -> f64 {
     }
 }
 
+/// The figures of the window (of faults, or of the surge) alone.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct WindowFigures {
+    /// Logical operations started in the window.
+    pub operations: u64,
+    /// Requests that reached the API in the window.
+    pub requests: u64,
+    /// Operations completed in the window: those whose successful answer
+    /// (200 for a read, 201 for a write) reached the client from a request
+    /// that arrived in it, whenever they started.
+    pub completed: u64,
+    /// How long the window lasts, in seconds.
+    pub seconds: f64,
+}
+
+impl WindowFigures {
+    /// Requests per operation in the window.
+    pub fn amplification(&self) -> f64 {
+        ratio(self.requests, self.operations)
+    }
+
+    /// Operations completed per second of the window: the goodput.
+    pub fn goodput(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.completed as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Calls given up by one cause: reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GaveUp {
+    /// Reads given up.
+    pub reads: u64,
+    /// Writes given up.
+    pub writes: u64,
+}
+
 /// The totals of one run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
@@ -96,6 +136,13 @@ pub struct Summary {
     pub abandoned: Vec<AbandonedKey>,
     /// How long the run's traffic took, to its last answer.
     pub elapsed: Duration,
+    /// The window's own figures.
+    pub window: WindowFigures,
+    /// Requests the API's capacity refused (overload scenario).
+    pub shed: u64,
+    /// Calls given up, by cause (the retry client's error kind, or the
+    /// naive client's last failure).
+    pub gave_up_by: BTreeMap<String, GaveUp>,
 }
 
 impl Summary {
@@ -130,6 +177,33 @@ impl Summary {
         let fates = |test: fn(&Fate) -> bool| {
             record.exchanges.iter().filter(|e| test(&e.fate)).count() as u64
         };
+        let in_window = |at: Duration| record.window.contains(&at);
+        let window = WindowFigures {
+            operations: record
+                .calls
+                .iter()
+                .filter(|c| in_window(c.operation.at))
+                .count() as u64,
+            requests: record.exchanges.iter().filter(|e| in_window(e.at)).count() as u64,
+            completed: record
+                .exchanges
+                .iter()
+                .filter(|e| in_window(e.at) && e.succeeded())
+                .map(|e| e.operation)
+                .collect::<std::collections::HashSet<_>>()
+                .len() as u64,
+            seconds: (record.window.end.saturating_sub(record.window.start)).as_secs_f64(),
+        };
+        let mut gave_up_by: BTreeMap<String, GaveUp> = BTreeMap::new();
+        for call in &record.calls {
+            if let CallOutcome::GaveUp(cause) = &call.outcome {
+                let entry = gave_up_by.entry(cause.clone()).or_default();
+                match call.operation.kind {
+                    Kind::Read => entry.reads += 1,
+                    Kind::Write => entry.writes += 1,
+                }
+            }
+        }
         Self {
             mode: record.mode,
             reads: traffic(Kind::Read),
@@ -147,6 +221,9 @@ impl Summary {
             unsettled: record.unsettled,
             abandoned: record.abandoned.clone(),
             elapsed: record.elapsed,
+            window,
+            shed: record.exchanges.iter().filter(|e| e.shed).count() as u64,
+            gave_up_by,
         }
     }
 }
@@ -304,6 +381,7 @@ mod tests {
             status: Some(status),
             replayed: false,
             delivered: true,
+            shed: false,
         }
     }
 
@@ -344,6 +422,7 @@ mod tests {
             unsettled: None,
             abandoned: vec![],
             elapsed: Duration::from_secs(3),
+            window: Duration::ZERO..Duration::from_secs(3),
         };
         let summary = Summary::of(&record);
         assert_eq!((summary.debits, summary.executions), (2, 3));

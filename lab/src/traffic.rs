@@ -69,9 +69,63 @@ pub fn plan(
     writes: f64,
     clients: usize,
 ) -> Vec<Operation> {
-    let count = (rate * duration.as_secs_f64()).floor() as u64;
-    (0..count)
-        .map(|index| {
+    plan_with_surge(seed, rate, duration, writes, clients, None)
+}
+
+/// A surge of traffic: inside `window` (from the start of the traffic),
+/// `factor` times the rate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Surge {
+    /// When the rate is multiplied.
+    pub window: std::ops::Range<Duration>,
+    /// By how much.
+    pub factor: f64,
+}
+
+/// [`plan`], with the rate multiplied inside the surge's window (the
+/// overload scenario's offered load). Which operations are writes, and
+/// what reads read, still depend on the seed and the operation's number
+/// alone.
+pub fn plan_with_surge(
+    seed: u64,
+    rate: f64,
+    duration: Duration,
+    writes: f64,
+    clients: usize,
+    surge: Option<&Surge>,
+) -> Vec<Operation> {
+    // Steady spans, each at its rate: the times are the span's start plus
+    // a whole number of intervals (no sum of rounded intervals drifts).
+    let end = duration.as_secs_f64();
+    let spans = match surge {
+        None => vec![(0.0, end, rate)],
+        Some(surge) => {
+            let (from, to) = (
+                surge.window.start.as_secs_f64().min(end),
+                surge.window.end.as_secs_f64().min(end),
+            );
+            vec![
+                (0.0, from, rate),
+                (from, to, rate * surge.factor),
+                (to, end, rate),
+            ]
+        }
+    };
+    let mut times = Vec::new();
+    for (from, to, rate) in spans {
+        let count = ((to - from) * rate).ceil().max(0.0) as u64;
+        times.extend(
+            (0..count)
+                .map(|k| from + k as f64 / rate)
+                .filter(|at| *at < to)
+                .map(Duration::from_secs_f64),
+        );
+    }
+    times
+        .into_iter()
+        .enumerate()
+        .map(|(index, at)| {
+            let index = index as u64;
             let mut state = seed.rotate_left(17) ^ index.wrapping_mul(0xD6E8_FEB8_6659_FD93);
             let kind = if unit(splitmix64(&mut state)) < writes {
                 Kind::Write
@@ -80,7 +134,7 @@ pub fn plan(
             };
             Operation {
                 index,
-                at: Duration::from_secs_f64(index as f64 / rate),
+                at,
                 kind,
                 client: (index % clients.max(1) as u64) as usize,
                 payment: 1 + splitmix64(&mut state) % SEEDED_PAYMENTS,
@@ -108,5 +162,22 @@ mod tests {
         assert_eq!(ops, plan(3, 40.0, Duration::from_secs(50), 0.2, 4));
         assert_ne!(ops, plan(4, 40.0, Duration::from_secs(50), 0.2, 4));
         assert!(ops.iter().all(|o| o.amount() < SEEDED_AMOUNT));
+    }
+
+    #[test]
+    fn a_surge_multiplies_the_rate_in_its_window() {
+        let surge = Surge {
+            window: Duration::from_secs(10)..Duration::from_secs(20),
+            factor: 2.0,
+        };
+        let ops = plan_with_surge(3, 40.0, Duration::from_secs(30), 0.2, 4, Some(&surge));
+        let within = |from: u64, to: u64| {
+            ops.iter()
+                .filter(|o| o.at >= Duration::from_secs(from) && o.at < Duration::from_secs(to))
+                .count()
+        };
+        assert!((399..=401).contains(&within(0, 10)), "{}", within(0, 10));
+        assert!((799..=801).contains(&within(10, 20)), "{}", within(10, 20));
+        assert!((399..=401).contains(&within(20, 30)), "{}", within(20, 30));
     }
 }

@@ -1,10 +1,12 @@
 //! The dashboard and alert rules users import (`deploy/`): every metric
-//! they name must be one the guard or the service exports, so a renamed
-//! metric cannot leave a panel or an alert silently empty.
+//! they name must be one the guard, the service or the retry client
+//! exports, so a renamed metric cannot leave a panel or an alert silently
+//! empty.
 //!
 //! Exported names are read from the code: the string literals of
-//! `guard/src` and `service/src` that name an `idempotency_*` metric (the
-//! constants passed to `metrics::counter!` and friends). The files' names
+//! `guard/src`, `service/src` and `client/src` that name an
+//! `idempotency_*` metric (the constants passed to `metrics::counter!`
+//! and friends). The files' names
 //! are read from every PromQL expression (`expr`) in them; recorded series
 //! (`level:metric:operation`, with colons) are left out, and a histogram's
 //! `_bucket`, `_count` and `_sum` series count as the histogram.
@@ -33,12 +35,13 @@ fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
     }
 }
 
-/// Every `"idempotency_..."` string literal of the guard's and the
-/// service's source.
+/// Every `"idempotency_..."` string literal of the guard's, the
+/// service's and the retry client's source.
 fn exported() -> BTreeSet<String> {
     let mut files = Vec::new();
     rust_files(&root().join("guard/src"), &mut files);
     rust_files(&root().join("service/src"), &mut files);
+    rust_files(&root().join("client/src"), &mut files);
     let mut names = BTreeSet::new();
     for file in files {
         let source = text(&file);

@@ -2,7 +2,7 @@
 //! runs; the naive one double-charges, the guarded one never does, and
 //! the crash leaves it keys to reconcile, each traced to its debit.
 
-use crate::lab_run::lab_run;
+use crate::lab_run::{lab_run, overload_run};
 
 #[test]
 fn through_the_same_faults_the_naive_run_double_charges_and_the_guarded_run_does_not() {
@@ -59,4 +59,61 @@ fn through_the_same_faults_the_naive_run_double_charges_and_the_guarded_run_does
     let svg = std::fs::read_to_string(&incident.plot).expect("the plot");
     assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
     assert!(run.store.is_file(), "the store is kept");
+}
+
+/// Issue 53, jitter: the floor of retries per second serves the lost
+/// answers of a server that answers the others, so no call gives up for
+/// the budget (before, the budget was spent within seconds), and no debit
+/// is charged twice. (The issue's full inequality, no more calls given up
+/// than the naive client, does not hold: the guarded client's 3 s read
+/// and 2 s write deadlines stop calls the naive one, at up to 15 s a call,
+/// still waits for; see docs/lab/incident.md.)
+#[test]
+fn through_the_jitter_no_call_gives_up_for_the_budget() {
+    let incident = &lab_run().incident;
+    let guarded = &incident.guarded;
+    assert!(
+        !guarded.gave_up_by.contains_key("budget-exhausted"),
+        "{:?}",
+        guarded.gave_up_by
+    );
+    assert_eq!(guarded.double_charged, 0, "{guarded:?}");
+}
+
+/// Issue 53's inequalities for the overload: the naive client storms
+/// (amplification above 1.5 in the window), the guarded one stays at or
+/// below 1.1 there, completes at least as many operations per second, and
+/// never charges twice.
+#[test]
+fn past_its_capacity_the_naive_client_storms_and_the_guarded_one_does_not() {
+    let incident = &overload_run().incident;
+    let (naive, guarded) = (&incident.naive, &incident.guarded);
+    assert_eq!(naive.writes.operations, guarded.writes.operations);
+    assert!(naive.shed > 0 && guarded.shed > 0, "the API refused some");
+    assert_eq!(
+        naive.delayed + naive.dropped + naive.reset,
+        0,
+        "no network faults"
+    );
+    assert!(
+        naive.window.amplification() > 1.5,
+        "the naive storm: {:?}",
+        naive.window
+    );
+    assert!(
+        guarded.window.amplification() <= 1.1,
+        "the guarded client: {:?}, given up {:?}",
+        guarded.window,
+        guarded.gave_up_by
+    );
+    assert!(
+        guarded.window.goodput() >= naive.window.goodput(),
+        "goodput {:?} against {:?}",
+        guarded.window,
+        naive.window
+    );
+    assert_eq!(guarded.double_charged, 0, "{guarded:?}");
+    let page = std::fs::read_to_string(&incident.table).expect("the table");
+    assert!(page.starts_with("# The overload lab"), "{page}");
+    assert!(incident.plot.ends_with("overload.svg"));
 }
