@@ -21,12 +21,12 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use idempotency_guard::store::encrypted::{EncryptedStore, EncryptionKeys};
 use idempotency_guard::store::nats::NatsStore;
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::store::redis::RedisStore;
 use idempotency_guard::store::sqlite::SqliteStore;
 use idempotency_guard::store::tiered::TieredStore;
-use idempotency_guard::store::{EncryptedStore, EncryptionKeys};
 use idempotency_guard::{IdempotencyLayer, Store, Tx};
 
 use crate::cli::{App, ServeArgs, StoreName};
@@ -302,8 +302,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 async fn postgres(args: &ServeArgs) -> anyhow::Result<PostgresStore> {
     let store = PostgresStore::connect(&args.database_url, args.pool_size).await?;
     Ok(match std::env::var("BENCH_PG_BATCHING").as_deref() {
-        Ok("off") => store.with_batching(idempotency_guard::store::BatchLimits::OFF),
-        Ok(n) => store.with_batching(idempotency_guard::store::BatchLimits {
+        Ok("off") => store.with_batching(idempotency_guard::store::batch::BatchLimits::OFF),
+        Ok(n) => store.with_batching(idempotency_guard::store::batch::BatchLimits {
             max_in_flight: n.parse().context("BENCH_PG_BATCHING: off or a number")?,
             ..idempotency_guard::store::postgres::DEFAULT_BATCHING
         }),

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use crate::backoff::full_jitter;
+use crate::signal::Signal;
 use crate::status::Advice;
 use crate::{ErrorKind, Policy};
 
@@ -314,6 +315,31 @@ fn limit(want: Want, at: &Situation<'_>) -> Decision {
     }
 }
 
+/// Which [`Signal`] an attempt's outcome is, for the budget (see
+/// `signal.rs`).
+impl Signal {
+    /// The signal of an attempt's outcome; `None` for what is not an
+    /// attempt's answer (a status look-up, a broken request).
+    pub(crate) fn of(outcome: Observed) -> Option<Self> {
+        match outcome {
+            Observed::Answer { status: 429, .. } => Some(Self::Overload),
+            Observed::Answer {
+                status,
+                retry_after: Some(_),
+                ..
+            } if status >= 500 => Some(Self::Overload),
+            Observed::Answer { status, .. } if status == 408 || status >= 500 => {
+                Some(Self::ServerError)
+            }
+            Observed::Answer { .. } => Some(Self::Answered),
+            Observed::ConnectFailed | Observed::TimedOut | Observed::Dropped => {
+                Some(Self::LostAnswer)
+            }
+            Observed::Broken | Observed::Advised { .. } | Observed::StatusUnavailable => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -554,5 +580,41 @@ mod tests {
         assert!(!answer(500).may_have_run());
         assert!(!Observed::ConnectFailed.may_have_run());
         assert!(!advised(Advice::Retry).may_have_run());
+    }
+
+    mod signals {
+        use std::time::Duration;
+
+        use super::super::*;
+
+        fn answer(status: u16, retry_after: Option<u64>) -> Observed {
+            Observed::Answer {
+                status,
+                retry_after: retry_after.map(Duration::from_secs),
+                conflict: None,
+            }
+        }
+
+        #[test]
+        fn only_throttling_answers_signal_overload() {
+            assert_eq!(Signal::of(answer(429, None)), Some(Signal::Overload));
+            assert_eq!(Signal::of(answer(429, Some(1))), Some(Signal::Overload));
+            assert_eq!(Signal::of(answer(503, Some(1))), Some(Signal::Overload));
+            // A bare 503 or 500 is a server error, not a request to back off.
+            assert_eq!(Signal::of(answer(503, None)), Some(Signal::ServerError));
+            assert_eq!(Signal::of(answer(500, None)), Some(Signal::ServerError));
+            assert_eq!(Signal::of(answer(408, None)), Some(Signal::ServerError));
+            assert_eq!(Signal::of(answer(200, None)), Some(Signal::Answered));
+            assert_eq!(Signal::of(answer(404, None)), Some(Signal::Answered));
+            for lost in [
+                Observed::ConnectFailed,
+                Observed::TimedOut,
+                Observed::Dropped,
+            ] {
+                assert_eq!(Signal::of(lost), Some(Signal::LostAnswer));
+            }
+            assert_eq!(Signal::of(Observed::Broken), None);
+            assert_eq!(Signal::of(Observed::StatusUnavailable), None);
+        }
     }
 }

@@ -45,10 +45,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use idempotency_guard::server::{BodyTimeoutLayer, Server};
 use idempotency_guard::store::TransactionalStore as _;
-use idempotency_guard::store::encrypted::require_sealed_from_environment;
-use idempotency_guard::store::{
-    AnyStore, Backend, EncryptionKeys, NatsOptions, StoreKind, StoreOptions,
-};
+use idempotency_guard::store::encrypted::{EncryptionKeys, require_sealed_from_environment};
+use idempotency_guard::store::{AnyStore, Backend, NatsOptions, StoreKind, StoreOptions};
 use idempotency_guard::{Drain, IdempotencyLayer, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, SqlitePool};

@@ -229,7 +229,7 @@ pub use key::{
 pub use layer::{FinalResponse, IdempotencyLayer, IdempotencyService, OutcomeUnknown};
 pub use migrate::{MIGRATIONS_TABLE, MigrationError};
 pub use purge::{purge_expired, purge_periodically};
-pub use record::{CorruptRecord, LeaseToken, Record, RecordState, StoredResponse};
+pub use record::{CorruptRecord, Record, RecordState, StoredResponse};
 pub use replay::{RedactFn, ReplayPolicy};
 pub use response::{IDEMPOTENT_REPLAYED, default_stored_status};
 pub use store::{AnyStore, Purge, Store, StoreError};

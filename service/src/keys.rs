@@ -77,7 +77,7 @@ pub(crate) struct KeyQuery {
 /// Which of `keys` (without a record) a single-commit run holds: those are
 /// in flight, never `retry`.
 async fn held(state: &AppState, scope: &str, keys: &[&str]) -> Result<Vec<bool>, ApiProblem> {
-    use idempotency_guard::store::admin::AdminStore;
+    use idempotency_guard::store::AdminStore;
     read(state.store.held_without_record(scope, keys)).await
 }
 

@@ -80,7 +80,8 @@ pub(crate) fn held_status(key: &str, retry_after: Duration) -> KeyStatus {
 mod tests {
     use super::*;
     use http::{HeaderMap, StatusCode};
-    use idempotency_guard::{LeaseToken, StoredResponse};
+    use idempotency_guard::StoredResponse;
+    use idempotency_guard::store::LeaseToken;
     use time::OffsetDateTime;
 
     fn record(state: RecordState, transactional: bool) -> Record {

@@ -53,7 +53,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use http::Uri;
-use idempotency_guard::store::{EncryptionKeys, StoreKind};
+use idempotency_guard::store::StoreKind;
+use idempotency_guard::store::encrypted::EncryptionKeys;
 use serde::Deserialize;
 
 pub use error::ConfigError;

@@ -66,6 +66,3 @@ pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use markers::{FinalResponse, OutcomeUnknown};
 pub use service::IdempotencyService;
-
-/// The longest scope accepted, in bytes (the rule is [`Scope`](crate::Scope)'s).
-pub use crate::key::MAX_SCOPE_LEN;

@@ -1,4 +1,4 @@
-//! What [`AdminStore`] trades in: which records a listing returns
+//! What [`AdminStore`](crate::store::AdminStore) trades in: which records a listing returns
 //! ([`StateFilter`], [`PageRequest`], [`Page`]) and which a forget may
 //! delete ([`ForgetRule`], [`Forgotten`]).
 //!
@@ -10,13 +10,10 @@ use crate::key::{IdempotencyKey, Scope};
 use crate::record::{Record, RecordState};
 use crate::store::StoreError;
 
-/// Operators' operations on records (declared in `store/mod.rs`).
-pub use crate::store::AdminStore;
-
-/// The most records one page of [`AdminStore::list`] holds.
+/// The most records one page of [`AdminStore::list`](crate::store::AdminStore::list) holds.
 pub const MAX_PAGE: u32 = 1000;
 
-/// Which records [`AdminStore::list`] returns, by [`RecordState`].
+/// Which records [`AdminStore::list`](crate::store::AdminStore::list) returns, by [`RecordState`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum StateFilter {
     /// Every record not past its retention.
@@ -119,7 +116,7 @@ impl Page {
     }
 }
 
-/// Which records [`AdminStore::forget`] may delete. A live in-flight
+/// Which records [`AdminStore::forget`](crate::store::AdminStore::forget) may delete. A live in-flight
 /// record is never deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ForgetRule {
@@ -148,7 +145,7 @@ impl ForgetRule {
     }
 }
 
-/// What [`AdminStore::forget`] did.
+/// What [`AdminStore::forget`](crate::store::AdminStore::forget) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Forgotten {
     /// The record was deleted; it was in this state.

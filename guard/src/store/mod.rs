@@ -92,13 +92,11 @@ pub mod admin;
 use admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter};
 
 pub mod batch;
-pub use batch::{BatchCounts, BatchLimits, BatchStats};
 
 pub mod encrypted;
-pub use encrypted::{EncryptedStore, EncryptionKeys};
 
 /// The token that fences a lease's writes (declared with the record it
-/// belongs to; here for the path `store::LeaseToken`).
+/// belongs to; its one public path is this one, beside the lease).
 pub use crate::record::LeaseToken;
 
 /// A held lease: the right to complete, renew or release one record.

@@ -7,10 +7,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
-use idempotency_guard::store::admin::{
-    AdminStore, ForgetRule, Forgotten, PageRequest, StateFilter,
-};
-use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord};
+use idempotency_guard::store::admin::{ForgetRule, Forgotten, PageRequest, StateFilter};
+use idempotency_guard::store::{AdminStore, Claim, Lease, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, RecordState, StoredResponse};
 use idempotency_tests::names;
 

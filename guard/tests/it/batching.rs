@@ -19,8 +19,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::join_all;
 use http::{HeaderMap, StatusCode};
-use idempotency_guard::store::batch::{Batched, BatchedStore, ClaimItem};
-use idempotency_guard::store::{BatchLimits, Claim, Lease, LeaseToken, NewRecord};
+use idempotency_guard::store::batch::{BatchLimits, Batched};
+use idempotency_guard::store::{BatchedStore, ClaimItem};
+use idempotency_guard::store::{Claim, Lease, LeaseToken, NewRecord};
 use idempotency_guard::{
     Fingerprint, IdempotencyKey, Record, RecordEvents, RecordState, Scope, Store, StoreError,
     StoredResponse,

@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use idempotency_guard::{IdempotencyLayer, LeaseToken, RecordState, Store};
+use idempotency_guard::store::LeaseToken;
+use idempotency_guard::{IdempotencyLayer, RecordState, Store};
 use idempotency_tests::names;
 
 use crate::support::{app, send};

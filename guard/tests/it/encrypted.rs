@@ -8,7 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idempotency_guard::store::encrypted::{DECRYPT_FAILURES_TOTAL, SEALED};
-use idempotency_guard::store::{Claim, EncryptedStore, EncryptionKeys, LeaseToken, NewRecord};
+use idempotency_guard::store::encrypted::{EncryptedStore, EncryptionKeys};
+use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
 use idempotency_guard::{Fingerprint, Store, StoreError, StoredResponse};
 use idempotency_tests::names;
 

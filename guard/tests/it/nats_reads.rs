@@ -142,7 +142,7 @@ async fn any_store_opens_the_nats_store_from_its_options() {
         .await
         .unwrap();
     let bucket = format!("test-any-{}", uuid::Uuid::new_v4().simple());
-    let keys = idempotency_guard::store::EncryptionKeys::parse(
+    let keys = idempotency_guard::store::encrypted::EncryptionKeys::parse(
         "a:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
     )
     .unwrap();

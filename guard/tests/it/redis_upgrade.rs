@@ -280,7 +280,8 @@ async fn an_abandoned_release1_record_is_taken_over_and_old_scripts_fail_closed_
 /// An operator forgets a release 1 record through the admin store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release1_records_are_forgotten_by_the_admin_store_redis() {
-    use idempotency_guard::store::admin::{AdminStore, ForgetRule, Forgotten};
+    use idempotency_guard::store::AdminStore;
+    use idempotency_guard::store::admin::{ForgetRule, Forgotten};
     let (db, mut old) = setup().await;
     let fingerprint = Fingerprint::from_bytes([8; 32]);
     let token = LeaseToken::new();

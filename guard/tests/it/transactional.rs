@@ -536,7 +536,7 @@ async fn a_hung_single_commit_run_is_ended_by_postgresql() {
         fingerprint: &fingerprint,
         method: "POST",
         path: "/things",
-        token: idempotency_guard::LeaseToken::new(),
+        token: idempotency_guard::store::LeaseToken::new(),
         lease: Duration::from_secs(60),
         retention: Duration::from_secs(3600),
         transactional: true,
@@ -575,7 +575,7 @@ async fn a_hung_single_commit_run_is_ended_by_postgresql() {
         .store
         .claim_locked(
             &idempotency_guard::store::NewRecord {
-                token: idempotency_guard::LeaseToken::new(),
+                token: idempotency_guard::store::LeaseToken::new(),
                 ..new
             },
             Duration::from_secs(60),

@@ -4,7 +4,8 @@
 
 use axum::extract::State;
 use axum::{Extension, Json};
-use idempotency_guard::store::admin::{AdminStore, ForgetRule, Forgotten, MAX_PAGE, PageRequest};
+use idempotency_guard::store::AdminStore;
+use idempotency_guard::store::admin::{ForgetRule, Forgotten, MAX_PAGE, PageRequest};
 use idempotency_guard::{RecordState, Scope};
 
 use super::AdminState;

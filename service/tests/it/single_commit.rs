@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{Method, Request, StatusCode};
-use idempotency_guard::LeaseToken;
+use idempotency_guard::store::LeaseToken;
 use idempotency_guard::store::NewRecord;
 use idempotency_guard::store::postgres::LockedClaim;
 use idempotency_tests::names;

@@ -53,7 +53,7 @@ use crate::store::admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter}
 use crate::store::{AdminStore, Claim, Lease, NewRecord, Purge, Store, StoreError};
 /// The contract of a store that can be batched, and its claims in a batch
 /// (declared with the other contracts, in `store/mod.rs`).
-pub use crate::store::{BatchedStore, ClaimItem};
+use crate::store::{BatchedStore, ClaimItem};
 
 /// The batchers of one store's claims and completions.
 struct Batches<C> {
@@ -120,7 +120,7 @@ impl<C: Send + 'static> Batches<C> {
 
 /// A store whose claims and completions go through batchers: `S` is the
 /// store that sends each call on its own, wrapped once (as
-/// [`EncryptedStore`](crate::store::EncryptedStore) and
+/// [`EncryptedStore`](crate::store::encrypted::EncryptedStore) and
 /// [`TieredStore`](crate::store::tiered::TieredStore) wrap theirs).
 ///
 /// A claim or completion that finds nothing of its operation on its way

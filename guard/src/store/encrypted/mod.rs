@@ -113,7 +113,7 @@ impl<S> EncryptedStore<S> {
     /// clear that is replayed as is.
     ///
     /// ```
-    /// # use idempotency_guard::store::{EncryptedStore, EncryptionKeys};
+    /// # use idempotency_guard::store::encrypted::{EncryptedStore, EncryptionKeys};
     /// let keys = EncryptionKeys::parse("a:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=").unwrap();
     /// let store = EncryptedStore::new((), keys).with_require_sealed(true);
     /// # let _ = store;

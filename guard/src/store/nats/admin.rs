@@ -5,8 +5,9 @@ use futures_util::StreamExt as _;
 
 use super::{NatsStore, RACE_ATTEMPTS, Slot, Written, token, untoken};
 use crate::key::{IdempotencyKey, Scope};
+use crate::store::AdminStore;
 use crate::store::StoreError;
-use crate::store::admin::{AdminStore, ForgetRule, Forgotten, Page, PageRequest, StateFilter};
+use crate::store::admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter};
 
 /// How long the listing of a scope's keys may wait for its next key.
 const KEYS_TIMEOUT: std::time::Duration = super::REQUEST_TIMEOUT;

@@ -1,6 +1,7 @@
 //! The reconciled marks: kept across restarts, per life of a key, compacted.
 
-use idempotency_guard::{Fingerprint, LeaseToken};
+use idempotency_guard::Fingerprint;
+use idempotency_guard::store::LeaseToken;
 use time::OffsetDateTime;
 
 use super::*;
