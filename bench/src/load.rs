@@ -51,13 +51,13 @@ async fn connect(address: SocketAddr) -> anyhow::Result<Sender> {
 }
 
 /// What one request got back.
-enum Answer {
+enum Reply {
     Created,
     Replayed,
     Other(StatusCode, Bytes),
 }
 
-async fn send(sender: &mut Sender, key: &str, body: &Bytes) -> anyhow::Result<Answer> {
+async fn send(sender: &mut Sender, key: &str, body: &Bytes) -> anyhow::Result<Reply> {
     let request = Request::post(PATH)
         .header(header::HOST, "127.0.0.1")
         .header(header::CONTENT_TYPE, "application/json")
@@ -69,9 +69,9 @@ async fn send(sender: &mut Sender, key: &str, body: &Bytes) -> anyhow::Result<An
     let replayed = response.headers().contains_key("idempotent-replayed");
     let body = response.into_body().collect().await?.to_bytes();
     Ok(match (status, replayed) {
-        (StatusCode::CREATED, false) => Answer::Created,
-        (StatusCode::CREATED, true) => Answer::Replayed,
-        (other, _) => Answer::Other(other, body),
+        (StatusCode::CREATED, false) => Reply::Created,
+        (StatusCode::CREATED, true) => Reply::Replayed,
+        (other, _) => Reply::Other(other, body),
     })
 }
 
@@ -135,12 +135,12 @@ async fn connection_loop(
             continue;
         }
         match answer {
-            Ok(Answer::Created) if !expect_replay => sample.ok += 1,
-            Ok(Answer::Replayed) if expect_replay => sample.ok += 1,
-            Ok(Answer::Created | Answer::Replayed) => {
+            Ok(Reply::Created) if !expect_replay => sample.ok += 1,
+            Ok(Reply::Replayed) if expect_replay => sample.ok += 1,
+            Ok(Reply::Created | Reply::Replayed) => {
                 sample.error(|| format!("key {key}: expected a replay: {expect_replay}"));
             }
-            Ok(Answer::Other(status, body)) => sample.error(|| {
+            Ok(Reply::Other(status, body)) => sample.error(|| {
                 format!(
                     "key {key}: {status}: {}",
                     String::from_utf8_lossy(&body[..body.len().min(300)])
@@ -177,8 +177,8 @@ pub(crate) async fn seed(
                     return anyhow::Ok(());
                 };
                 match (send(&mut sender, key, &body).await?, expect_replay) {
-                    (Answer::Created, false) | (Answer::Replayed, true) => {}
-                    (Answer::Other(status, body), _) => anyhow::bail!(
+                    (Reply::Created, false) | (Reply::Replayed, true) => {}
+                    (Reply::Other(status, body), _) => anyhow::bail!(
                         "seeding key {key}: {status}: {}",
                         String::from_utf8_lossy(&body)
                     ),

@@ -208,9 +208,10 @@ pub(crate) struct TokenBucket {
     overload: OverloadLimiter,
 }
 
-/// Why a retry was refused.
+/// Why the budget withheld a retry (the client's own; the guard's refusals
+/// are `idempotency_guard::engine::Refusal`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub(crate) enum Denial {
     /// The budget's share (and, for a lost answer, its floor) is spent.
     Budget,
     /// The server says it is overloaded (the overload limiter).
@@ -245,9 +246,9 @@ impl TokenBucket {
 
     /// Takes a retry's token after an attempt that got `signal`, or says
     /// why not.
-    pub(crate) fn take_for(&mut self, signal: Signal, now: Instant) -> Result<(), Refusal> {
+    pub(crate) fn take_for(&mut self, signal: Signal, now: Instant) -> Result<(), Denial> {
         match signal {
-            Signal::Overload if self.overload.overloaded() => return Err(Refusal::Overload),
+            Signal::Overload if self.overload.overloaded() => return Err(Denial::Overload),
             Signal::LostAnswer
                 if !self.overload.overloaded() && self.answered >= ANSWERED_ENOUGH =>
             {
@@ -263,7 +264,7 @@ impl TokenBucket {
             self.take();
             Ok(())
         } else {
-            Err(Refusal::Budget)
+            Err(Denial::Budget)
         }
     }
 
@@ -303,7 +304,7 @@ impl TokenBucket {
 pub(crate) fn take_retry(
     bucket: &std::sync::Mutex<TokenBucket>,
     signal: Signal,
-) -> Result<(), Refusal> {
+) -> Result<(), Denial> {
     bucket
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -423,14 +424,14 @@ mod tests {
         bucket.lock().unwrap().deposit();
         assert_eq!(
             take_retry(&bucket, Signal::ServerError),
-            Err(Refusal::Budget)
+            Err(Denial::Budget)
         );
         assert_eq!(bucket.lock().unwrap().retries_left(), 0.5);
         bucket.lock().unwrap().deposit();
         assert_eq!(take_retry(&bucket, Signal::ServerError), Ok(()));
         assert_eq!(
             take_retry(&bucket, Signal::ServerError),
-            Err(Refusal::Budget)
+            Err(Denial::Budget)
         );
     }
 
@@ -446,17 +447,17 @@ mod tests {
         }
         assert_eq!(
             bucket.take_for(Signal::LostAnswer, start),
-            Err(Refusal::Budget)
+            Err(Denial::Budget)
         );
         // Server errors and overload answers never take the floor.
         let later = start + Duration::from_secs(1);
         assert_eq!(
             bucket.take_for(Signal::ServerError, later),
-            Err(Refusal::Budget)
+            Err(Denial::Budget)
         );
         assert_eq!(
             bucket.take_for(Signal::Overload, later),
-            Err(Refusal::Budget)
+            Err(Denial::Budget)
         );
         // Half a second earns five, and no more than a second's worth is
         // kept however long the quiet.
@@ -489,7 +490,7 @@ mod tests {
         }
         assert_eq!(
             bucket.take_for(Signal::LostAnswer, now),
-            Err(Refusal::Budget)
+            Err(Denial::Budget)
         );
         // Jitter: two attempts in three answered: the floor serves.
         let mut bucket = TokenBucket::new(&budget);
@@ -508,7 +509,7 @@ mod tests {
         }
         assert_eq!(
             bucket.take_for(Signal::Overload, now),
-            Err(Refusal::Overload)
+            Err(Denial::Overload)
         );
         // The share still serves a lost answer (the bucket is full).
         assert_eq!(bucket.take_for(Signal::LostAnswer, now), Ok(()));
@@ -523,7 +524,7 @@ mod tests {
         let mut bucket = TokenBucket::new(&budget);
         assert_eq!(
             bucket.take_for(Signal::LostAnswer, Instant::now()),
-            Err(Refusal::Budget)
+            Err(Denial::Budget)
         );
     }
 

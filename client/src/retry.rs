@@ -10,7 +10,7 @@ use http::HeaderValue;
 use reqwest::{Method, Request, Response};
 
 use crate::breaker::BreakerState;
-use crate::budget::{self, Refusal, TokenBucket};
+use crate::budget::{self, Denial, TokenBucket};
 use crate::deadline::Deadline;
 use crate::decision::{self, Class, Decision, GuardConflict, Observed, Situation};
 use crate::key::{IDEMPOTENCY_KEY, RETRY_ATTEMPT};
@@ -389,7 +389,7 @@ impl RetryClient {
                     Decision::Resend { after } => {
                         match budget::take_retry(&endpoint_state.budget, signal) {
                             Ok(()) => {}
-                            Err(Refusal::Budget) => {
+                            Err(Denial::Budget) => {
                                 let label = if endpoint_state.own_budget {
                                     "endpoint"
                                 } else {
@@ -398,7 +398,7 @@ impl RetryClient {
                                 telemetry::budget_refusal(endpoint, label);
                                 return Err(call.stop(ErrorKind::BudgetExhausted));
                             }
-                            Err(Refusal::Overload) => {
+                            Err(Denial::Overload) => {
                                 telemetry::overload_refusal(endpoint);
                                 return Err(call.stop(ErrorKind::Overloaded));
                             }

@@ -9,20 +9,6 @@ use idempotency_guard::engine::Settle;
 /// have it stored (a decision, not a failure) instead of released.
 pub const FINAL_META: &str = "io.idempotency/final";
 
-/// A result, kept: stored and replayed to every retry.
-const KEEP: Settle<(), ()> = Settle::Complete {
-    response: (),
-    reply: (),
-};
-
-/// A JSON-RPC error (the call was refused: unknown tool, bad arguments),
-/// or a tool result with `isError: true` not marked final: released, so a
-/// retry runs it again.
-const RELEASE: Settle<(), ()> = Settle::Release {
-    reply: (),
-    keep_writes: false,
-};
-
 /// The pure rule: a response with a `result` is kept unless it is a tool
 /// result with `isError: true` whose `_meta` does not set [`FINAL_META`];
 /// anything else (an `error`, neither member, not JSON) is released. Never
@@ -43,7 +29,7 @@ pub(crate) fn settle(response: &[u8]) -> Settle<(), ()> {
         result: Some(result),
     }) = serde_json::from_slice::<Response>(response)
     else {
-        return RELEASE;
+        return Settle::RELEASE;
     };
     let is_final = result
         .meta
@@ -52,9 +38,9 @@ pub(crate) fn settle(response: &[u8]) -> Settle<(), ()> {
         .and_then(serde_json::Value::as_bool)
         == Some(true);
     if result.is_error == Some(true) && !is_final {
-        RELEASE
+        Settle::RELEASE
     } else {
-        KEEP
+        Settle::KEEP
     }
 }
 
@@ -65,26 +51,32 @@ mod tests {
     #[test]
     fn what_is_kept_truth_table() {
         let cases = [
-            (r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#, KEEP),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#,
+                Settle::KEEP,
+            ),
             (
                 r#"{"jsonrpc":"2.0","id":1,"result":{"isError":false}}"#,
-                KEEP,
+                Settle::KEEP,
             ),
             (
                 r#"{"jsonrpc":"2.0","id":1,"result":{"isError":true}}"#,
-                RELEASE,
+                Settle::RELEASE,
             ),
             (
                 r#"{"jsonrpc":"2.0","id":1,"result":{"isError":true,"_meta":{"io.idempotency/final":true}}}"#,
-                KEEP,
+                Settle::KEEP,
             ),
             (
                 r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"x"}}"#,
-                RELEASE,
+                Settle::RELEASE,
             ),
-            ("not json", RELEASE),
-            (r#"{"jsonrpc":"2.0","id":1}"#, RELEASE),
-            (r#"{"jsonrpc":"2.0","id":1,"result":{"kind":"task"}}"#, KEEP),
+            ("not json", Settle::RELEASE),
+            (r#"{"jsonrpc":"2.0","id":1}"#, Settle::RELEASE),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{"kind":"task"}}"#,
+                Settle::KEEP,
+            ),
         ];
         for (response, expected) in cases {
             assert_eq!(settle(response.as_bytes()), expected, "{response}");
