@@ -45,12 +45,24 @@ async fn spans_carry_the_key_hash_and_never_the_key_or_the_body() {
         .build();
     let subscriber = tracing_subscriber::registry().with(layer(&provider));
     let _default = tracing::subscriber::set_default(subscriber);
-    // Other tests run in parallel threads with no subscriber; a callsite
-    // they reached first may have cached "never" (tracing's interest cache
-    // is global): seen once as a missing span in a full cold run.
-    tracing::callsite::rebuild_interest_cache();
-
     let db = idempotency_tests::sqlite().await;
+    // Other tests run in parallel threads with no subscriber, and tracing's
+    // interest cache is global: a callsite another thread registers while
+    // this subscriber is being set may cache "never" (seen as missing spans
+    // in cold runs, once even after a rebuild). So every callsite of a fresh
+    // request and of a replay is registered first, by a warm-up on another
+    // key and app, then the cache is rebuilt with this subscriber in place
+    // (a registered callsite is never registered again), and the warm-up's
+    // spans are dropped.
+    tracing::callsite::rebuild_interest_cache();
+    let (warm_up, _) = crate::support::app(IdempotencyLayer::new(db.store.clone()));
+    for _ in 0..2 {
+        crate::support::send(&warm_up, "otel-warm-up", "{}").await;
+    }
+    tracing::callsite::rebuild_interest_cache();
+    provider.force_flush().unwrap();
+    exporter.0.lock().unwrap().clear();
+
     let (router, runs) = crate::support::app(IdempotencyLayer::new(db.store.clone()));
     let body = format!(r#"{{"secret":"{BODY_SECRET}"}}"#);
     let request = crate::support::request(Some(KEY))
