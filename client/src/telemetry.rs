@@ -3,7 +3,7 @@
 //!
 //! - `idempotency_client_calls_total{endpoint, outcome, retried}`: logical
 //!   calls, by how they ended (`success`, `client-error`, `server-error`,
-//!   or an [`ErrorKind`](crate::ErrorKind) name such as
+//!   or an [`ErrorKind`] name such as
 //!   `budget-exhausted`) and whether they retried (`true`/`false`).
 //! - `idempotency_client_given_up_total{endpoint, class, cause}`: calls
 //!   that ended without an answer, split by `class` (`read`, `write`, or

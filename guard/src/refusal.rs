@@ -1,49 +1,48 @@
 //! [`Refusal`]: every reason the guard answers instead of the work, in
-//! every adapter. One vocabulary, declared once.
-//!
-//! The engine refuses a run it cannot vouch for (the key reused, in
-//! flight, abandoned, the store down, the work cut off or failed); an
-//! adapter refuses a request before the engine sees it (no key, a bad
-//! key or scope, a body too large, unreadable, or over the buffer budget;
-//! a batch that holds a guarded call; no layer in front of a typed
-//! handler). Both are this one enum, so a reason means the same thing on
-//! HTTP, gRPC, JSON-RPC and the brokers, and a reason added here is a
-//! compile error in every adapter until it is rendered: each adapter
-//! renders refusals in one exhaustive function of its own, with no
-//! fallback arm.
-//!
-//! | variant | problem (`urn:idempotency:…`) | who refuses |
-//! |---|---|---|
-//! | [`KeyMissing`](Refusal::KeyMissing) | `key-missing` | adapter |
-//! | [`KeyInvalid`](Refusal::KeyInvalid) | `key-invalid` | adapter |
-//! | [`ScopeInvalid`](Refusal::ScopeInvalid) | `scope-invalid` | adapter |
-//! | [`BodyTooLarge`](Refusal::BodyTooLarge) | `body-too-large` | adapter |
-//! | [`BodyUnreadable`](Refusal::BodyUnreadable) | `body-unreadable` | adapter |
-//! | [`BodyBufferFull`](Refusal::BodyBufferFull) | `body-buffer-full` | adapter |
-//! | [`BatchNotGuarded`](Refusal::BatchNotGuarded) | `batch-not-guarded` | JSON-RPC |
-//! | [`LayerMissing`](Refusal::LayerMissing) | `layer-missing` | gRPC typed handler |
-//! | [`TransactionUnavailable`](Refusal::TransactionUnavailable) | `transaction-unavailable` | transactional extractor |
-//! | [`KeyReused`](Refusal::KeyReused) | `key-reused` | engine |
-//! | [`RequestInFlight`](Refusal::RequestInFlight) | `request-in-flight` | engine |
-//! | [`OutcomeUnknown`](Refusal::OutcomeUnknown) | `outcome-unknown` | engine |
-//! | [`ResponseNotStored`](Refusal::ResponseNotStored) | `response-not-stored` | engine |
-//! | [`StoreUnavailable`](Refusal::StoreUnavailable) | `store-unavailable` | engine |
-//! | [`HandlerTimeout`](Refusal::HandlerTimeout) | `handler-timeout` | engine |
-//! | [`HandlerFailed`](Refusal::HandlerFailed) | `handler-failed` | engine, adapter |
-//!
-//! Each variant's problem type (status, title, headers) is
-//! [`Refusal::problem_type`] (in `problem/refusal.rs`, where the
-//! problem+json rendering lives: the engine stays free of HTTP). The key
-//! rides along as the typed [`IdempotencyKey`] (an `Arc` clone, never a
-//! copy of its text); an invalid key is never echoed.
+//! every adapter, declared once (its docs hold the table).
 
 use std::time::Duration;
 
 use crate::key::{IdempotencyKey, KeyError};
 
 /// Why the guard answered instead of the work (or cannot vouch for its
-/// run): the one refusal vocabulary of every adapter (see the
-/// [module docs](self)).
+/// run): the one refusal vocabulary of every adapter.
+///
+/// The engine refuses a run it cannot vouch for (the key reused, in
+/// flight, abandoned, the store down, the work cut off or failed); an
+/// adapter refuses a request before the engine sees it (no key, a bad
+/// key or scope, a body too large, unreadable, or over the buffer budget;
+/// a batch that holds a guarded call; no layer in front of a typed
+/// handler). Both are this one enum, so a reason means the same thing on
+/// HTTP, gRPC, JSON-RPC and the brokers, and a reason added here is a
+/// compile error in every adapter until it is rendered: each adapter
+/// renders refusals in one exhaustive function of its own, with no
+/// fallback arm.
+///
+/// | variant | problem (`urn:idempotency:…`) | who refuses |
+/// |---|---|---|
+/// | [`KeyMissing`](Refusal::KeyMissing) | `key-missing` | adapter |
+/// | [`KeyInvalid`](Refusal::KeyInvalid) | `key-invalid` | adapter |
+/// | [`ScopeInvalid`](Refusal::ScopeInvalid) | `scope-invalid` | adapter |
+/// | [`BodyTooLarge`](Refusal::BodyTooLarge) | `body-too-large` | adapter |
+/// | [`BodyUnreadable`](Refusal::BodyUnreadable) | `body-unreadable` | adapter |
+/// | [`BodyBufferFull`](Refusal::BodyBufferFull) | `body-buffer-full` | adapter |
+/// | [`BatchNotGuarded`](Refusal::BatchNotGuarded) | `batch-not-guarded` | JSON-RPC |
+/// | [`LayerMissing`](Refusal::LayerMissing) | `layer-missing` | gRPC typed handler |
+/// | [`TransactionUnavailable`](Refusal::TransactionUnavailable) | `transaction-unavailable` | transactional extractor |
+/// | [`KeyReused`](Refusal::KeyReused) | `key-reused` | engine |
+/// | [`RequestInFlight`](Refusal::RequestInFlight) | `request-in-flight` | engine |
+/// | [`OutcomeUnknown`](Refusal::OutcomeUnknown) | `outcome-unknown` | engine |
+/// | [`ResponseNotStored`](Refusal::ResponseNotStored) | `response-not-stored` | engine |
+/// | [`StoreUnavailable`](Refusal::StoreUnavailable) | `store-unavailable` | engine |
+/// | [`HandlerTimeout`](Refusal::HandlerTimeout) | `handler-timeout` | engine |
+/// | [`HandlerFailed`](Refusal::HandlerFailed) | `handler-failed` | engine, adapter |
+///
+/// Each variant's problem type (status, title, headers) is
+/// [`Refusal::problem_type`] (in `problem/refusal.rs`, where the
+/// problem+json rendering lives: the engine stays free of HTTP). The key
+/// rides along as the typed [`IdempotencyKey`] (an `Arc` clone, never a
+/// copy of its text); an invalid key is never echoed.
 ///
 /// An error (`std::error::Error`), so `?` takes it into `anyhow::Error` or
 /// `Box<dyn Error>`; match on it to tell a retry later from a conflict.

@@ -4,7 +4,7 @@
 //! Each problem is declared once in [`types`] (name, status, title,
 //! headers); [`Problem`] is its body, built from a [`ProblemType`] with
 //! [`ProblemType::problem`] and turned into a response by its
-//! [`IntoResponse`]. The guard's own refusals, [`Refusal`](crate::Refusal),
+//! [`IntoResponse`]. The guard's own refusals, [`Refusal`](crate::engine::Refusal),
 //! render through their problem type here (`problem/refusal.rs`).
 //!
 //! Each problem's `type` is `urn:idempotency:<name>`; the names are those of

@@ -238,7 +238,7 @@ impl StoreError {
 ///
 /// Implemented by each backend's direct store (`PostgresRecords`,
 /// `SqliteRecords`, `RedisRecords`) and by every store that wraps another
-/// ([`Batched`](batch::Batched), [`EncryptedStore`],
+/// ([`Batched`](batch::Batched), [`EncryptedStore`](encrypted::EncryptedStore),
 /// `TieredStore`, [`AnyStore`]). Called by the
 /// engine: the claim and take-over (`engine/claim.rs`), renewals
 /// (`engine/supervise.rs`), the completion or release (`engine/settle.rs`,
