@@ -322,6 +322,20 @@ impl ReplicatedCluster {
     /// When `redis-server` is not installed (the message names the Debian
     /// package) or the cluster does not form within 20 s.
     pub async fn start() -> Self {
+        // Its twelve ports are free when picked, but a server of a test
+        // running beside it may bind one before this node does (a cluster
+        // bus port most often: the node then exits just after it listened,
+        // and connecting to it is reset). Such a start is tried again on
+        // other ports, twice at most; the watchdog ends the nodes of a
+        // failed start with the test process.
+        for attempt in 1..3 {
+            match tokio::task::spawn_blocking(Self::start_blocking).await {
+                Ok(cluster) => return cluster,
+                Err(error) => eprintln!(
+                    "the replicated cluster did not start (attempt {attempt}: {error}); again on other ports"
+                ),
+            }
+        }
         tokio::task::spawn_blocking(Self::start_blocking)
             .await
             .expect("start the replicated cluster")
