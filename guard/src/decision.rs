@@ -22,6 +22,15 @@ pub enum AbandonedPolicy {
     /// Take the key over and run the handler again. Choose this only for
     /// handlers whose effects are safe to repeat after a crash.
     RunAgain,
+    /// Take the key over (fenced, as [`RunAgain`](Self::RunAgain) does) and
+    /// resume the run: the handler runs again, and the steps the abandoned
+    /// run recorded ([`Run::step`](crate::engine::Run::step)) return their
+    /// recorded results without running; the client gets the real answer,
+    /// not a 409. A step that was running when the process died runs again
+    /// (pass its [`derived key`](crate::engine::Run::derived_key) on), and
+    /// work outside steps runs again: **without steps, resume means "run
+    /// again"**, right only for work that is safe to repeat.
+    Resume,
 }
 
 /// What to do with a request whose key is still being handled.
@@ -104,7 +113,7 @@ pub(crate) fn decide(
         RecordState::Abandoned if record.transactional => Decision::TakeOver,
         RecordState::Abandoned => match policy.abandoned {
             AbandonedPolicy::Reject => Decision::OutcomeUnknown,
-            AbandonedPolicy::RunAgain => Decision::TakeOver,
+            AbandonedPolicy::RunAgain | AbandonedPolicy::Resume => Decision::TakeOver,
         },
     }
 }
@@ -162,6 +171,7 @@ mod tests {
                 now + secs(3600)
             },
             observed_at: now,
+            steps: Vec::new(),
         }
     }
 

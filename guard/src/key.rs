@@ -111,6 +111,13 @@ impl IdempotencyKey {
         Ok(Self(Arc::from(raw)))
     }
 
+    /// A key the guard made of visible ASCII itself (a step's derived key,
+    /// hex): no validation to fail.
+    pub(crate) fn from_hex(hex: String) -> Self {
+        debug_assert!(hex.bytes().all(|b| b.is_ascii_hexdigit()) && !hex.is_empty());
+        Self(Arc::from(hex))
+    }
+
     /// The key `raw`, for the rest of the test process (leaked): a unit
     /// test's `NewRecord` borrows it, and helpers return one.
     #[cfg(test)]

@@ -45,7 +45,7 @@
 //! | same key and fingerprint, completed | stored status, headers and body, plus `Idempotent-Replayed: true` | no |
 //! | same key, different fingerprint | 409 `key-reused` (configurable, e.g. 422) | no |
 //! | same key, still in flight | 409 `request-in-flight` with `Retry-After`; or, when the route waits, the replay once the first finishes (up to a bound) | no |
-//! | same key, earlier run abandoned | 409 `outcome-unknown` (configurable: run again) | no (default) |
+//! | same key, earlier run abandoned | 409 `outcome-unknown` (configurable: run again, or resume with its recorded steps) | no (default) |
 //! | same key, response was over the stored-response limit | 409 `response-not-stored` | no |
 //! | store unreachable or failing | 503 `store-unavailable` with `Retry-After` | no (fail closed) |
 //! | handler refuses before starting its work (an extractor rejection: 400, 413, 415, 422 not marked [`FinalResponse`]) | the rejection, not stored; the key is released | no work done |
@@ -88,7 +88,9 @@
 //!
 //! - For one `(scope, key)`, the handler runs at most once per retention
 //!   period, however many requests arrive at once, unless the app opts into
-//!   running abandoned keys again ([`AbandonedPolicy::RunAgain`]).
+//!   running abandoned keys again ([`AbandonedPolicy::RunAgain`], or
+//!   [`AbandonedPolicy::Resume`], which skips the steps the abandoned run
+//!   recorded: [`engine::Run`]).
 //! - A response is stored before it is sent; a replay is the same status,
 //!   headers (less hop-by-hop ones, `Date` and `Set-Cookie`) and body, byte
 //!   for byte.
@@ -229,7 +231,7 @@ pub use key::{
 pub use layer::{FinalResponse, IdempotencyLayer, IdempotencyService, OutcomeUnknown};
 pub use migrate::{MIGRATIONS_TABLE, MigrationError};
 pub use purge::{purge_expired, purge_periodically};
-pub use record::{CorruptRecord, Record, RecordState, StoredResponse};
+pub use record::{CorruptRecord, Record, RecordState, Step, StoredResponse};
 pub use replay::{RedactFn, ReplayPolicy};
 pub use response::{IDEMPOTENT_REPLAYED, default_stored_status};
 pub use store::{AnyStore, Purge, Store, StoreError};

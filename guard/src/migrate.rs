@@ -48,19 +48,33 @@ struct MigrationFile {
 
 /// The files of `migrations/postgres`, in order.
 #[cfg(feature = "postgres")]
-const POSTGRES_MIGRATIONS: &[MigrationFile] = &[MigrationFile {
-    version: 1,
-    description: "idempotency records",
-    sql: include_str!("../migrations/postgres/0001_idempotency_records.sql"),
-}];
+const POSTGRES_MIGRATIONS: &[MigrationFile] = &[
+    MigrationFile {
+        version: 1,
+        description: "idempotency records",
+        sql: include_str!("../migrations/postgres/0001_idempotency_records.sql"),
+    },
+    MigrationFile {
+        version: 2,
+        description: "recorded steps",
+        sql: include_str!("../migrations/postgres/0002_recorded_steps.sql"),
+    },
+];
 
 /// The files of `migrations/sqlite`, in order.
 #[cfg(feature = "sqlite")]
-const SQLITE_MIGRATIONS: &[MigrationFile] = &[MigrationFile {
-    version: 1,
-    description: "idempotency records",
-    sql: include_str!("../migrations/sqlite/0001_idempotency_records.sql"),
-}];
+const SQLITE_MIGRATIONS: &[MigrationFile] = &[
+    MigrationFile {
+        version: 1,
+        description: "idempotency records",
+        sql: include_str!("../migrations/sqlite/0001_idempotency_records.sql"),
+    },
+    MigrationFile {
+        version: 2,
+        description: "recorded steps",
+        sql: include_str!("../migrations/sqlite/0002_recorded_steps.sql"),
+    },
+];
 
 /// A migrator of `files` that records in [`MIGRATIONS_TABLE`], as
 /// `sqlx::migrate!` builds it: simple (up-only) migrations, each in a

@@ -98,6 +98,9 @@ pub struct Record {
     /// The store's clock when the record was read. Every time comparison on
     /// the record uses this clock, never the reader's.
     pub observed_at: OffsetDateTime,
+    /// The steps its run recorded, in order (empty for a run that records
+    /// none): what a resumed run gets back without running them.
+    pub steps: Vec<Step>,
 }
 
 impl Record {
@@ -224,6 +227,47 @@ impl StoredResponse {
     }
 }
 
+/// One step a run recorded ([`crate::engine::Run::step`]): its name, a
+/// hash of its input when it was given one, and its result as JSON.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Step {
+    /// The step's name, as the run asked for it.
+    #[serde(rename = "n")]
+    pub name: String,
+    /// The hex SHA-256 of the step's input, when the run gave one
+    /// ([`crate::engine::Run::step_with_input`]).
+    #[serde(rename = "i", default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// The step's result, as `serde_json` wrote it (sealed, a JSON string,
+    /// in an encrypted store).
+    #[serde(rename = "v")]
+    pub value: serde_json::Value,
+}
+
+impl Step {
+    /// Encodes a run's steps as stores keep them: a JSON array, or nothing
+    /// at all when the run recorded none.
+    pub fn encode_all(steps: &[Step]) -> Option<Vec<u8>> {
+        if steps.is_empty() {
+            return None;
+        }
+        serde_json::to_vec(steps).ok()
+    }
+
+    /// Decodes what [`Step::encode_all`] wrote (nothing is no steps).
+    ///
+    /// # Errors
+    ///
+    /// [`CorruptRecord`] when the bytes are not a list of steps.
+    pub fn decode_all(encoded: Option<&[u8]>) -> Result<Vec<Step>, CorruptRecord> {
+        match encoded {
+            None | Some([]) => Ok(Vec::new()),
+            Some(bytes) => serde_json::from_slice(bytes)
+                .map_err(|_| CorruptRecord("the recorded steps are not a list of steps")),
+        }
+    }
+}
+
 /// A record read from a store could not be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("corrupt record: {0}")]
@@ -256,6 +300,7 @@ mod tests {
             completed_at: None,
             expires_at: now + Duration::days(1),
             observed_at: now,
+            steps: Vec::new(),
         }
     }
 

@@ -113,6 +113,7 @@ mod tests {
             completed_at: (state == RecordState::Completed).then_some(now),
             expires_at: now + secs(3600),
             observed_at: now,
+            steps: Vec::new(),
         }
     }
 

@@ -15,7 +15,7 @@ use super::release::PendingClaim;
 // `claim::Acquired` is where the engine (and its docs) name it.
 pub(super) use super::transaction::Acquired;
 use super::{Answer, Engine, Job, Refusal};
-use crate::decision::{Decision, InFlightPolicy, decide};
+use crate::decision::{AbandonedPolicy, Decision, InFlightPolicy, decide};
 use crate::record::{LeaseToken, Record, RecordState};
 use crate::store::{Claim, NewRecord, Store, StoreError};
 
@@ -64,7 +64,14 @@ impl<S: Store> Engine<S> {
             let mut record = match claimed {
                 Ok(Claim::Acquired(lease)) => return Acquired::Lease(lease),
                 Ok(Claim::Existing(record)) if record.lease_token == token => {
-                    // Our own claim, landed by an earlier attempt whose reply was lost.
+                    // Our own claim, landed by an earlier attempt whose reply
+                    // was lost (or our own take-over: its steps are the ones
+                    // it kept to resume, and none unless the policy resumes).
+                    if self.inner.config.policy.abandoned == AbandonedPolicy::Resume
+                        && !record.steps.is_empty()
+                    {
+                        return Acquired::Resumed(new.lease(), record.steps);
+                    }
                     return Acquired::Lease(new.lease());
                 }
                 Ok(Claim::Existing(record)) => *record,
@@ -123,7 +130,9 @@ impl<S: Store> Engine<S> {
                         .await;
                         pending.disarm();
                         match taken {
-                            Ok(Some(lease)) => return Acquired::Lease(lease),
+                            Ok(Some(lease)) => {
+                                return Box::pin(self.taken_over(lease, record)).await;
+                            }
                             // Changed meanwhile (perhaps by this very takeover,
                             // retried): claim again, which recognizes our token.
                             Ok(None) => break,
@@ -134,6 +143,32 @@ impl<S: Store> Engine<S> {
             }
         }
         Acquired::InFlight
+    }
+
+    /// The run that took `record` over: a resumed one, with the steps it
+    /// recorded, when the policy resumes abandoned runs and `record` is one
+    /// (not expired, not transactional: a transactional record's writes
+    /// were rolled back, so it runs from the start). A run that does not
+    /// resume clears steps the store kept (a take-over within retention
+    /// keeps them), so that no later resume mixes them with its own.
+    async fn taken_over<T>(&self, lease: crate::store::Lease, record: Record) -> Acquired<T> {
+        let resumes = self.inner.config.policy.abandoned == AbandonedPolicy::Resume
+            && !record.is_expired()
+            && !record.transactional
+            && record.state() == RecordState::Abandoned;
+        if resumes {
+            return Acquired::Resumed(lease, record.steps);
+        }
+        if !record.steps.is_empty() && !record.is_expired() {
+            let cleared = self
+                .timed("record_steps", self.inner.store.record_steps(&lease, &[]))
+                .await;
+            if let Err(error) = cleared {
+                // The run's first step replaces them anyway.
+                tracing::warn!(error = %error, "the steps of the run taken over were not cleared");
+            }
+        }
+        Acquired::Lease(lease)
     }
 
     /// The replay cache's answer for `job`, if it holds its key.

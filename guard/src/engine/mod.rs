@@ -82,6 +82,7 @@ mod lease_end;
 mod release;
 mod retry;
 mod settle;
+mod steps;
 mod supervise;
 mod timed;
 pub(crate) mod transaction;
@@ -99,6 +100,7 @@ pub use config::FailureMode;
 pub(crate) use config::engine_settings;
 pub use drain::Drain;
 pub use job::Job;
+pub use steps::{Run, StepError};
 pub(crate) use timed::timed;
 #[cfg_attr(not(feature = "postgres"), allow(unused_imports))]
 pub(crate) use transaction::transactional_settings;
@@ -109,13 +111,15 @@ use crate::telemetry::MetricHandles;
 
 use transaction::Held;
 
-/// What the work gets to know about its run.
+/// What the work gets to know about its run, and its handle to record
+/// steps ([`RunContext::step`], see [`Run`]).
 #[derive(Debug)]
 pub struct RunContext {
     /// Shared with the run that supervises it, not copied.
     lease: Option<Arc<Lease>>,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     slot: Option<transaction::TransactionSlot>,
+    run: Run,
 }
 
 impl RunContext {
@@ -123,6 +127,51 @@ impl RunContext {
     /// failed and the engine fails open).
     pub fn lease(&self) -> Option<&Lease> {
         self.lease.as_deref()
+    }
+
+    /// The run's handle (a clone shares it): to record steps from another
+    /// task, or to hand to code that takes a [`Run`].
+    pub fn run(&self) -> &Run {
+        &self.run
+    }
+
+    /// [`Run::step`] on this run.
+    ///
+    /// # Errors
+    ///
+    /// See [`StepError`].
+    pub async fn step<T, F, Fut>(&self, name: &str, work: F) -> Result<T, StepError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.run.step(name, work).await
+    }
+
+    /// [`Run::step_with_input`] on this run.
+    ///
+    /// # Errors
+    ///
+    /// See [`StepError`].
+    pub async fn step_with_input<I, T, F, Fut>(
+        &self,
+        name: &str,
+        input: &I,
+        work: F,
+    ) -> Result<T, StepError>
+    where
+        I: serde::Serialize + ?Sized,
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.run.step_with_input(name, input, work).await
+    }
+
+    /// [`Run::derived_key`] of this run.
+    pub fn derived_key(&self, step: &str) -> crate::key::IdempotencyKey {
+        self.run.derived_key(step)
     }
 }
 
@@ -285,9 +334,10 @@ impl<S: Store> Engine<S> {
     {
         // The lease taken below ends no earlier than a lease after this.
         let claim_sent = tokio::time::Instant::now();
-        let (lease, held) = match self.acquire(&job).await {
-            claim::Acquired::Lease(lease) => (lease, Held::default()),
-            claim::Acquired::Locked(lease, transaction) => (lease, Some(transaction)),
+        let (lease, held, recorded) = match self.acquire(&job).await {
+            claim::Acquired::Lease(lease) => (lease, Held::default(), Vec::new()),
+            claim::Acquired::Resumed(lease, recorded) => (lease, Held::default(), recorded),
+            claim::Acquired::Locked(lease, transaction) => (lease, Some(transaction), Vec::new()),
             claim::Acquired::Answer(answer) => return answer,
             claim::Acquired::StoreFailed => return self.store_failed(&job, work).await,
             claim::Acquired::InFlight => {
@@ -303,7 +353,7 @@ impl<S: Store> Engine<S> {
         let key = job.key.clone();
         let run = async move {
             engine
-                .run_acquired(job, lease, held, claim_sent, work)
+                .run_acquired(job, lease, held, recorded, claim_sent, work)
                 .await
         };
         // The run stays inside the caller's span, in a task of its own too.
@@ -361,6 +411,7 @@ impl<S: Store> Engine<S> {
         job: Job,
         lease: Lease,
         held: Held,
+        recorded: Vec<crate::record::Step>,
         claim_sent: tokio::time::Instant,
         work: F,
     ) -> Answer<T>
@@ -377,9 +428,23 @@ impl<S: Store> Engine<S> {
             self.inner.config.transactions.as_ref(),
             &lease,
         );
+        // Transactional mode records no step yet: a step's writes in the
+        // run's transaction would roll back while its record stays.
+        let unsupported = slot
+            .is_some()
+            .then_some("recorded steps in transactional mode (not yet)");
+        let run = Run::new(
+            &self,
+            job.scope.clone(),
+            job.key.clone(),
+            Some(Arc::clone(&lease)),
+            recorded,
+            unsupported,
+        );
         let context = RunContext {
             lease: Some(Arc::clone(&lease)),
             slot: slot.clone(),
+            run,
         };
         let transaction = supervise::Transaction(slot);
         // The work's future is made here, not inside an `async` block that
@@ -415,6 +480,14 @@ impl<S: Store> Engine<S> {
                 let context = RunContext {
                     lease: None,
                     slot: None,
+                    run: Run::new(
+                        self,
+                        job.scope.clone(),
+                        job.key.clone(),
+                        None,
+                        Vec::new(),
+                        None,
+                    ),
                 };
                 let reply = work(context).await.into_reply();
                 Answer::Ran {

@@ -27,7 +27,9 @@
 //! path), `future.rs` ([`ResponseFuture`]), `classify.rs` (the table above
 //! as one pure function of the response's head: keep, release or abandon,
 //! as the engine's own `Settle<(), ()>`), `markers.rs` ([`FinalResponse`], [`OutcomeUnknown`])
-//! and `tx.rs` (the [`Tx`](crate::Tx) extractor, with PostgreSQL). The
+//! `steps.rs` (the [`Run`](crate::engine::Run) extractor, and the answer
+//! of a [`StepError`](crate::engine::StepError)) and `tx.rs` (the
+//! [`Tx`](crate::Tx) extractor, with PostgreSQL). The
 //! bounded bodies every adapter reads ([`read_body`](crate::adapter::read_body),
 //! [`capture`](crate::adapter::capture)) are the adapter kit's,
 //! [`crate::adapter`].
@@ -59,6 +61,7 @@ mod future;
 mod layer;
 mod markers;
 mod service;
+mod steps;
 #[cfg(feature = "postgres")]
 mod tx;
 

@@ -234,15 +234,12 @@ where
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let mut request = request;
     #[cfg(feature = "postgres")]
-    let request = {
-        let mut request = request;
-        if let Some(slot) = context.slot() {
-            request.extensions_mut().insert(slot.clone());
-        }
-        request
-    };
-    let _ = &context;
+    if let Some(slot) = context.slot() {
+        request.extensions_mut().insert(slot.clone());
+    }
+    request.extensions_mut().insert(context.run().clone());
     let response = match inner.oneshot(request).await {
         Ok(response) => response,
         Err(error) => {

@@ -69,6 +69,10 @@ problem_types! {
     /// The handler panicked, failed or sent a broken body; the key was
     /// released.
     HANDLER_FAILED: INTERNAL_SERVER_ERROR "handler-failed" "Handler failed" [];
+    /// A resumed run asked for its steps in another order, or with another
+    /// input, than the run it resumes recorded (the code changed under a
+    /// live key): nothing was mixed, the key stays abandoned.
+    STEP_MISMATCH: INTERNAL_SERVER_ERROR "step-mismatch" "Recorded steps do not match" [];
     /// Transactional mode: the handler asked for a transaction the run has
     /// not got (not transactional, or already taken).
     TRANSACTION_UNAVAILABLE: INTERNAL_SERVER_ERROR "transaction-unavailable" "Transaction unavailable" [];

@@ -62,7 +62,7 @@ use std::time::Duration;
 use crate::events::RecordEvents;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
-use crate::record::{Record, StoredResponse};
+use crate::record::{Record, Step, StoredResponse};
 
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
@@ -286,6 +286,29 @@ pub trait Store: Clone + Send + Sync + 'static {
         &self,
         lease: &Lease,
         duration: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Records the steps of the run holding `lease`: the whole list, in
+    /// order, replacing the one stored (a run only ever appends, so a write
+    /// sent again after a lost reply is harmless). Read back in
+    /// [`Record::steps`].
+    ///
+    /// Fenced like [`Store::renew`]: only while the record is in flight
+    /// under `lease` and its lease has not ended, so a runner whose lease
+    /// lapsed (or was taken over) cannot record. [`Store::take_over`] of a
+    /// record within its retention keeps its steps (a resumed run gets them
+    /// back); of an expired record, drops them.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`, is
+    /// no longer in flight, or its lease has ended;
+    /// [`StoreError::Unsupported`] on a store that cannot keep steps yet
+    /// (NATS).
+    fn record_steps(
+        &self,
+        lease: &Lease,
+        steps: &[Step],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Deletes the in-flight record held by `lease`, so the key may run again.

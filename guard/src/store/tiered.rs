@@ -31,7 +31,7 @@ use time::OffsetDateTime;
 
 use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
-use crate::record::{LeaseToken, Record, RecordState, StoredResponse};
+use crate::record::{LeaseToken, Record, RecordState, Step, StoredResponse};
 /// What the tiered store asks of its cache (declared with the store's
 /// other contracts, in `store/mod.rs`).
 pub use crate::store::RecordCache;
@@ -188,6 +188,12 @@ impl<C: RecordCache> Store for TieredStore<C> {
             self.announce(lease).await;
         }
         Ok(())
+    }
+
+    async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
+        // In flight: only PostgreSQL holds it (the cache keeps completed
+        // records alone).
+        self.postgres.record_steps(lease, steps).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

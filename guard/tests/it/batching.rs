@@ -106,6 +106,14 @@ impl<S: Store> Store for Gated<S> {
         self.inner.renew(lease, duration).await
     }
 
+    async fn record_steps(
+        &self,
+        lease: &Lease,
+        steps: &[idempotency_guard::Step],
+    ) -> Result<(), StoreError> {
+        self.inner.record_steps(lease, steps).await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         let released = self.inner.release(lease).await;
         let outcome = released.as_ref().map(|_| ()).map_err(ToString::to_string);

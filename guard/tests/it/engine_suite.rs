@@ -183,6 +183,14 @@ impl<S: Store> Store for RetriedClaims<S> {
         self.0.renew(lease, duration).await
     }
 
+    async fn record_steps(
+        &self,
+        lease: &Lease,
+        steps: &[idempotency_guard::Step],
+    ) -> Result<(), StoreError> {
+        self.0.record_steps(lease, steps).await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.0.release(lease).await
     }
@@ -258,6 +266,14 @@ impl<S: Store> Store for LostCompletionAnswer<S> {
 
     async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
         self.store.renew(lease, duration).await
+    }
+
+    async fn record_steps(
+        &self,
+        lease: &Lease,
+        steps: &[idempotency_guard::Step],
+    ) -> Result<(), StoreError> {
+        self.store.record_steps(lease, steps).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -344,6 +360,14 @@ impl<S: Store> Store for Counting<S> {
 
     async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
         self.store.renew(lease, duration).await
+    }
+
+    async fn record_steps(
+        &self,
+        lease: &Lease,
+        steps: &[idempotency_guard::Step],
+    ) -> Result<(), StoreError> {
+        self.store.record_steps(lease, steps).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

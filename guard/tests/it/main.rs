@@ -39,6 +39,8 @@ mod redis_failover;
 mod redis_faults;
 mod redis_upgrade;
 mod slow_store;
+#[macro_use]
+mod steps;
 mod transactional;
 
 store_suite!(postgres_store, idempotency_tests::postgres);
@@ -82,6 +84,16 @@ engine_suite!(
     idempotency_tests::redis_replica_acks
 );
 engine_suite!(nats_engine, idempotency_tests::nats);
+
+// Steps and resume (SPEC §12): the stores that keep steps. NATS answers
+// `record_steps` with `StoreError::Unsupported` until it does.
+steps_suite!(sqlite_steps, idempotency_tests::sqlite);
+steps_suite!(memory_steps, idempotency_tests::sqlite_memory);
+steps_suite!(postgres_steps, idempotency_tests::postgres);
+steps_suite!(redis_steps, idempotency_tests::redis);
+steps_suite!(redis_cluster_steps, idempotency_tests::redis_cluster);
+steps_suite!(valkey_steps, idempotency_tests::valkey);
+steps_suite!(tiered_steps, idempotency_tests::tiered);
 
 guard_suite!(postgres_guard, idempotency_tests::postgres);
 guard_suite!(sqlite_guard, idempotency_tests::sqlite);

@@ -31,6 +31,9 @@ pub(crate) type Held = Option<Locked>;
 pub(super) enum Acquired<T> {
     /// This run holds the lease: run the work.
     Lease(crate::store::Lease),
+    /// This run took over an abandoned run to resume it: run the work with
+    /// the steps it recorded.
+    Resumed(crate::store::Lease, Vec<crate::record::Step>),
     /// Single-commit mode: this run holds the key's lock, and its
     /// uncommitted claim, in this transaction.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]

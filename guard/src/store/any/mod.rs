@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
-use crate::record::{LeaseToken, Record, StoredResponse};
+use crate::record::{LeaseToken, Record, Step, StoredResponse};
 #[cfg(feature = "postgres")]
 use crate::store::TransactionalStore;
 use crate::store::encrypted::{EncryptedStore, EncryptionKeys};
@@ -547,6 +547,10 @@ impl Store for Backend {
         on_backend!(self, store => Box::pin(store.release(lease)).await)
     }
 
+    async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
+        on_backend!(self, store => Box::pin(store.record_steps(lease, steps)).await)
+    }
+
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         on_backend!(self, store => Box::pin(store.get(scope, key)).await)
     }
@@ -587,6 +591,10 @@ impl Store for AnyStore {
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         on_store!(self, store => store.release(lease).await)
+    }
+
+    async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
+        on_store!(self, store => store.record_steps(lease, steps).await)
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {

@@ -48,7 +48,7 @@ use queue::BatchFuture;
 
 use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
-use crate::record::{LeaseToken, Record, StoredResponse};
+use crate::record::{LeaseToken, Record, Step, StoredResponse};
 use crate::store::admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter};
 use crate::store::{AdminStore, Claim, Lease, NewRecord, Purge, Store, StoreError};
 /// The contract of a store that can be batched, and its claims in a batch
@@ -249,6 +249,10 @@ impl<S: BatchedStore> Store for Batched<S> {
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.direct.release(lease).await
+    }
+
+    async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
+        self.direct.record_steps(lease, steps).await
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {

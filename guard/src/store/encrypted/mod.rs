@@ -16,6 +16,10 @@
 //!   The scope, the key and the status are the associated data: a sealed
 //!   response moved to another record does not decrypt.
 //!
+//! A run's recorded steps (SPEC §12) are sealed one by one, each result a
+//! JSON string `v1 <key id> <base64>` (`steps.rs`); their names stay in
+//! clear, as the status API shows how far a run got.
+//!
 //! The fingerprint, method and path stay in clear: the status API shows
 //! them, and the guard compares fingerprints. A path whose query holds a
 //! secret is not protected.
@@ -55,10 +59,11 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
-use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
+use crate::record::{CorruptRecord, LeaseToken, Record, Step, StoredResponse};
 use crate::store::{Claim, Lease, NewRecord, Store, StoreError};
 
 mod keys;
+mod steps;
 
 pub use keys::{
     EncryptionKeys, KEYS_FILE_VARIABLE, KEYS_VARIABLE, KeysError, REQUIRE_SEALED_VARIABLE,
@@ -216,8 +221,12 @@ impl<S> EncryptedStore<S> {
         })
     }
 
-    /// Opens a record's response, if it is sealed.
+    /// Opens a record's response, if it is sealed, and its steps.
     fn open(&self, mut record: Record) -> Result<Record, StoreError> {
+        if !record.steps.is_empty() {
+            let steps = std::mem::take(&mut record.steps);
+            record.steps = self.open_steps(record.scope.as_str(), record.key.as_str(), steps)?;
+        }
         let Some(response) = record.response.take() else {
             return Ok(record);
         };
@@ -324,6 +333,11 @@ impl<S: Store> Store for EncryptedStore<S> {
 
     async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
         self.inner.renew(lease, duration).await
+    }
+
+    async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
+        let sealed = self.seal_steps(lease.scope.as_str(), lease.key.as_str(), steps)?;
+        self.inner.record_steps(lease, &sealed).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

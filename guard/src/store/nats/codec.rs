@@ -282,6 +282,7 @@ pub(crate) fn decode(
         created_at: from_unix_ms(created_ms)?,
         expires_at: from_unix_ms(created_ms.saturating_add(retention_ms))?,
         observed_at,
+        steps: Vec::new(),
     };
     Ok(Stored {
         record,

@@ -73,7 +73,7 @@ use base64::Engine as _;
 
 use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
-use crate::record::{Record, StoredResponse};
+use crate::record::{Record, Step, StoredResponse};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
 
 mod admin;
@@ -392,6 +392,16 @@ impl Store for NatsStore {
 
     async fn renew(&self, lease: &Lease, duration: Duration) -> Result<(), StoreError> {
         self.renew_lease(lease, duration).await
+    }
+
+    /// Not yet: recorded steps are kept by SQLite and PostgreSQL (and
+    /// the stores over them) only, so a run that records a step here fails
+    /// that step with [`StoreError::Unsupported`], never silently.
+    async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
+        let _ = (lease, steps);
+        Err(StoreError::Unsupported(
+            "recorded steps (not yet on this store)",
+        ))
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

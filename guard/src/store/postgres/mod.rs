@@ -29,7 +29,7 @@ use crate::events::RecordEvents;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
 use crate::migrate::MigrationError;
-use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
+use crate::record::{CorruptRecord, LeaseToken, Record, Step, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
 use crate::store::sql::{CLAIM_ATTEMPTS, fenced, millis};
 use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError, TransactionalStore};
@@ -39,7 +39,7 @@ macro_rules! record_columns {
     () => {
         "fingerprint, method, path, lease_token, lease_expires_at, transactional, \
          response_status, response_headers, response_body, created_at, completed_at, \
-         expires_at, now() as observed_at"
+         expires_at, steps, now() as observed_at"
     };
 }
 
@@ -78,7 +78,8 @@ const TAKE_OVER: &str = "update idempotency_records set
         lease_expires_at = now() + $8 * interval '1 millisecond', transactional = $9,
         response_status = null, response_headers = null, response_body = null,
         created_at = now(), completed_at = null,
-        expires_at = now() + $10 * interval '1 millisecond'
+        expires_at = now() + $10 * interval '1 millisecond',
+        steps = case when expires_at <= now() then null else steps end
     where scope = $1 and key = $2 and lease_token = $3
       and (expires_at <= now() or (state = 'in_flight' and lease_expires_at <= now()))";
 
@@ -92,6 +93,11 @@ const COMPLETE: &str = "update idempotency_records set
 /// statement clock (re-read after waiting for a row lock) decides.
 const RENEW: &str = "update idempotency_records
     set lease_expires_at = clock_timestamp() + $4 * interval '1 millisecond'
+    where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'
+      and lease_expires_at > clock_timestamp()";
+
+/// Fenced as a renewal: a lease that has ended records nothing.
+const RECORD_STEPS: &str = "update idempotency_records set steps = $4
     where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'
       and lease_expires_at > clock_timestamp()";
 
@@ -394,6 +400,7 @@ fn record_from_row(row: &PgRow, scope: &Scope, key: &IdempotencyKey) -> Result<R
         completed_at: row.try_get::<Option<OffsetDateTime>, _>("completed_at")?,
         expires_at: row.try_get("expires_at")?,
         observed_at: row.try_get("observed_at")?,
+        steps: Step::decode_all(row.try_get::<Option<Vec<u8>>, _>("steps")?.as_deref())?,
     })
 }
 
@@ -465,6 +472,14 @@ impl Store for PostgresRecords {
             self.notify(&self.pool, lease).await?;
         }
         Ok(())
+    }
+
+    async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
+        let result = lease_query(RECORD_STEPS, lease)
+            .bind(Step::encode_all(steps))
+            .execute(&self.pool)
+            .await?;
+        fenced(result.rows_affected())
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

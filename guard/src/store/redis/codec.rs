@@ -19,6 +19,17 @@
 //! | 44..48 | the packed request's length |
 //! | 48.. | the packed request ([`encode_request`]), then, once completed, the packed response ([`encode_response`]) |
 //!
+//! # Recorded steps
+//!
+//! A run's steps (SPEC §12) ride in the packed request: its flag byte
+//! gets [`HAS_STEPS`], and the steps ([`Step::encode_all`]) follow the path
+//! after a NUL. `lua/record_steps.lua` rewrites them (fenced, the lease
+//! live), `lua/take_over.lua` keeps them, and a completion keeps the
+//! request as it is. A reader of the layout before steps reads the flag as
+//! not transactional (a transactional record records no step) and the
+//! steps as the end of the path: it decides on the fingerprint as always,
+//! and only shows a longer path (a rolling upgrade needs nothing more).
+//!
 //! # Times: durations on the server's clock
 //!
 //! The claim is one native command, `SET key <in flight> NX PX <retention>
@@ -59,7 +70,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
 use crate::record::CorruptRecord;
 use crate::record::LeaseToken;
-use crate::record::{Record, StoredResponse};
+use crate::record::{Record, Step, StoredResponse};
 use crate::store::NewRecord;
 
 /// The layout's mark, the value's first bytes.
@@ -97,7 +108,8 @@ pub(super) fn lua_layout() -> String {
         "local MARK, IN_FLIGHT, COMPLETED = '{mark}', '{in_flight}', '{completed}'\n\
          local STATE, WATCHED, TOKEN, TOKEN_END = {state}, {watched}, {token}, {token_end}\n\
          local RETENTION, LEASE_END, COMPLETION = {retention}, {lease_end}, {completion}\n\
-         local REQUEST_LEN, HEADER = {request_len}, {header}\n",
+         local REQUEST_LEN, HEADER = {request_len}, {header}\n\
+         local HAS_STEPS = {has_steps}\n",
         mark = std::str::from_utf8(MARK).unwrap_or("I2"),
         in_flight = char::from(IN_FLIGHT),
         completed = char::from(COMPLETED),
@@ -110,6 +122,7 @@ pub(super) fn lua_layout() -> String {
         completion = COMPLETION_AT + 1,
         request_len = REQUEST_LEN_AT + 1,
         header = HEADER_LEN,
+        has_steps = HAS_STEPS,
     )
 }
 
@@ -337,6 +350,7 @@ pub(super) fn decode(
             + time::Duration::milliseconds(offset)
     };
     let (fingerprint, transactional, method, path) = decode_request(view.request)?;
+    let steps = decode_steps(view.request)?;
     let completed = view.state == COMPLETED;
     Ok(Record {
         scope: scope.clone(),
@@ -354,6 +368,7 @@ pub(super) fn decode(
         completed_at: completed.then(|| at(view.completion)),
         expires_at: at(view.retention),
         observed_at,
+        steps,
     })
 }
 
@@ -392,6 +407,41 @@ fn write_request(
     out.extend_from_slice(path.as_bytes());
 }
 
+/// The flag byte's bit of a transactional record (release 1 and version 2
+/// wrote 0 or 1, and read `== 1`).
+const TRANSACTIONAL: u8 = 1;
+/// The flag byte's bit of a record with recorded steps: they follow the
+/// path, after a NUL (no path holds one). A reader before steps reads the
+/// byte as not transactional (steps are never recorded on a transactional
+/// record) and the steps as the path's end: it shows a longer path, and
+/// decides as it always did (the fingerprint is what it compares).
+const HAS_STEPS: u8 = 2;
+
+/// The path, and the encoded steps after it when `flags` says so.
+fn path_and_steps(rest: &[u8], flags: u8) -> (&[u8], Option<&[u8]>) {
+    if flags & HAS_STEPS == 0 {
+        return (rest, None);
+    }
+    match rest.iter().position(|&b| b == 0) {
+        Some(nul) => (&rest[..nul], Some(&rest[nul + 1..])),
+        None => (rest, None),
+    }
+}
+
+/// The steps recorded in a packed request ([`Step::encode_all`], behind
+/// [`HAS_STEPS`]; written by `lua/record_steps.lua`).
+///
+/// # Errors
+///
+/// [`CorruptRecord`] when the request or its steps do not decode.
+pub(super) fn decode_steps(packed: &[u8]) -> Result<Vec<Step>, CorruptRecord> {
+    let corrupt = CorruptRecord("the packed request is invalid");
+    let flags = *packed.get(32).ok_or(corrupt)?;
+    let method_len = usize::from(*packed.get(33).ok_or(corrupt)?);
+    let (_, steps) = path_and_steps(packed.get(34 + method_len..).ok_or(corrupt)?, flags);
+    Step::decode_all(steps)
+}
+
 /// The fingerprint, transactional flag, method and path of a packed request.
 pub(super) fn decode_request(
     packed: &[u8],
@@ -401,10 +451,11 @@ pub(super) fn decode_request(
         .get(..32)
         .and_then(|f| f.try_into().ok())
         .ok_or(corrupt)?;
-    let transactional = *packed.get(32).ok_or(corrupt)? == 1;
+    let flags = *packed.get(32).ok_or(corrupt)?;
+    let transactional = flags & TRANSACTIONAL == TRANSACTIONAL;
     let method_len = usize::from(*packed.get(33).ok_or(corrupt)?);
     let method = packed.get(34..34 + method_len).ok_or(corrupt)?;
-    let path = packed.get(34 + method_len..).ok_or(corrupt)?;
+    let (path, _) = path_and_steps(packed.get(34 + method_len..).ok_or(corrupt)?, flags);
     let text = |bytes: &[u8]| String::from_utf8(bytes.to_vec()).map_err(|_| corrupt);
     Ok((
         Fingerprint::from_bytes(fingerprint),

@@ -123,6 +123,7 @@ fn record_from(
             .transpose()?,
         expires_at: from_millis(number("e")?)?,
         observed_at: from_millis(now)?,
+        steps: Vec::new(),
     }))
 }
 

@@ -87,12 +87,12 @@ use call::{RecordKey, ScriptCall};
 use claimed::ClaimedValues;
 use connection::{CONNECTION_TIMEOUT, Connection, RESPONSE_TIMEOUT, Subscriber, forward_events};
 use replicas::ReplicaAcks;
-use scripts::{GET, RELEASE, RENEW, TAKE_OVER};
+use scripts::{GET, RECORD_STEPS, RELEASE, RENEW, TAKE_OVER};
 use slots::SlotMap;
 
 use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
-use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
+use crate::record::{CorruptRecord, LeaseToken, Record, Step, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
 use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError};
 
@@ -385,6 +385,22 @@ impl Store for RedisRecords {
             .arg(codec::millis(duration))
             .arg(&*self.channel);
         self.fenced(&call).await
+    }
+
+    async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
+        // The value changes (its packed request): completions go by script.
+        self.claimed.take(lease.token);
+        let at = self.key_arg(RECORDS, lease.scope.as_str(), lease.key.as_str());
+        let encoded = Step::encode_all(steps).unwrap_or_default();
+        let mut call = ScriptCall::new(&RECORD_STEPS, 1, 80 + encoded.len());
+        call.arg(&at)
+            .arg(lease.token.as_uuid().as_bytes().as_slice())
+            .arg(encoded.as_slice());
+        let (answer, acked) = self.invoke_acked(&call, &at).await?;
+        if !matches!(answer, Value::Int(1)) {
+            return Err(StoreError::LeaseLost);
+        }
+        acked.replicated()
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

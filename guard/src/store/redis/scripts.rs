@@ -27,8 +27,14 @@ pub(super) static COMPLETE: LazyLock<Script> = script!("fence.lua", "complete.lu
 pub(super) static RENEW: LazyLock<Script> = script!("fence.lua", "renew.lua");
 pub(super) static RELEASE: LazyLock<Script> = script!("fence.lua", "release.lua");
 pub(super) static GET: LazyLock<Script> = script!("legacy_pack.lua", "legacy.lua", "get.lua");
-pub(super) static TAKE_OVER: LazyLock<Script> =
-    script!("legacy_pack.lua", "legacy.lua", "take_over.lua");
+pub(super) static TAKE_OVER: LazyLock<Script> = script!(
+    "legacy_pack.lua",
+    "legacy.lua",
+    "steps.lua",
+    "take_over.lua"
+);
+pub(super) static RECORD_STEPS: LazyLock<Script> =
+    script!("fence.lua", "steps.lua", "record_steps.lua");
 pub(super) static ADMIN_FORGET: LazyLock<Script> =
     script!("legacy_pack.lua", "legacy.lua", "admin_forget.lua");
 
@@ -120,6 +126,80 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(record.response, Some(response));
+        let mut del = redis::cmd("DEL");
+        del.arg(store.direct().key_arg(RECORDS, "s", "k"));
+        store.direct().query(&del).await.unwrap();
+    }
+
+    /// Recorded steps ride in the packed request where a reader of the
+    /// layout before them still reads the record (the value parses, the
+    /// flag byte is not `1`, so not transactional, and the path's end is
+    /// text) while this one reads the path and the steps apart; a
+    /// take-over and a completion keep them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn recorded_steps_are_read_apart_here_and_ignored_by_a_reader_before_them() {
+        use crate::record::Step;
+        let url = idempotency_tests::fixtures::redis_url();
+        let prefix = format!("test-steps-{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect(&url, &prefix).await.unwrap();
+        let fingerprint = Fingerprint::from_bytes([0; 32]);
+        let mut new = NewRecord {
+            scope: Scope::leaked("s"),
+            key: IdempotencyKey::leaked("k"),
+            fingerprint: &fingerprint,
+            method: "POST",
+            path: "/debits?x=1",
+            token: LeaseToken::new(),
+            lease: Duration::from_millis(300),
+            retention: Duration::from_secs(3600),
+            transactional: false,
+        };
+        let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
+            panic!("a fresh key is acquired");
+        };
+        let steps = [Step {
+            name: "charge".into(),
+            input: None,
+            value: serde_json::json!({"id": "ch_1"}),
+        }];
+        store.record_steps(&lease, &steps).await.unwrap();
+        let value = raw(&store, "s", "k").await;
+        let view = codec::View::parse(&value).unwrap();
+        // The reader before steps: `== 1` for transactional, the rest of
+        // the request as the path.
+        assert_ne!(view.request[32], 1);
+        let method_len = usize::from(view.request[33]);
+        let old_path = std::str::from_utf8(&view.request[34 + method_len..]).unwrap();
+        assert!(old_path.starts_with("/debits?x=1"), "{old_path}");
+        let (_, transactional, method, path) = codec::decode_request(view.request).unwrap();
+        assert_eq!(
+            (transactional, method.as_str(), path.as_str()),
+            (false, "POST", "/debits?x=1")
+        );
+        let record = store.get(new.scope, new.key).await.unwrap().unwrap();
+        assert_eq!(record.steps, steps);
+        assert_eq!(record.path, "/debits?x=1");
+
+        // Lapsed: the runner records nothing; taken over, the steps stay.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(store.record_steps(&lease, &[]).await.is_err());
+        new.token = LeaseToken::new();
+        new.lease = Duration::from_secs(30);
+        let fresh = store.take_over(lease.token, &new).await.unwrap().unwrap();
+        let record = store.get(new.scope, new.key).await.unwrap().unwrap();
+        assert_eq!(record.state(), RecordState::InFlight);
+        assert_eq!(
+            (record.steps.as_slice(), record.path.as_str()),
+            (&steps[..], "/debits?x=1")
+        );
+        store
+            .complete(&fresh, &StoredResponse::from_bytes("done"))
+            .await
+            .unwrap();
+        let record = store.get(new.scope, new.key).await.unwrap().unwrap();
+        assert_eq!(record.state(), RecordState::Completed);
+        assert_eq!(record.steps, steps);
+        assert_eq!(record.response, Some(StoredResponse::from_bytes("done")));
         let mut del = redis::cmd("DEL");
         del.arg(store.direct().key_arg(RECORDS, "s", "k"));
         store.direct().query(&del).await.unwrap();

@@ -34,7 +34,7 @@ use crate::events::RecordEvents;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
 use crate::migrate::MigrationError;
-use crate::record::{CorruptRecord, LeaseToken, Record, StoredResponse};
+use crate::record::{CorruptRecord, LeaseToken, Record, Step, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
 use crate::store::sql::{CLAIM_ATTEMPTS, fenced, millis};
 use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError};
@@ -46,14 +46,15 @@ const INSERT: &str = "insert into idempotency_records
     on conflict (scope, key) do nothing";
 
 const GET: &str = "select fingerprint, method, path, lease_token, lease_expires_at, transactional, \
-    response_status, response_headers, response_body, created_at, completed_at, expires_at \
+    response_status, response_headers, response_body, created_at, completed_at, expires_at, steps \
     from idempotency_records where scope = ?1 and key = ?2";
 
 const TAKE_OVER: &str = "update idempotency_records set
         fingerprint = ?4, method = ?5, path = ?6, state = 'in_flight', lease_token = ?7,
         lease_expires_at = ?11 + ?8, transactional = ?9,
         response_status = null, response_headers = null, response_body = null,
-        created_at = ?11, completed_at = null, expires_at = ?11 + ?10
+        created_at = ?11, completed_at = null, expires_at = ?11 + ?10,
+        steps = case when expires_at <= ?11 then null else steps end
     where scope = ?1 and key = ?2 and lease_token = ?3
       and (expires_at <= ?11 or (state = 'in_flight' and lease_expires_at <= ?11))";
 
@@ -65,6 +66,11 @@ const COMPLETE: &str = "update idempotency_records set
 /// A lease that has ended cannot be renewed (a renewal that was on its way
 /// at the cut-off must not revive an abandoned record).
 const RENEW: &str = "update idempotency_records set lease_expires_at = ?4 + ?5
+    where scope = ?1 and key = ?2 and lease_token = ?3 and state = 'in_flight'
+      and lease_expires_at > ?4";
+
+/// Fenced as a renewal: a lease that has ended records nothing.
+const RECORD_STEPS: &str = "update idempotency_records set steps = ?5
     where scope = ?1 and key = ?2 and lease_token = ?3 and state = 'in_flight'
       and lease_expires_at > ?4";
 
@@ -279,6 +285,7 @@ fn record_from_row(
             .transpose()?,
         expires_at: from_millis(row.try_get("expires_at")?)?,
         observed_at,
+        steps: Step::decode_all(row.try_get::<Option<Vec<u8>>, _>("steps")?.as_deref())?,
     })
 }
 
@@ -361,6 +368,18 @@ impl Store for SqliteRecords {
             .bind(token_bytes(lease.token))
             .bind(now_millis())
             .bind(millis(duration))
+            .execute(&self.pool)
+            .await?;
+        fenced(result.rows_affected())
+    }
+
+    async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
+        let result = sqlx::query(RECORD_STEPS)
+            .bind(lease.scope.as_str())
+            .bind(lease.key.as_str())
+            .bind(token_bytes(lease.token))
+            .bind(now_millis())
+            .bind(Step::encode_all(steps))
             .execute(&self.pool)
             .await?;
         fenced(result.rows_affected())

@@ -22,6 +22,7 @@ fn record(key: &str) -> Record {
         completed_at: None,
         expires_at: now + time::Duration::hours(1),
         observed_at: now,
+        steps: Vec::new(),
     }
 }
 
