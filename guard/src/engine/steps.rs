@@ -97,6 +97,14 @@ pub enum StepError {
         #[source]
         source: StoreError,
     },
+    /// Another step of this run is running (a step asked for inside a
+    /// step, or two at once): steps are taken one at a time, in an order a
+    /// resumed run can ask for again. Nothing ran.
+    #[error("step `{name}` was asked for while another step of this run is running")]
+    Overlapping {
+        /// The step asked for.
+        name: String,
+    },
     /// This run cannot record steps (transactional mode, not yet). Nothing
     /// ran.
     #[error("steps cannot be recorded here: {0}")]
@@ -215,8 +223,10 @@ impl Run {
     ///
     /// Steps are ordered: the `n`-th step a resumed run asks for must be
     /// the `n`-th one recorded, or [`StepError::Mismatch`] (nothing runs).
-    /// Steps of one run are taken one at a time (a second step waits for
-    /// the first to be recorded).
+    /// Steps of one run are taken one at a time: a step asked for while
+    /// another runs (inside it, or beside it in a `join`) is refused,
+    /// [`StepError::Overlapping`], as its place in the order would be left
+    /// to chance.
     ///
     /// A step is **at least once**: one that ran but was not recorded (the
     /// process died in between) runs again when the run resumes. Pass
@@ -277,7 +287,11 @@ impl Run {
         F: FnOnce() -> Fut,
         Fut: Future<Output = T>,
     {
-        let mut log = self.inner.log().lock().await;
+        let Ok(mut log) = self.inner.log().try_lock() else {
+            return Err(StepError::Overlapping {
+                name: name.to_owned(),
+            });
+        };
         let index = log.next;
         if let Some(recorded) = log.steps.get(index) {
             if recorded.name != name || recorded.input != input {

@@ -38,7 +38,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Run {
 /// | [`StepError::Mismatch`], [`StepError::Decode`] | 500 `step-mismatch` |
 /// | [`StepError::Record`] with a lost lease | 409 `outcome-unknown` |
 /// | [`StepError::Record`] otherwise | 503 `store-unavailable` |
-/// | [`StepError::Encode`], [`StepError::Unsupported`] | 500 `handler-failed` |
+/// | [`StepError::Encode`], [`StepError::Overlapping`], [`StepError::Unsupported`] | 500 `handler-failed` |
 impl IntoResponse for StepError {
     fn into_response(self) -> Response {
         let kind = match &self {
@@ -48,7 +48,9 @@ impl IntoResponse for StepError {
                 ..
             } => types::OUTCOME_UNKNOWN,
             StepError::Record { .. } => types::STORE_UNAVAILABLE,
-            StepError::Encode { .. } | StepError::Unsupported(_) => types::HANDLER_FAILED,
+            StepError::Encode { .. }
+            | StepError::Overlapping { .. }
+            | StepError::Unsupported(_) => types::HANDLER_FAILED,
         };
         tracing::error!(error = %self, "a step did not return; the key is left abandoned");
         (OutcomeUnknown, kind.problem(self.to_string())).into_response()

@@ -40,6 +40,7 @@ macro_rules! steps_suite {
                 resume_through_the_layer_answers_for_real,
                 resume_without_steps_runs_again,
                 steps_are_sealed_in_an_encrypted_store,
+                a_step_inside_a_step_is_refused,
             );
         }
     };
@@ -612,6 +613,29 @@ pub(crate) async fn steps_are_sealed_in_an_encrypted_store<S: Store>(db: TestDb<
         other.get(&scope(), &key).await,
         Err(StoreError::Corrupt(_))
     ));
+}
+
+pub(crate) async fn a_step_inside_a_step_is_refused<S: Store>(db: TestDb<S>) {
+    let engine = Engine::new(db.store.clone()).with_abandoned(AbandonedPolicy::Resume);
+    let job = Job::new(scope(), key("nested"), Fingerprint::of_bytes(b"debit"));
+    let answer = engine
+        .run(job, |context| async move {
+            let run = context.run().clone();
+            let outer = context
+                .step("outer", || async move {
+                    match run.step("inner", || async { 1 }).await {
+                        Err(StepError::Overlapping { name }) => name,
+                        other => panic!("a step inside a step ran: {other:?}"),
+                    }
+                })
+                .await;
+            Settle::Abandon { reply: outer }
+        })
+        .await;
+    assert!(
+        matches!(&answer, Answer::Ran { reply: Ok(inner), .. } if inner == "inner"),
+        "{answer:?}"
+    );
 }
 
 /// NATS keeps no steps yet: a step there fails with the store's
