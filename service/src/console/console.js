@@ -301,7 +301,7 @@ async function showTrail(scope, key) {
       el("td", { text: decision.result })));
   }
   if (!trail.decisions.length) empty("No decision taken on this key.");
-  else if (trail.truncated) empty("Older decisions than these 1000 are kept too.");
+  else if (trail.truncated) empty("Only the first 1000 decisions are shown: the API lists them oldest first.");
 }
 
 async function act(action) {
