@@ -41,6 +41,13 @@ try {
 
   const keyTexts = (table) =>
     page.$$eval(`#${table} tbody td.key`, (cells) => cells.map((cell) => cell.textContent));
+  // The key page's decisions (its audit trail), newest first: the cells'
+  // text of each row, and how many elements the cells hold (none: text).
+  const trailSeen = async () => ({
+    rows: await page.$$eval("#k-trail tbody tr:not(.empty)", (rows) =>
+      rows.map((row) => [...row.cells].map((cell) => cell.textContent))),
+    elements: await page.$$eval("#k-trail tbody td *", (nodes) => nodes.length),
+  });
   const signIn = async (token) => {
     await page.waitForSelector("#login:not([hidden])");
     await page.fill("#token", token);
@@ -87,6 +94,9 @@ try {
   await page.click("#act-release");
   await page.waitForFunction(() => /Released/.test(document.getElementById("message").textContent));
   seen.released = await page.textContent("#message");
+  // The record is gone; its page lists the release among its decisions.
+  await page.waitForSelector('#k-trail tbody tr[data-action="release"]');
+  seen.trailAfterRelease = await trailSeen();
 
   // Back to the list: the released key is gone from it.
   await page.click("#back");

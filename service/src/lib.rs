@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `GET /v1/keys/{key}` (`?fingerprint=sha256:...`) | 200 with the key's state and advice (`wait`, `replay`, `reconcile`), or 404 `key-not-found` with `advice: retry` |
 //! | `POST /v1/keys/lookup` `{"keys": [...]}` | 200 with one result per key (1 to 1000), in order |
-//! | `GET /v1/admin/keys`, `GET /v1/admin/keys.csv`, `GET /v1/admin/whoami`, `GET`/`DELETE /v1/admin/keys/{scope}/{key}`, `POST /v1/admin/keys/{scope}/{key}/release`, `POST /v1/admin/keys/{scope}/{key}/reconcile` | the admin API, for admin tokens only ([`AdminTokens`]; its actions are logged on [`AUDIT_TARGET`]) |
+//! | `GET /v1/admin/keys`, `GET /v1/admin/keys.csv`, `GET /v1/admin/whoami`, `GET`/`DELETE /v1/admin/keys/{scope}/{key}`, `POST /v1/admin/keys/{scope}/{key}/release`, `POST /v1/admin/keys/{scope}/{key}/reconcile`, `GET /v1/admin/keys/{scope}/{key}/decisions` | the admin API, for admin tokens only ([`AdminTokens`]; its actions are logged on [`AUDIT_TARGET`], its decisions, which need a reason, also kept with the store) |
 //! | `GET /console` | the operators' console, when `CONSOLE=true` |
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 when the store answers, 503 otherwise |
@@ -36,7 +36,7 @@
 //! |---|---|
 //! | `tokens` | the one tokens-file parser and the scope tokens |
 //! | `problem`, `status`, `config` | the service's problems, a record's status and advice, the settings |
-//! | `admin` | the admin API, self-contained over its state: its tokens, problems, audit, reconciled marks, extractors and handlers |
+//! | `admin` | the admin API, self-contained over its state: its tokens, problems, audit log and trail, reconciled marks, extractors and handlers |
 //! | `console` | the operators' console: its page, script and stylesheet, embedded, and their headers |
 //! | `state` | [`AppState`] and what the handlers share (the body limit, the timed store read) |
 //! | `keys`, `ops` | the key-status endpoints; health, readiness and metrics |

@@ -10,8 +10,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::admin::dto::{
-    AdminAction, AdminBody, AdminEvent, AdminHeader, AdminIdentity, AdminPage, AdminRecord,
-    AdminRecordDetail, AdminResponse,
+    AdminAction, AdminBody, AdminDecision, AdminEvent, AdminHeader, AdminIdentity, AdminPage,
+    AdminRecord, AdminRecordDetail, AdminResponse, AdminTrail,
 };
 use crate::admin::reconciled::Reconciliation;
 use crate::admin::{export, handlers as admin, record};
@@ -42,13 +42,14 @@ use crate::problem::Problem;
         export::export_keys,
         record::show_key,
         record::reconcile_key,
+        record::key_decisions,
         record::whoami
     ),
-    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, AdminRecord, AdminPage, AdminAction, Reconciliation, AdminRecordDetail, AdminResponse, AdminHeader, AdminBody, AdminEvent, AdminIdentity)),
+    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, AdminRecord, AdminPage, AdminAction, Reconciliation, AdminRecordDetail, AdminResponse, AdminHeader, AdminBody, AdminEvent, AdminIdentity, AdminDecision, AdminTrail)),
     modifiers(&BearerAuth),
     tags(
         (name = "keys", description = "What became of a key"),
-        (name = "admin", description = "Operators: list a scope's records (those needing a decision first), show one, forget, release or mark it reconciled, export as CSV (admin tokens only)"),
+        (name = "admin", description = "Operators: list a scope's records (those needing a decision first), show one and its decisions, forget, release or mark it reconciled (with a reason, kept in the audit trail), export as CSV (admin tokens only)"),
         (name = "operations", description = "Health, readiness, metrics and this document")
     )
 )]

@@ -98,6 +98,9 @@ problem_types! {
     METHOD_NOT_ALLOWED: METHOD_NOT_ALLOWED "method-not-allowed" "Method not allowed" [];
     /// `release` frees abandoned keys; a completed record is forgotten.
     RECORD_COMPLETED: CONFLICT "record-completed" "Record completed" [];
+    /// A state-changing admin call without a reason (or one that is empty,
+    /// over 500 characters or holds a control character).
+    REASON_REQUIRED: UNPROCESSABLE_ENTITY "reason-required" "Reason required" [];
 
     // --- The gateway. ---
 

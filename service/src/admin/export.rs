@@ -110,7 +110,7 @@ pub(crate) async fn export_keys(
         after,
     }: Listing,
 ) -> Result<Response, AdminProblem> {
-    audited(&admin, "export", scope.as_str(), "-", None, async {
+    audited(&admin, "export", scope.as_str(), "-", async {
         let mut text = CSV_COLUMNS.join(",");
         text.push_str("\r\n");
         let mut rows = 0;

@@ -9,6 +9,7 @@
 //! | `POST /v1/admin/keys/{scope}/{key}/release` | frees an abandoned key, so a retry runs (after you reconciled its unknown outcome) |
 //! | `GET /v1/admin/keys/{scope}/{key}` | one record: its life, its request, a redacted preview of its stored response (sealed ones show their status only) |
 //! | `POST /v1/admin/keys/{scope}/{key}/reconcile?reason=` | marks an abandoned record reconciled: kept, no longer listed as needing a decision |
+//! | `GET /v1/admin/keys/{scope}/{key}/decisions` | the key's audit trail: every decision taken on it (who, when, why, result), kept after the record is gone |
 //! | `GET /v1/admin/keys.csv?scope=&needs_decision=true` | the records that need a decision (or any listing's filters) as CSV, for finance |
 //! | `GET /v1/admin/whoami` | the caller's admin token: its name and scopes |
 //!
@@ -16,9 +17,11 @@
 //! (abandoned and not marked reconciled: the outcome-unknown runs, in
 //! flight past their lease, a person must decide on), `method`,
 //! `path_prefix`, `created_after` and `created_before`. The actions
-//! (`release`, `forget`, `reconcile`) take `?reason=`, written to the
-//! audit line (required by `reconcile`). The reconciled marks are kept by
-//! the service, not the store: see `reconciled`.
+//! (`release`, `forget`, `reconcile`: every call that changes something)
+//! require `?reason=` (1 to 500 characters, no control characters;
+//! otherwise 422 `reason-required` and nothing is done), written to the
+//! audit line and the audit trail. The reconciled marks are kept by the
+//! service, not the store: see `reconciled`.
 //!
 //! A record whose lease is live (its handler is running) is never deleted,
 //! with or without `force` (409 `request-in-flight`): deleting it would let
@@ -42,16 +45,29 @@
 //!
 //! Every admin action, allowed or refused, writes one `INFO` line on the
 //! `idempotency::audit` target with `who` (the token's name), `action`
-//! (`list`, `show`, `export`, `forget`, `release`, `reconcile`), `scope`,
-//! `key` (`-` for a listing or an export), `reason` (`-` when none was
-//! given), `result` and `at` (RFC 3339, UTC), and is counted in
-//! `idempotency_admin_actions_total{action, result}`.
+//! (`list`, `show`, `decisions`, `export`, `forget`, `release`,
+//! `reconcile`), `scope`, `key` (`-` for a listing or an export),
+//! `reason` (`-` for a read), `result` and `at` (RFC 3339, UTC), and is
+//! counted in `idempotency_admin_actions_total{action, result}`. A
+//! malformed call (400, 422) is no action and writes none.
+//!
+//! The decisions (`forget`, `release`, `reconcile`), allowed or refused
+//! (403 included), are also kept with the store, in the audit trail
+//! (`trail`): records of a reserved scope, `idempotency.audit:<scope>`,
+//! written through the store's own operations, so the trail is kept on
+//! every store the service runs on. A decision's entry is written before
+//! its action runs (no entry, no action: 503), completed with its result
+//! after, and kept 400 days or the decided record's own retention if
+//! longer. No admin action changes a scope starting with
+//! `idempotency.audit` (400).
 //!
 //! # Files
 //!
 //! `tokens` (who may call: the admin tokens, read by the service's one
-//! tokens-file parser), `problem` (the admin API's problems), `audit`
-//! (the audit line and counter of every action), `reconciled` (the
+//! tokens-file parser), `problem` (the admin API's problems), `bounded`
+//! (the bounded store call), `audit` (the audit line and counter of every
+//! action), `trail` (the decisions kept with the store), `decision` (a
+//! state-changing action: its entry, its work, its line), `reconciled` (the
 //! operators' reconciled marks), `dto` (the JSON the endpoints answer),
 //! `query` (the queries: one for a listing and an export, its `state` an
 //! enum, its filters checked), `extract` (the extractors that parse the
@@ -74,6 +90,8 @@ use http::header;
 use idempotency_guard::store::AnyStore;
 
 mod audit;
+mod bounded;
+mod decision;
 pub(crate) mod dto;
 pub(crate) mod export;
 mod extract;
@@ -84,6 +102,7 @@ pub(crate) mod query;
 pub(crate) mod reconciled;
 pub(crate) mod record;
 mod tokens;
+mod trail;
 
 use audit::ADMIN_ACTIONS_TOTAL;
 pub use audit::AUDIT_TARGET;
@@ -91,7 +110,7 @@ use export::export_keys;
 use handlers::{forget_key, list_keys, release_key};
 use problem::AdminProblem;
 pub use reconciled::{Reconciled, ReconciledError};
-use record::{reconcile_key, show_key, whoami};
+use record::{key_decisions, reconcile_key, show_key, whoami};
 pub use tokens::{AdminTokens, AdminTokensError};
 
 /// What the admin handlers share: the store and who may call.
@@ -121,6 +140,7 @@ pub(crate) fn router<S: Clone + Send + Sync + 'static>(state: AdminState) -> Rou
             "/v1/admin/keys/{scope}/{key}/reconcile",
             post(reconcile_key),
         )
+        .route("/v1/admin/keys/{scope}/{key}/decisions", get(key_decisions))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_admin_token,

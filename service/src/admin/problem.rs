@@ -47,6 +47,10 @@ pub(crate) enum AdminProblem {
         /// The key.
         key: String,
     },
+    /// 422 `reason-required`: a state-changing call without a reason (or
+    /// with one that is empty, over 500 characters or holds a control
+    /// character); the detail says which.
+    ReasonRequired(String),
     /// 503 `store-unavailable`.
     StoreUnavailable,
 }
@@ -62,6 +66,7 @@ impl AdminProblem {
             Self::InFlight { .. } => "refused-in-flight",
             Self::Abandoned { .. } => "refused-abandoned",
             Self::Completed { .. } | Self::NothingToReconcile { .. } => "refused-completed",
+            Self::ReasonRequired(_) => "reason-required",
             Self::StoreUnavailable => "store-unavailable",
         }
     }
@@ -92,6 +97,7 @@ impl AdminProblem {
             Self::NothingToReconcile { key } => types::RECORD_COMPLETED
                 .problem("The record is completed: its outcome is known, there is nothing to reconcile.")
                 .with("key", key),
+            Self::ReasonRequired(detail) => types::REASON_REQUIRED.problem(detail.clone()),
             Self::StoreUnavailable => types::STORE_UNAVAILABLE
                 .problem("The idempotency store could not be reached. Try again shortly."),
         }

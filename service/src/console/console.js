@@ -234,6 +234,7 @@ async function showKey(scope, key) {
   $("k-scope").textContent = "";
   $("k-body").textContent = "";
   $("actions").hidden = true;
+  const trailShown = showTrail(scope, key);
   const detail = await api("GET", `/v1/admin/keys/${seg(scope)}/${seg(key)}`);
   $("k-key").textContent = detail.record.key;
   $("k-scope").textContent = detail.record.scope;
@@ -273,6 +274,34 @@ async function showKey(scope, key) {
   $("act-release").disabled = record.state !== "abandoned";
   $("act-reconcile").disabled = !record.needs_decision;
   $("act-forget").disabled = record.state === "in_flight";
+  await trailShown;
+}
+
+// ---- one key's decisions (its audit trail, kept after the record is gone)
+
+async function showTrail(scope, key) {
+  const body = $("k-trail").tBodies[0];
+  clear(body);
+  const empty = (text) => body.append(el("tr", { class: "empty" }, el("td", { colspan: "5", text })));
+  let trail;
+  try {
+    trail = await api("GET", `/v1/admin/keys/${seg(scope)}/${seg(key)}/decisions`);
+  } catch (error) {
+    empty(`Decisions not shown: ${error.message}`);
+    return;
+  }
+  clear(body);
+  // The newest first.
+  for (const decision of [...trail.decisions].reverse()) {
+    body.append(el("tr", { "data-action": decision.action },
+      el("td", { text: when(decision.at) }),
+      el("td", { text: decision.who }),
+      el("td", { text: decision.action }),
+      el("td", { class: "reason", text: decision.reason }),
+      el("td", { text: decision.result })));
+  }
+  if (!trail.decisions.length) empty("No decision taken on this key.");
+  else if (trail.truncated) empty("Only the first 1000 decisions are shown: the API lists them oldest first.");
 }
 
 async function act(action) {
@@ -302,6 +331,7 @@ async function act(action) {
     current = null;
     $("actions").hidden = true;
     $("k-badge").append(" ", el("strong", { text: action === "release" ? "(released)" : "(forgotten)" }));
+    await showTrail(scope, key);
   }
   say(done);
 }

@@ -328,6 +328,18 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
         "{seen}"
     );
     assert!(seen["released"].as_str().unwrap().contains("Released"));
+    // The key's page lists the release among its decisions, as text.
+    let trail = &seen["trailAfterRelease"];
+    let rows = trail["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{trail}");
+    let cells = strings(&rows[0]);
+    assert!(cells[0].ends_with("UTC"), "when: {cells:?}");
+    assert_eq!(
+        cells[1..],
+        ["ops", "release", REASON, "deleted-abandoned"],
+        "who, what, why, result"
+    );
+    assert_eq!(trail["elements"], 0, "{trail}");
     assert_eq!(strings(&seen["needsAfter"]), [XSS_KEY]);
 
     // A completed debit's page: its stored answer, redacted.

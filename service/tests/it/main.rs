@@ -27,3 +27,10 @@ admin_api!(sqlite_admin, idempotency_tests::sqlite);
 admin_api!(redis_admin, idempotency_tests::redis);
 admin_api!(redis_cluster_admin, idempotency_tests::redis_cluster);
 admin_api!(tiered_admin, idempotency_tests::tiered);
+// NATS: the audit trail (the rest of the admin suite runs on the stores above).
+admin_api!(
+    nats_admin,
+    idempotency_tests::nats;
+    a_decision_without_a_reason_is_refused_and_changes_nothing,
+    the_trail_keeps_who_when_why_and_result_after_the_record_is_gone,
+);

@@ -35,6 +35,7 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
             "/v1/admin/keys",
             "/v1/admin/keys.csv",
             "/v1/admin/keys/{scope}/{key}",
+            "/v1/admin/keys/{scope}/{key}/decisions",
             "/v1/admin/keys/{scope}/{key}/reconcile",
             "/v1/admin/keys/{scope}/{key}/release",
             "/v1/admin/whoami",
@@ -67,11 +68,11 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
     );
     assert_eq!(
         statuses("/v1/admin/keys/{scope}/{key}", "delete"),
-        ["200", "400", "401", "403", "404", "409", "503"]
+        ["200", "400", "401", "403", "404", "409", "422", "503"]
     );
     assert_eq!(
         statuses("/v1/admin/keys/{scope}/{key}/release", "post"),
-        ["200", "400", "401", "403", "404", "409", "503"]
+        ["200", "400", "401", "403", "404", "409", "422", "503"]
     );
     assert_eq!(
         statuses("/v1/admin/keys/{scope}/{key}", "get"),
@@ -79,7 +80,11 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
     );
     assert_eq!(
         statuses("/v1/admin/keys/{scope}/{key}/reconcile", "post"),
-        ["200", "400", "401", "403", "404", "409", "503"]
+        ["200", "400", "401", "403", "404", "409", "422", "503"]
+    );
+    assert_eq!(
+        statuses("/v1/admin/keys/{scope}/{key}/decisions", "get"),
+        ["200", "400", "401", "403", "503"]
     );
     assert_eq!(
         statuses("/v1/admin/keys.csv", "get"),
@@ -102,6 +107,7 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
         ("/v1/admin/keys/{scope}/{key}", "delete"),
         ("/v1/admin/keys/{scope}/{key}/release", "post"),
         ("/v1/admin/keys/{scope}/{key}/reconcile", "post"),
+        ("/v1/admin/keys/{scope}/{key}/decisions", "get"),
     ] {
         let operation = &document()["paths"][path][method];
         assert_eq!(
@@ -109,6 +115,18 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
             serde_json::json!([]),
             "{path} needs the bearer token"
         );
+        if path.starts_with("/v1/admin") && method != "get" {
+            let reason = operation["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == "reason")
+                .unwrap_or_else(|| panic!("{method} {path} takes a reason"));
+            assert_eq!(
+                reason["required"], true,
+                "{method} {path}: the reason is required"
+            );
+        }
         let problem =
             &operation["responses"]["401"]["content"]["application/problem+json"]["schema"]["$ref"];
         assert_eq!(problem, "#/components/schemas/Problem");
@@ -134,6 +152,8 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
         "AdminEvent",
         "AdminIdentity",
         "Reconciliation",
+        "AdminDecision",
+        "AdminTrail",
     ] {
         assert!(schemas.contains_key(name), "schema {name}");
     }
