@@ -43,10 +43,13 @@
 //!
 //! Every admin action, allowed or refused, writes one `INFO` line on the
 //! `idempotency::audit` target with `who` (the token's name), `action`
-//! (`list`, `show`, `export`, `forget`, `release`, `reconcile`), `scope`,
-//! `key` (`-` for a listing or an export), `reason` (`-` when none was
-//! given), `result` and `at` (RFC 3339, UTC), and is counted in
-//! `idempotency_admin_actions_total{action, result}`.
+//! (`list`, `show`, `export`, `forget`, `release`, `reconcile`, `sign-in`,
+//! `sign-out`), `scope`, `key` (`-` for a listing, an export, a sign-in
+//! or a sign-out), `reason` (`-` when none was given), `result` and `at`
+//! (RFC 3339, UTC), and is counted in
+//! `idempotency_admin_actions_total{action, result}`. A request refused
+//! before it names an action (no token, an ended session, a foreign
+//! `Origin`) is counted with `action="any"`.
 //!
 //! # Console sessions
 //!
@@ -69,9 +72,11 @@
 //! bounded store call and the scan), `export` (the CSV export), `record`
 //! (one record shown, marked reconciled; whoami), `preview` (a stored
 //! response, redacted), `session` (the console's sessions, their cookie
-//! and `Origin` rule) and `sign_in` (the console's sign-in and sign-out). The admin API is self-contained: it is built over
-//! an [`AdminState`] (the store and the admin tokens), which the
-//! service's router takes from its own state.
+//! and `Origin` rule) and `sign_in` (the console's sign-in and
+//! sign-out). The admin API is self-contained: it is built over an
+//! [`AdminState`] (the store, the admin tokens, the marks and the
+//! console's sessions), which the service's router takes from its own
+//! state.
 
 use std::sync::Arc;
 use std::time::Instant;
