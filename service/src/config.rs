@@ -248,3 +248,50 @@ impl Config {
             .with_max_header_bytes(self.max_header_bytes)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    fn config(args: &[&str]) -> Config {
+        Cli::try_parse_from(std::iter::once("idempotency-service").chain(args.iter().copied()))
+            .unwrap()
+            .config
+    }
+
+    #[test]
+    fn the_console_session_settings_default_and_are_checked() {
+        assert_eq!(
+            config(&[]).console_sessions(),
+            crate::admin::SessionSettings::default(),
+            "the flags' defaults are the settings' own"
+        );
+        for good in ["https://ops.example.com", "http://127.0.0.1:8080/"] {
+            assert!(
+                config(&["--console-origin", good]).check().is_ok(),
+                "{good}"
+            );
+        }
+        for bad in [
+            "ops.example.com",
+            "https://ops.example.com/console",
+            "https://",
+        ] {
+            assert!(
+                matches!(
+                    config(&["--console-origin", bad]).check(),
+                    Err(ConfigError::ConsoleOrigin { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            config(&["--console-session-idle-secs", "0"]).check(),
+            Err(ConfigError::Zero {
+                variable: "CONSOLE_SESSION_IDLE_SECS"
+            })
+        ));
+    }
+}

@@ -254,6 +254,7 @@ async function showList() {
       "Nothing needs a decision.", run));
   } else {
     $("needs").tBodies[0].append(noteRow(`Not shown: the state filter is ${state}.`, "empty"));
+    $("needs").setAttribute("aria-busy", "false");
   }
   scans.push(pagedTable("rest", "rest-pager", { ...base, state, needs_decision: "false" }, (record) =>
     el("tr", { "data-key": record.key },
