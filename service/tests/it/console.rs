@@ -282,6 +282,56 @@ async fn a_console_session_is_a_cookie_the_server_can_end() {
     .await;
     assert_eq!(scripted.status, StatusCode::OK);
 
+    // A session unused past its idle time ends on the server too.
+    let brief = idempotency_service::build_router(idempotency_service::AppState {
+        store: store.clone(),
+        tokens: Arc::new(crate::support::tokens()),
+        metrics: None,
+        retry_after: Duration::from_secs(1),
+        admin_tokens: Arc::new(crate::support::admin_tokens()),
+        reconciled: Arc::new(idempotency_service::Reconciled::in_memory()),
+        console: true,
+        console_sessions: Arc::new(idempotency_service::ConsoleSessions::new(
+            idempotency_service::SessionSettings {
+                idle: Duration::from_secs(1),
+                ..Default::default()
+            },
+        )),
+    });
+    let signed_in = call(
+        &brief,
+        "/v1/admin/session",
+        with_headers(
+            Method::POST,
+            "/v1/admin/session",
+            &[("authorization", &bearer)],
+        ),
+    )
+    .await;
+    let cookie = signed_in
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let whoami = || with_headers(Method::GET, "/v1/admin/whoami", &[("cookie", &cookie)]);
+    assert_eq!(
+        call(&brief, "/v1/admin/whoami", whoami()).await.status,
+        StatusCode::OK
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let expired = call(&brief, "/v1/admin/whoami", whoami()).await;
+    assert_eq!(
+        expired.status,
+        StatusCode::UNAUTHORIZED,
+        "idle past its 1 s"
+    );
+    assert_eq!(
+        expired.header("content-type"),
+        Some("application/problem+json")
+    );
+
     // With the console off there is no sign-in, and no cookie counts.
     let off = idempotency_service::build_router(idempotency_service::AppState {
         store: store.clone(),
