@@ -88,6 +88,9 @@ problem_types! {
     UNAUTHORIZED: UNAUTHORIZED "unauthorized" "Unauthorized" [BearerChallenge];
     /// The admin token may not act on this scope.
     SCOPE_FORBIDDEN: FORBIDDEN "scope-forbidden" "Scope forbidden" [];
+    /// A write signed in by a console session without the console's
+    /// `Origin` (missing or foreign).
+    ORIGIN_REFUSED: FORBIDDEN "origin-refused" "Origin refused" [];
     /// No record of this key in the caller's scope.
     KEY_NOT_FOUND: NOT_FOUND "key-not-found" "Key not found" [];
     /// The request is malformed; the detail says how.

@@ -96,6 +96,11 @@ pub(crate) struct AdminPage {
     /// The `after` of the next page; absent on the last page.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
+    /// How many records the service read to fill this page (more than
+    /// `records` when filters left some out): a console shows it while
+    /// it follows `next`.
+    #[serde(default)]
+    pub scanned: u64,
 }
 
 /// What an admin action did to one record.

@@ -24,9 +24,18 @@ use super::tokens::Admin;
 /// filters leave records out (`next` then resumes where it stopped).
 const SCAN_PAGES: u32 = 10;
 
+/// What one [`scan`] found.
+pub(super) struct Scanned {
+    /// The records that passed the filters, by key.
+    pub records: Vec<AdminRecord>,
+    /// The cursor of what follows (`None` at the end).
+    pub next: Option<String>,
+    /// How many records the scan read from the store to find them.
+    pub read: u64,
+}
+
 /// Reads up to `limit` records of `scope` that pass `filters`, from after
-/// `after`, at most `pages` store pages: the records and the cursor of
-/// what follows (`None` at the end).
+/// `after`, at most `pages` store pages.
 pub(super) async fn scan(
     state: &AdminState,
     scope: &Scope,
@@ -34,13 +43,17 @@ pub(super) async fn scan(
     after: Option<&str>,
     limit: u32,
     pages: u32,
-) -> Result<(Vec<AdminRecord>, Option<String>), AdminProblem> {
+) -> Result<Scanned, AdminProblem> {
+    let mut scanned = Scanned {
+        records: Vec::new(),
+        next: None,
+        read: 0,
+    };
     if filters.nothing {
-        return Ok((Vec::new(), None));
+        return Ok(scanned);
     }
     let wanted = usize::try_from(limit).unwrap_or(usize::MAX);
     let mut cursor = after.map(str::to_owned);
-    let mut found = Vec::new();
     for _ in 0..pages {
         let page = store_call(state.store.list(
             scope.as_str(),
@@ -53,30 +66,35 @@ pub(super) async fn scan(
         .await?;
         let count = page.records.len();
         for (index, raw) in page.records.iter().enumerate() {
+            scanned.read += 1;
             let record = AdminRecord::new(raw, state.reconciled.of(raw));
             if !filters.accepts(&record, raw) {
                 continue;
             }
-            found.push(record);
-            if found.len() == wanted {
+            scanned.records.push(record);
+            if scanned.records.len() == wanted {
                 let more = index + 1 < count || page.next.is_some();
-                return Ok((found, more.then(|| raw.key.as_str().to_owned())));
+                scanned.next = more.then(|| raw.key.as_str().to_owned());
+                return Ok(scanned);
             }
         }
         match page.next {
             Some(next) => cursor = Some(next),
-            None => return Ok((found, None)),
+            None => return Ok(scanned),
         }
     }
-    Ok((found, cursor))
+    scanned.next = cursor;
+    Ok(scanned)
 }
 
 /// Lists a scope's records, by key, a page at a time.
 ///
 /// With filters beyond `state` (`needs_decision`, `method`,
-/// `path_prefix`, `created_after`, `created_before`), a page may hold
-/// fewer than `limit` records (even none) and still have a `next`: keep
-/// following `next` until it is absent.
+/// `path_prefix`, `created_after`, `created_before`), one request reads
+/// at most ten store pages of `limit` records, so a page may hold fewer
+/// than `limit` records (even none) and still have a `next`: keep
+/// following `next` until it is absent (`scanned` says how many records
+/// this page read, for a progress line).
 #[utoipa::path(
     get,
     path = "/v1/admin/keys",
@@ -108,7 +126,11 @@ pub(crate) async fn list_keys(
         )));
     }
     audited(&admin, "list", scope.as_str(), "-", async {
-        let (records, next) = scan(
+        let Scanned {
+            records,
+            next,
+            read,
+        } = scan(
             &state,
             &scope,
             &filters,
@@ -117,7 +139,14 @@ pub(crate) async fn list_keys(
             SCAN_PAGES,
         )
         .await?;
-        Ok((Json(AdminPage { records, next }), "ok"))
+        Ok((
+            Json(AdminPage {
+                records,
+                next,
+                scanned: read,
+            }),
+            "ok",
+        ))
     })
     .await
 }

@@ -11,6 +11,12 @@ pub(crate) enum AdminProblem {
     /// 401 `unauthorized`: no admin token, or an unknown one (a scope
     /// token included).
     Unauthorized,
+    /// 401 `unauthorized`: the console session ended (signed out,
+    /// expired, or the service restarted).
+    SessionEnded,
+    /// 403 `origin-refused`: a write signed in by a console session
+    /// without the console's `Origin`.
+    OriginRefused,
     /// 403 `scope-forbidden`: the admin token may not act on this scope.
     ScopeForbidden {
         /// The scope asked for.
@@ -59,7 +65,8 @@ impl AdminProblem {
     /// The `result` label and audit field of this refusal.
     pub(super) fn result(&self) -> &'static str {
         match self {
-            Self::Unauthorized => "unauthorized",
+            Self::Unauthorized | Self::SessionEnded => "unauthorized",
+            Self::OriginRefused => "origin-refused",
             Self::ScopeForbidden { .. } => "forbidden",
             Self::BadRequest(_) => "bad-request",
             Self::KeyNotFound { .. } => "not-found",
@@ -78,6 +85,12 @@ impl AdminProblem {
         match self {
             Self::Unauthorized => types::UNAUTHORIZED.problem(
                 "Send `Authorization: Bearer <token>` with an admin token (scope tokens are not admin tokens).",
+            ),
+            Self::SessionEnded => types::UNAUTHORIZED.problem(
+                "The console session ended (signed out, idle too long, or the service restarted): sign in again.",
+            ),
+            Self::OriginRefused => types::ORIGIN_REFUSED.problem(
+                "A write signed in by a console session must come from the console's page (its `Origin`).",
             ),
             Self::ScopeForbidden { scope } => types::SCOPE_FORBIDDEN
                 .problem(format!("This admin token may not act on scope {scope:?}.")),

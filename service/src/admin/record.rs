@@ -227,11 +227,16 @@ pub(crate) async fn key_decisions(
     )
 )]
 pub(crate) async fn whoami(Extension(admin): Extension<Admin>) -> Json<AdminIdentity> {
-    Json(AdminIdentity {
+    Json(identity(&admin))
+}
+
+/// Who `admin` is, as `whoami` (and the console's sign-in) answer.
+pub(super) fn identity(admin: &Admin) -> AdminIdentity {
+    AdminIdentity {
         name: admin.name.clone(),
         scopes: match &admin.scopes {
             Scopes::All => vec!["*".to_owned()],
             Scopes::Only(scopes) => scopes.clone(),
         },
-    })
+    }
 }

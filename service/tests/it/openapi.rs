@@ -38,6 +38,7 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
             "/v1/admin/keys/{scope}/{key}/decisions",
             "/v1/admin/keys/{scope}/{key}/reconcile",
             "/v1/admin/keys/{scope}/{key}/release",
+            "/v1/admin/session",
             "/v1/admin/whoami",
             "/v1/keys/lookup",
             "/v1/keys/{key}"
@@ -97,6 +98,30 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
         "the export is text/csv"
     );
     assert_eq!(statuses("/v1/admin/whoami", "get"), ["200", "401"]);
+    assert_eq!(statuses("/v1/admin/session", "post"), ["200", "401"]);
+    assert_eq!(
+        statuses("/v1/admin/session", "delete"),
+        ["204", "401", "403"]
+    );
+    // The console's session cookie is the other way in, but not into
+    // the sign-in (which takes the token).
+    for (path, method) in [
+        ("/v1/admin/keys", "get"),
+        ("/v1/admin/keys/{scope}/{key}/release", "post"),
+        ("/v1/admin/session", "delete"),
+    ] {
+        assert_eq!(
+            document()["paths"][path][method]["security"][1]["console_session"],
+            serde_json::json!([]),
+            "{method} {path}"
+        );
+    }
+    assert_eq!(
+        document()["paths"]["/v1/admin/session"]["post"]["security"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
     for (path, method) in [
         ("/v1/keys/{key}", "get"),
         ("/v1/keys/lookup", "post"),
@@ -108,6 +133,8 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
         ("/v1/admin/keys/{scope}/{key}/release", "post"),
         ("/v1/admin/keys/{scope}/{key}/reconcile", "post"),
         ("/v1/admin/keys/{scope}/{key}/decisions", "get"),
+        ("/v1/admin/session", "post"),
+        ("/v1/admin/session", "delete"),
     ] {
         let operation = &document()["paths"][path][method];
         assert_eq!(
