@@ -202,7 +202,11 @@ pub(crate) async fn each_outcome_row_is_stored_or_released<S: Store>(store: S) {
         assert!(status.metadata().get("idempotent-replayed").is_none());
         assert!(status.metadata().get("idempotency-final").is_none());
     }
-    assert_eq!(server.runs.of(account) - before, 2, "UNAVAILABLE never stored");
+    assert_eq!(
+        server.runs.of(account) - before,
+        2,
+        "UNAVAILABLE never stored"
+    );
 }
 
 /// The guard's own bound: a run cut off at the maximum handler time is an

@@ -162,7 +162,9 @@ impl ReplayCache {
         while entries.bytes + size > self.capacity && entries.evict_one() {}
         let put = entries.next;
         entries.next += 1;
-        entries.order.insert(put, (scope.to_owned(), key.to_owned()));
+        entries
+            .order
+            .insert(put, (scope.to_owned(), key.to_owned()));
         let entry = Entry {
             fingerprint,
             response,
@@ -236,7 +238,11 @@ mod tests {
         assert!(cache.get("s", "huge", &fingerprint).is_none());
         let entries = cache.lock();
         let held: usize = entries.map.values().map(HashMap::len).sum();
-        assert_eq!(entries.order.len(), held, "one place in the order per entry");
+        assert_eq!(
+            entries.order.len(),
+            held,
+            "one place in the order per entry"
+        );
     }
 
     /// A full cache drops the oldest entry first, across scopes, and a key

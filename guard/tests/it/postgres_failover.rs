@@ -440,20 +440,20 @@ async fn a_claim_that_waited_for_the_standby_past_the_release_window_is_released
         .is_ok_and(|waiting| waiting == 0)
     })
     .await;
-    eventually("the task that owned the claim released it and ended", || async {
-        app.drain().running() == 0
-            && store
-                .get(names::scope(SCOPE), names::key("late"))
-                .await
-                .is_ok_and(|r| r.is_none())
-    })
+    eventually(
+        "the task that owned the claim released it and ended",
+        || async {
+            app.drain().running() == 0
+                && store
+                    .get(names::scope(SCOPE), names::key("late"))
+                    .await
+                    .is_ok_and(|r| r.is_none())
+        },
+    )
     .await;
     assert_eq!(runs.of("late"), 0, "the work never ran");
     assert_eq!(ran(&run(&app, &runs, "late").await), Some(Settled::Stored));
-    assert!(matches!(
-        run(&app, &runs, "late").await,
-        Answer::Replay(_)
-    ));
+    assert!(matches!(run(&app, &runs, "late").await, Answer::Replay(_)));
     assert_eq!(runs.of("late"), 1, "the retry ran the work once");
 }
 
