@@ -441,13 +441,40 @@ fn audit_lines(log: &Path) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
-    let tests = idempotency_tests::console_browser::dir();
     let dir = tempfile::tempdir().unwrap();
     let database_url = format!("sqlite://{}?mode=rwc", dir.path().join("s.db").display());
     let store = AnyStore::open(&StoreOptions::sql(&database_url))
         .await
         .unwrap();
     store.migrate().await.unwrap();
+    releases_in_a_browser(store, &[("DATABASE_URL", database_url.as_str())]).await;
+}
+
+/// The same on NATS JetStream (`STORE=nats`): the listing, release,
+/// reconcile and forget the console drives go through the NATS store's
+/// admin operations, on a fresh bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_releases_an_abandoned_key_in_a_real_browser_on_nats() {
+    let nats = idempotency_tests::nats().await;
+    let url = tokio::task::spawn_blocking(idempotency_tests::nats_server::nats_store_url)
+        .await
+        .unwrap();
+    releases_in_a_browser(
+        AnyStore::from(nats.store.clone()),
+        &[
+            ("STORE", "nats"),
+            ("NATS_URL", url.as_str()),
+            ("NATS_BUCKET", nats.store.bucket()),
+        ],
+    )
+    .await;
+}
+
+/// Seeds `store`, starts the service binary on it (`store_env` says
+/// which store), and drives the console in a browser.
+async fn releases_in_a_browser(store: AnyStore, store_env: &[(&str, &str)]) {
+    let tests = idempotency_tests::console_browser::dir();
+    let dir = tempfile::tempdir().unwrap();
 
     // The app: a guarded create-debit endpoint over the same store.
     let runs = Arc::new(AtomicUsize::new(0));
@@ -504,7 +531,7 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
     let mut service = tokio::process::Command::new(BINARY)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATABASE_URL", &database_url)
+        .envs(store_env.iter().copied())
         .env("LISTEN", address.to_string())
         .env("TOKENS", "default scope-token-of-default-0123456789")
         .env(
