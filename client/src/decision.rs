@@ -289,9 +289,21 @@ fn limit(want: Want, at: &Situation<'_>) -> Decision {
         }
         Want::FetchNow if !attempts_left => Decision::Stop(ErrorKind::AttemptsExhausted),
         Want::FetchNow if at.remaining.is_zero() => Decision::Stop(ErrorKind::DeadlineExceeded),
-        Want::FetchNow => Decision::Fetch {
-            after: Duration::ZERO,
-        },
+        // The first fetch goes at once. After a fetch or resend that got
+        // no answer, the next one waits the backoff's pause, as any retry
+        // does (at once when that pause and an attempt would not fit):
+        // a connection reset costs no time, and fetches one after the
+        // other would spend every attempt within the same network blip.
+        Want::FetchNow => {
+            let pause = if at.attempts > 1 {
+                policy.backoff.delay(retry, at.sample)
+            } else {
+                Duration::ZERO
+            };
+            Decision::Fetch {
+                after: if fits(pause) { pause } else { Duration::ZERO },
+            }
+        }
         // Still running: wait as told when the call can, else say so.
         Want::FetchAfterHint(hint) => {
             if !attempts_left || hint >= at.remaining {
@@ -484,8 +496,12 @@ mod tests {
             (conflict(GuardConflict::InFlight), KW, true, 1, 1100 * MS, Fetch { after: 1000 * MS }),
             (conflict(GuardConflict::InFlight), KW, true, 1, 1000 * MS, Stop(OutcomeStillRunning)),
             (conflict(GuardConflict::InFlight), KW, true, 3, s, Stop(OutcomeStillRunning)),
-            // The status service's advice: replay is a fetch, at once.
+            // The status service's advice: replay is a fetch, at once;
+            // after a fetch that got no answer, after the backoff's pause
+            // (at once when it does not fit).
             (advised(Advice::Replay), KW, true, 1, s, fetch_now),
+            (advised(Advice::Replay), KW, true, 2, s, Fetch { after: 100 * MS }),
+            (advised(Advice::Replay), KW, true, 2, 299 * MS, fetch_now),
             (advised(Advice::Retry), KW, true, 1, s, back),
             (advised(Advice::Wait), KW, true, 1, s, AskStatus { after: 1000 * MS }),
             (advised(Advice::Reconcile), KW, true, 1, s, Stop(OutcomeUnknown)),

@@ -98,6 +98,12 @@ pub enum Failure {
     /// request that could not be built.
     #[error("the request got no answer")]
     Transport(#[source] reqwest::Error),
+    /// No answer within the attempt's timeout
+    /// ([`Policy::with_attempt_timeout`](crate::Policy::with_attempt_timeout));
+    /// the attempt went on running beside the next ones until the call
+    /// ended, and its answer would have been taken had it come.
+    #[error("the request got no answer within the attempt's timeout")]
+    TimedOut,
 }
 
 impl Failure {
@@ -106,6 +112,7 @@ impl Failure {
         match self {
             Self::Answer(response) => Some(response.status()),
             Self::Transport(error) => error.status(),
+            Self::TimedOut => None,
         }
     }
 }

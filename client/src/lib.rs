@@ -72,6 +72,11 @@
 //!   a fetch needs only some deadline left, and its timeout is what is
 //!   left.
 //! - An open circuit fails at once ([`ErrorKind::CircuitOpen`]).
+//! - **Late answers**: an attempt that outlives its timeout is not cut
+//!   off; it runs on beside the look-ups, pauses and attempts that follow,
+//!   until the deadline, and the first answer the policy hands back wins,
+//!   from whichever attempt. A call that gives up waits, until its
+//!   deadline, for an attempt still running.
 //!
 //! Every attempt carries `X-Retry-Attempt`.
 //!
@@ -80,9 +85,9 @@
 //! | setting | reads | writes |
 //! |---|---|---|
 //! | backoff ([`Policy::with_backoff`]) | full jitter, base 500 ms, cap 10 s | full jitter, base 1 s, cap 10 s |
-//! | deadline per call ([`Policy::with_deadline`]) | 3 s | 2 s |
-//! | attempt timeout ([`Policy::with_attempt_timeout`]) | 1 s | 800 ms |
-//! | attempts ([`Policy::with_max_attempts`]) | 3 | 3 |
+//! | deadline per call ([`Policy::with_deadline`]) | 10 s | 10 s |
+//! | attempt timeout ([`Policy::with_attempt_timeout`]): the wait before the call goes on; the attempt keeps running until the deadline and its answer is taken if it comes first | 2 s | 2 s |
+//! | attempts ([`Policy::with_max_attempts`]) | 4 | 5 |
 //! | 429 floor ([`Policy::with_retry_after_floor`]) | 500 ms | 500 ms |
 //! | guarded ([`Policy::with_guarded`]): key per call | — | no ([`Policy::guarded_write`]: yes, a UUID v7 per call, unless the request has one) |
 //! | retry budget | the client's, shared ([`RetryClient::with_budget`]) | same |
@@ -147,6 +152,7 @@ mod deadline;
 mod decision;
 mod error;
 mod key;
+mod late;
 mod overload;
 mod policy;
 mod retry;

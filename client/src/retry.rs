@@ -14,6 +14,7 @@ use crate::budget::{self, Denial, TokenBucket};
 use crate::deadline::Deadline;
 use crate::decision::{self, Class, Decision, GuardConflict, Observed, Situation};
 use crate::key::{IDEMPOTENCY_KEY, RETRY_ATTEMPT};
+use crate::late::{Late, Pending, Sent};
 use crate::signal::Signal;
 use crate::status::{Advice, StatusClient};
 use crate::{ErrorKind, Failure, Kind, Policy, RetryBudget, RetryError, new_key, telemetry};
@@ -313,6 +314,13 @@ impl RetryClient {
             _ => None,
         };
 
+        let accept = Accept {
+            class,
+            status_service: status_service.is_some(),
+            policy,
+            deadline,
+        };
+        let mut late = Late::default();
         let mut pending = Some(first);
         // What the last attempt said about the server: which tokens a
         // retry after it may take.
@@ -321,7 +329,10 @@ impl RetryClient {
             if let Some(breaker) = &endpoint_state.breaker
                 && lock(breaker).admit(Instant::now()).is_err()
             {
-                return Err(call.stop(ErrorKind::CircuitOpen));
+                return match last_chance(&mut late, &accept, deadline).await {
+                    Some(answer) => Ok(call.answer(answer)),
+                    None => Err(call.stop(ErrorKind::CircuitOpen)),
+                };
             }
             let mut attempt = match pending
                 .take()
@@ -333,15 +344,31 @@ impl RetryClient {
                     return Err(call.stop(ErrorKind::InvalidRequest));
                 }
             };
+            // reqwest cuts the attempt off at the deadline (or the
+            // request's own timeout); the call waits `patience` for it
+            // before it goes on, and keeps it running (late.rs).
             let remaining = deadline.remaining();
-            prepare(
-                &mut attempt,
-                call.attempts,
-                key.as_ref(),
-                policy.attempt_room().min(remaining),
-            );
-            let sent = self.http.execute(attempt).await;
-            let (mut outcome, result) = classify(sent, class).await;
+            let patience = policy.attempt_room().min(remaining);
+            prepare(&mut attempt, call.attempts, key.as_ref(), remaining);
+            let mut running: Pending = Box::pin(self.http.execute(attempt));
+            let waited = beside(
+                &mut late,
+                &accept,
+                tokio::time::timeout(patience, &mut running),
+            )
+            .await;
+            let (mut outcome, result) = match waited {
+                Err(answer) => return Ok(call.answer(answer)),
+                Ok(Ok(sent)) => {
+                    let (outcome, result) = classify(sent, class).await;
+                    (outcome, Some(result))
+                }
+                Ok(Err(_)) => {
+                    late.keep(running);
+                    call.last = Some(Failure::TimedOut);
+                    (Observed::TimedOut, None)
+                }
+            };
             telemetry::attempt(endpoint, call.attempts, outcome);
             call.attempts += 1;
             if let Some(seen) = Signal::of(outcome) {
@@ -351,7 +378,7 @@ impl RetryClient {
             if let Some(breaker) = &endpoint_state.breaker {
                 lock(breaker).record(!outcome.is_failure(), Instant::now());
             }
-            let mut current = Some(result);
+            let mut current = result;
             loop {
                 if class != Class::Read && outcome.may_have_run() {
                     call.may_have_run = true;
@@ -376,19 +403,35 @@ impl RetryClient {
                     (Decision::Return, Some(Ok(response))) => return Ok(call.answer(response)),
                     (_, result) => call.keep(result),
                 }
-                match decision {
-                    Decision::Return => return Err(call.stop(ErrorKind::NotRetryable)),
-                    Decision::Stop(kind) => return Err(call.stop(kind)),
+                let stop = match decision {
+                    Decision::Return => ErrorKind::NotRetryable,
+                    Decision::Stop(kind) => kind,
                     Decision::AskStatus { after } => {
-                        pause(after).await;
-                        outcome = match (status_service, &call.key) {
-                            (Some(status), Some(key)) => ask(status, key, endpoint, deadline).await,
-                            _ => Observed::StatusUnavailable,
-                        };
+                        let asked = beside(&mut late, &accept, async {
+                            pause(after).await;
+                            match (status_service, &call.key) {
+                                (Some(status), Some(key)) => {
+                                    ask(status, key, endpoint, deadline).await
+                                }
+                                _ => Observed::StatusUnavailable,
+                            }
+                        })
+                        .await;
+                        match asked {
+                            Ok(advice) => outcome = advice,
+                            Err(answer) => return Ok(call.answer(answer)),
+                        }
+                        continue;
                     }
                     Decision::Resend { after } => {
                         match budget::take_retry(&endpoint_state.budget, signal) {
-                            Ok(()) => {}
+                            Ok(()) => {
+                                if let Err(answer) = beside(&mut late, &accept, pause(after)).await
+                                {
+                                    return Ok(call.answer(answer));
+                                }
+                                break;
+                            }
                             Err(Denial::Budget) => {
                                 let label = if endpoint_state.own_budget {
                                     "endpoint"
@@ -396,22 +439,27 @@ impl RetryClient {
                                     "shared"
                                 };
                                 telemetry::budget_refusal(endpoint, label);
-                                return Err(call.stop(ErrorKind::BudgetExhausted));
+                                ErrorKind::BudgetExhausted
                             }
                             Err(Denial::Overload) => {
                                 telemetry::overload_refusal(endpoint);
-                                return Err(call.stop(ErrorKind::Overloaded));
+                                ErrorKind::Overloaded
                             }
                         }
-                        pause(after).await;
-                        break;
                     }
                     // The answer is stored (or about to be): no retry budget.
                     Decision::Fetch { after } => {
-                        pause(after).await;
+                        if let Err(answer) = beside(&mut late, &accept, pause(after)).await {
+                            return Ok(call.answer(answer));
+                        }
                         break;
                     }
-                }
+                };
+                // Giving up: an attempt still running may yet answer.
+                return match last_chance(&mut late, &accept, deadline).await {
+                    Some(answer) => Ok(call.answer(answer)),
+                    None => Err(call.stop(stop)),
+                };
             }
         }
     }
@@ -505,6 +553,76 @@ fn prepare(request: &mut Request, attempt: u32, key: Option<&HeaderValue>, room:
     }
     let timeout = request.timeout().map_or(room, |theirs| room.min(*theirs));
     *request.timeout_mut() = Some(timeout);
+}
+
+/// What a late attempt's answer must be to end the call: one the policy
+/// hands back at once (late.rs).
+struct Accept<'a> {
+    class: Class,
+    status_service: bool,
+    policy: &'a Policy,
+    deadline: Deadline,
+}
+
+impl Accept<'_> {
+    /// The answer to hand back, if `sent` is one.
+    async fn take(&self, sent: Sent) -> Option<Response> {
+        let (outcome, result) = classify(sent, self.class).await;
+        let at = Situation {
+            class: self.class,
+            status_service: self.status_service,
+            attempts: 1,
+            remaining: self.deadline.remaining(),
+            policy: self.policy,
+            sample: 0.0,
+        };
+        match (decision::decide(outcome, &at), result) {
+            (Decision::Return, Ok(response)) => Some(response),
+            _ => None,
+        }
+    }
+}
+
+/// Runs `work` while the late attempts go on; the first late answer to
+/// hand back ends it (`Err`).
+async fn beside<T>(
+    late: &mut Late,
+    accept: &Accept<'_>,
+    work: impl Future<Output = T>,
+) -> Result<T, Response> {
+    let mut work = std::pin::pin!(work);
+    loop {
+        if late.is_empty() {
+            return Ok(work.await);
+        }
+        tokio::select! {
+            biased;
+            done = &mut work => return Ok(done),
+            Some(sent) = late.next() => {
+                if let Some(answer) = accept.take(sent).await {
+                    return Err(answer);
+                }
+            }
+        }
+    }
+}
+
+/// Waits, until the deadline, for a late attempt's answer to hand back.
+async fn last_chance(late: &mut Late, accept: &Accept<'_>, deadline: Deadline) -> Option<Response> {
+    let until = tokio::time::sleep(deadline.remaining());
+    let mut until = std::pin::pin!(until);
+    while !late.is_empty() {
+        tokio::select! {
+            biased;
+            Some(sent) = late.next() => {
+                if let Some(answer) = accept.take(sent).await {
+                    return Some(answer);
+                }
+            }
+            () = &mut until => return None,
+        }
+    }
+    None
 }
 
 async fn pause(after: Duration) {

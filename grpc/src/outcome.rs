@@ -6,7 +6,8 @@
 //! | `ALREADY_EXISTS`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `NOT_FOUND`, `PERMISSION_DENIED` | stored | a decision: a retry must get the same one |
 //! | `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `ABORTED`, `INTERNAL`, `UNKNOWN`, `CANCELLED`, `DEADLINE_EXCEEDED`, `DATA_LOSS` | released | "try again": a retry with the same key runs |
 //! | `INVALID_ARGUMENT` (a failed decode or validation), `UNAUTHENTICATED`, `UNIMPLEMENTED` | released | refused before any work was done (Stripe's rule): the corrected request with the same key runs |
-//! | any code the handler marked final ([`mark_final`]) | stored | the handler says this answer is its decision |
+//! | any code but `UNAVAILABLE` the handler marked final ([`mark_final`]) | stored | the handler says this answer is its decision |
+//! | `UNAVAILABLE` marked final | released | an outage is never a decision: gRPC clients retry it on their own (`retryPolicy`), and a stored one would answer every retry with the outage for the whole retention |
 //! | no `grpc-status` at all (a broken answer) | released | not an answer |
 //!
 //! [`settle`] answers with the guard's engine's own [`Settle`] without
@@ -34,7 +35,9 @@ pub fn settle(code: Option<Code>, marked_final: bool) -> Settle<(), ()> {
     let Some(code) = code else {
         return Settle::RELEASE;
     };
-    if marked_final {
+    // UNAVAILABLE is transient by definition (the one code gRPC says is
+    // "most likely" fixed by retrying): never kept, marked or not.
+    if marked_final && code != Code::Unavailable {
         return Settle::KEEP;
     }
     match code {
@@ -83,6 +86,13 @@ pub fn keep(code: Option<Code>, marked_final: bool) -> Keep {
 /// For a refusal the handler decided on after looking at the world (an
 /// `INVALID_ARGUMENT` for an amount over the account's limit, say).
 ///
+/// `UNAVAILABLE` is the exception: it is never stored, marked or not (the
+/// key is released and a retry runs the method), and marking it logs a
+/// warning. It says the server could not serve the call; clients retry it
+/// by themselves, and a stored one would answer every retry with the
+/// outage until the record's retention ends. Answer a decision with the
+/// code that says so (`FAILED_PRECONDITION`, `ABORTED`, …).
+///
 /// ```
 /// use tonic::{Code, Status};
 ///
@@ -91,6 +101,11 @@ pub fn keep(code: Option<Code>, marked_final: bool) -> Keep {
 /// assert!(status.metadata().get(idempotency_grpc::FINAL_STATUS).is_some());
 /// ```
 pub fn mark_final(mut status: Status) -> Status {
+    if status.code() == Code::Unavailable {
+        tracing::warn!(
+            "UNAVAILABLE marked final: it is never stored (the key is released and a retry runs the method); answer a decision with another code"
+        );
+    }
     status.metadata_mut().insert(
         FINAL_STATUS,
         tonic::metadata::MetadataValue::from_static("true"),
@@ -129,7 +144,12 @@ mod tests {
         assert_eq!(rows.len(), 17);
         for (code, expected) in rows {
             assert_eq!(settle(Some(code), false), expected, "{code:?}");
-            assert_eq!(settle(Some(code), true), keep, "{code:?} marked final");
+            let marked = if code == Code::Unavailable {
+                release
+            } else {
+                keep
+            };
+            assert_eq!(settle(Some(code), true), marked, "{code:?} marked final");
         }
         assert_eq!(settle(None, false), release);
         assert_eq!(settle(None, true), release);

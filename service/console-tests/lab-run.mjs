@@ -44,13 +44,17 @@ try {
 
   const keyTexts = (table) =>
     page.$$eval(`#${table} tbody td.key`, (cells) => cells.map((cell) => cell.textContent));
+  // The list shown and read to its end (both tables no longer busy).
+  const listed = async () => {
+    await page.waitForSelector("#list:not([hidden])");
+    await page.waitForFunction(() => ["needs", "rest"].every((id) => document.getElementById(id).getAttribute("aria-busy") === "false"));
+  };
   const signIn = async (token) => {
     await page.waitForSelector("#login:not([hidden])");
     await page.fill("#token", token);
     await page.click("#login-form button[type=submit]");
     await page.waitForSelector("#who:not([hidden])");
-    await page.waitForSelector("#needs tbody tr");
-    await page.waitForSelector("#rest tbody tr");
+    await listed();
   };
   const openKey = async (text) => {
     await page.locator("#needs tbody td.key a").filter({ hasText: text }).first().click();
@@ -90,11 +94,7 @@ try {
 
   // Back to the list: the released key is gone from it.
   await page.click("#back");
-  await page.waitForSelector("#list:not([hidden])");
-  await page.waitForFunction((text) => {
-    const rows = document.querySelectorAll("#needs tbody tr");
-    return rows.length > 0 && ![...document.querySelectorAll("#needs tbody td.key")].some((cell) => cell.textContent === text);
-  }, key);
+  await listed();
   seen.needsAfter = await keyTexts("needs");
 
   // The key holding markup, on its own page, is text too.

@@ -76,6 +76,23 @@ pub struct Config {
     /// that calls the admin API with the admin token the operator types.
     #[arg(long, env = "CONSOLE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub console: bool,
+    /// Seconds a console session may go unused before it ends (the operator signs in again).
+    #[arg(long, env = "CONSOLE_SESSION_IDLE_SECS", default_value_t = 900)]
+    pub console_session_idle_secs: u64,
+    /// Seconds a console session lasts at most after its sign-in, used or
+    /// not.
+    #[arg(long, env = "CONSOLE_SESSION_MAX_SECS", default_value_t = 28_800)]
+    pub console_session_max_secs: u64,
+    /// Always mark the console's session cookie `Secure` (it is anyway
+    /// when the console's page was served over `https://`).
+    #[arg(long, env = "CONSOLE_SECURE_COOKIE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub console_secure_cookie: bool,
+    /// The console's public origin (`https://ops.example.com`): a write
+    /// signed in by a console session must carry it as its `Origin`.
+    /// Unset: the `Origin`'s host must be the `Host` the request was sent
+    /// to.
+    #[arg(long, env = "CONSOLE_ORIGIN")]
+    pub console_origin: Option<String>,
     /// A file of JSON lines keeping the records operators marked
     /// reconciled (created when missing); without it the marks are kept
     /// in memory and lost at restart.
@@ -142,6 +159,12 @@ pub enum ConfigError {
         /// The variable.
         variable: &'static str,
     },
+    /// `CONSOLE_ORIGIN` is not an origin.
+    #[error("CONSOLE_ORIGIN must be an origin: http(s)://host[:port], no path (got {value:?})")]
+    ConsoleOrigin {
+        /// What was given.
+        value: String,
+    },
 }
 
 impl Config {
@@ -160,9 +183,22 @@ impl Config {
             ("MAX_CONNECTIONS", self.max_connections as u64),
             ("MAX_URI_BYTES", self.max_uri_bytes as u64),
             ("MAX_HEADER_BYTES", self.max_header_bytes as u64),
+            ("CONSOLE_SESSION_IDLE_SECS", self.console_session_idle_secs),
+            ("CONSOLE_SESSION_MAX_SECS", self.console_session_max_secs),
         ] {
             if value == 0 {
                 return Err(ConfigError::Zero { variable });
+            }
+        }
+        if let Some(origin) = &self.console_origin {
+            let host = origin
+                .strip_prefix("https://")
+                .or_else(|| origin.strip_prefix("http://"))
+                .map(|host| host.trim_end_matches('/'));
+            if host.is_none_or(|host| host.is_empty() || host.contains(['/', '?', '#', ' '])) {
+                return Err(ConfigError::ConsoleOrigin {
+                    value: origin.clone(),
+                });
             }
         }
         use idempotency_guard::store::{SettingNames, StoreOptions};
@@ -185,6 +221,17 @@ impl Config {
             })
     }
 
+    /// How the console's sessions expire and are checked.
+    pub fn console_sessions(&self) -> crate::admin::SessionSettings {
+        use std::time::Duration;
+        crate::admin::SessionSettings {
+            idle: Duration::from_secs(self.console_session_idle_secs),
+            lifetime: Duration::from_secs(self.console_session_max_secs),
+            secure_cookie: self.console_secure_cookie,
+            origin: self.console_origin.clone(),
+        }
+    }
+
     /// The connection bounds of the server (the same as the gateway's
     /// `[server]` and their defaults).
     pub fn server(&self) -> idempotency_guard::server::Server {
@@ -199,5 +246,52 @@ impl Config {
             .with_max_connections(self.max_connections.max(1))
             .with_max_uri_bytes(self.max_uri_bytes)
             .with_max_header_bytes(self.max_header_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    fn config(args: &[&str]) -> Config {
+        Cli::try_parse_from(std::iter::once("idempotency-service").chain(args.iter().copied()))
+            .unwrap()
+            .config
+    }
+
+    #[test]
+    fn the_console_session_settings_default_and_are_checked() {
+        assert_eq!(
+            config(&[]).console_sessions(),
+            crate::admin::SessionSettings::default(),
+            "the flags' defaults are the settings' own"
+        );
+        for good in ["https://ops.example.com", "http://127.0.0.1:8080/"] {
+            assert!(
+                config(&["--console-origin", good]).check().is_ok(),
+                "{good}"
+            );
+        }
+        for bad in [
+            "ops.example.com",
+            "https://ops.example.com/console",
+            "https://",
+        ] {
+            assert!(
+                matches!(
+                    config(&["--console-origin", bad]).check(),
+                    Err(ConfigError::ConsoleOrigin { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            config(&["--console-session-idle-secs", "0"]).check(),
+            Err(ConfigError::Zero {
+                variable: "CONSOLE_SESSION_IDLE_SECS"
+            })
+        ));
     }
 }

@@ -6,8 +6,8 @@
 //! |---|---|
 //! | `GET /v1/keys/{key}` (`?fingerprint=sha256:...`) | 200 with the key's state and advice (`wait`, `replay`, `reconcile`), or 404 `key-not-found` with `advice: retry` |
 //! | `POST /v1/keys/lookup` `{"keys": [...]}` | 200 with one result per key (1 to 1000), in order |
-//! | `GET /v1/admin/keys`, `GET /v1/admin/keys.csv`, `GET /v1/admin/whoami`, `GET`/`DELETE /v1/admin/keys/{scope}/{key}`, `POST /v1/admin/keys/{scope}/{key}/release`, `POST /v1/admin/keys/{scope}/{key}/reconcile` | the admin API, for admin tokens only ([`AdminTokens`]; its actions are logged on [`AUDIT_TARGET`]) |
-//! | `GET /console` | the operators' console, when `CONSOLE=true` |
+//! | `GET /v1/admin/keys`, `GET /v1/admin/keys.csv`, `GET /v1/admin/whoami`, `GET`/`DELETE /v1/admin/keys/{scope}/{key}`, `POST /v1/admin/keys/{scope}/{key}/release`, `POST /v1/admin/keys/{scope}/{key}/reconcile`, `GET /v1/admin/keys/{scope}/{key}/decisions` | the admin API, for admin tokens only ([`AdminTokens`]; its actions are logged on [`AUDIT_TARGET`], its decisions, which need a reason, also kept with the store) |
+//! | `GET /console` | the operators' console, when `CONSOLE=true` (`POST`/`DELETE /v1/admin/session` sign in and out: the admin token exchanged for a session cookie) |
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 when the store answers, 503 otherwise |
 //! | `GET /metrics` | Prometheus text |
@@ -22,7 +22,8 @@
 //! The binary runs [`serve()`] (or [`migrate()`]) with the [`Config`] its
 //! [`Cli`] read. To serve the routes from your own server, build an
 //! [`AppState`] (the store, the scope [`Tokens`], the [`AdminTokens`],
-//! the [`Reconciled`] marks) and take [`build_router`]. [`key_status`] is
+//! the [`Reconciled`] marks, the [`ConsoleSessions`]) and take
+//! [`build_router`]. [`key_status`] is
 //! the service's answer about one record, for a program that reads the
 //! store itself.
 //!
@@ -36,7 +37,7 @@
 //! |---|---|
 //! | `tokens` | the one tokens-file parser and the scope tokens |
 //! | `problem`, `status`, `config` | the service's problems, a record's status and advice, the settings |
-//! | `admin` | the admin API, self-contained over its state: its tokens, problems, audit, reconciled marks, extractors and handlers |
+//! | `admin` | the admin API, self-contained over its state: its tokens, problems, audit log and trail, reconciled marks, extractors and handlers |
 //! | `console` | the operators' console: its page, script and stylesheet, embedded, and their headers |
 //! | `state` | [`AppState`] and what the handlers share (the body limit, the timed store read) |
 //! | `keys`, `ops` | the key-status endpoints; health, readiness and metrics |
@@ -57,7 +58,10 @@ mod state;
 mod status;
 mod tokens;
 
-pub use admin::{AUDIT_TARGET, AdminTokens, AdminTokensError, Reconciled, ReconciledError};
+pub use admin::{
+    AUDIT_TARGET, AdminTokens, AdminTokensError, ConsoleSessions, Reconciled, ReconciledError,
+    SessionSettings,
+};
 pub use config::{Cli, Command, Config, ConfigError};
 pub use openapi::ApiDoc;
 pub use router::build_router;

@@ -6,15 +6,17 @@ use http::{HeaderValue, header};
 use idempotency_client::status::{
     Advice, KeyState, KeyStatus, LookupRequest, LookupResponse, LookupResult, MissingKey,
 };
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::security::{
+    ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+};
 use utoipa::{Modify, OpenApi};
 
 use crate::admin::dto::{
-    AdminAction, AdminBody, AdminEvent, AdminHeader, AdminIdentity, AdminPage, AdminRecord,
-    AdminRecordDetail, AdminResponse,
+    AdminAction, AdminBody, AdminDecision, AdminEvent, AdminHeader, AdminIdentity, AdminPage,
+    AdminRecord, AdminRecordDetail, AdminResponse, AdminTrail,
 };
 use crate::admin::reconciled::Reconciliation;
-use crate::admin::{export, handlers as admin, record};
+use crate::admin::{export, handlers as admin, record, sign_in};
 use crate::keys;
 use crate::ops::{self, Health};
 use crate::problem::Problem;
@@ -42,19 +44,24 @@ use crate::problem::Problem;
         export::export_keys,
         record::show_key,
         record::reconcile_key,
-        record::whoami
+        record::key_decisions,
+        record::whoami,
+        sign_in::sign_in,
+        sign_in::sign_out
     ),
-    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, AdminRecord, AdminPage, AdminAction, Reconciliation, AdminRecordDetail, AdminResponse, AdminHeader, AdminBody, AdminEvent, AdminIdentity)),
+    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, AdminRecord, AdminPage, AdminAction, Reconciliation, AdminRecordDetail, AdminResponse, AdminHeader, AdminBody, AdminEvent, AdminIdentity, AdminDecision, AdminTrail)),
     modifiers(&BearerAuth),
     tags(
         (name = "keys", description = "What became of a key"),
-        (name = "admin", description = "Operators: list a scope's records (those needing a decision first), show one, forget, release or mark it reconciled, export as CSV (admin tokens only)"),
+        (name = "admin", description = "Operators: list a scope's records (those needing a decision first), show one and its decisions, forget, release or mark it reconciled (with a reason, kept in the audit trail), export as CSV (admin tokens only)"),
         (name = "operations", description = "Health, readiness, metrics and this document")
     )
 )]
 pub struct ApiDoc;
 
-/// Declares the `bearer` security scheme.
+/// Declares the `bearer` security scheme, and the console's session
+/// cookie (`console_session`) as the other way into every admin endpoint
+/// but the sign-in.
 struct BearerAuth;
 
 impl Modify for BearerAuth {
@@ -64,6 +71,36 @@ impl Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+        components.add_security_scheme(
+            "console_session",
+            SecurityScheme::ApiKey(ApiKey::Cookie(ApiKeyValue::with_description(
+                "idempotency-console",
+                "The console's session (`POST /v1/admin/session`, when `CONSOLE=true`); its writes need the console's `Origin`",
+            ))),
+        );
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            if !path.starts_with("/v1/admin/") {
+                continue;
+            }
+            let signing_in = path == "/v1/admin/session";
+            for (operation, is_post) in [
+                (&mut item.get, false),
+                (&mut item.post, true),
+                (&mut item.delete, false),
+            ] {
+                if let Some(operation) = operation
+                    && !(signing_in && is_post)
+                {
+                    operation
+                        .security
+                        .get_or_insert_with(Vec::new)
+                        .push(SecurityRequirement::new(
+                            "console_session",
+                            Vec::<String>::new(),
+                        ));
+                }
+            }
+        }
     }
 }
 

@@ -151,6 +151,9 @@ pub async fn serve(config: Config) -> Result<(), ServiceError> {
         admin_tokens: Arc::new(admin_tokens),
         reconciled: Arc::new(reconciled),
         console: config.console,
+        console_sessions: Arc::new(crate::admin::ConsoleSessions::new(
+            config.console_sessions(),
+        )),
     };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::extract::FromRef;
 use idempotency_guard::store::AnyStore;
 
-use crate::admin::{AdminState, AdminTokens, Reconciled};
+use crate::admin::{AdminState, AdminTokens, ConsoleSessions, Reconciled};
 use crate::problem::ApiProblem;
 use crate::tokens::Tokens;
 
@@ -35,6 +35,9 @@ pub struct AppState {
     pub reconciled: Arc<Reconciled>,
     /// Whether `/console` is served (`CONSOLE`).
     pub console: bool,
+    /// The console's sign-in sessions (used only while `console` is on;
+    /// kept in memory: a restart signs every operator out).
+    pub console_sessions: Arc<ConsoleSessions>,
 }
 
 /// The admin API's part of the state: the same store, the admin tokens.
@@ -44,6 +47,7 @@ impl FromRef<AppState> for AdminState {
             store: state.store.clone(),
             tokens: state.admin_tokens.clone(),
             reconciled: state.reconciled.clone(),
+            sessions: state.console.then(|| state.console_sessions.clone()),
         }
     }
 }

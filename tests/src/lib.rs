@@ -34,7 +34,7 @@ pub use fixtures::{
     TestDatabase, TestDb, nats, postgres, postgres_database, redis, redis_cluster,
     redis_replica_acks, sqlite, sqlite_memory, tiered, valkey,
 };
-pub use nats_server::NatsCluster;
+pub use nats_server::{ClusterOptions, NatsCluster};
 pub use partition::Partition;
 pub use postgres_replication::{Commit, ReplicatedPostgres};
 pub use postgres_server::PostgresServer;

@@ -9,7 +9,9 @@
 //!   process exits.
 //! - [`NatsCluster`]: a private 3-node JetStream cluster on loopback ports
 //!   that a test owns, to kill and restart its nodes (`kill -9`), with or
-//!   without their storage.
+//!   without their storage, to pause one (SIGSTOP), or (started with
+//!   [`ClusterOptions::cuttable_routes`]) to cut one off from the others;
+//!   with JetStream's default flush or `sync_interval: always`.
 //!
 //! Every server takes messages of up to 8 MiB (`max_payload`): a stored
 //! response of 1 MiB and its record must fit in one message.
@@ -18,6 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use crate::partition::Partition;
 
 /// How long a NATS server may take to listen.
 const START_BOUND: Duration = Duration::from_secs(15);
@@ -72,7 +76,7 @@ pub fn nats_store_url() -> String {
         }
         let dir = watched_dir();
         let port = crate::process::free_address().port();
-        let node = Node::new(&dir, "single", port, None);
+        let node = Node::new(&dir, "single", port, None, false);
         // Lives until this process exits: the watchdog kills it.
         #[expect(
             clippy::zombie_processes,
@@ -113,22 +117,40 @@ struct Node {
 
 impl Node {
     /// Writes the configuration of server `name` on `port` (in a cluster
-    /// when `cluster` gives its own route port and every node's).
-    fn new(pid_dir: &Path, name: &str, port: u16, cluster: Option<(u16, &[u16])>) -> Self {
+    /// when `cluster` gives its routes), fsyncing every write when
+    /// `sync_always`.
+    fn new(
+        pid_dir: &Path,
+        name: &str,
+        port: u16,
+        cluster: Option<&Routes>,
+        sync_always: bool,
+    ) -> Self {
         let dir = pid_dir.join(name);
         std::fs::create_dir_all(&dir).expect("a node directory");
+        let sync = if sync_always {
+            ", sync_interval: always"
+        } else {
+            ""
+        };
         let mut config = format!(
             "server_name: {name}\nlisten: 127.0.0.1:{port}\nmax_payload: 8MB\n\
-             jetstream {{ store_dir: \"{}\" }}\n",
+             jetstream {{ store_dir: \"{}\"{sync} }}\n",
             dir.join("jetstream").display()
         );
-        if let Some((route_port, routes)) = cluster {
-            let routes: Vec<String> = routes
+        if let Some(cluster) = cluster {
+            let routes: Vec<String> = cluster
+                .to
                 .iter()
                 .map(|p| format!("nats-route://127.0.0.1:{p}"))
                 .collect();
+            let advertise = cluster
+                .advertise
+                .map(|p| format!(", advertise: \"127.0.0.1:{p}\""))
+                .unwrap_or_default();
             config.push_str(&format!(
-                "cluster {{ name: idempotency-test, listen: 127.0.0.1:{route_port}, routes: [{}] }}\n",
+                "cluster {{ name: idempotency-test, listen: 127.0.0.1:{}{advertise}, routes: [{}] }}\n",
+                cluster.listen,
                 routes.join(", ")
             ));
         }
@@ -187,12 +209,44 @@ impl Node {
     }
 }
 
+/// The routes of one node of a cluster.
+struct Routes {
+    /// Its route port.
+    listen: u16,
+    /// The route ports it connects to.
+    to: Vec<u16>,
+    /// The route port it tells the others to reach it on, when not
+    /// `listen`.
+    advertise: Option<u16>,
+}
+
+/// How [`NatsCluster::start_with`] starts a cluster.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClusterOptions {
+    /// Every route between two nodes passes through a forwarder of this
+    /// process, so that [`NatsCluster::isolate`] can cut a node off from
+    /// the others while its clients stay connected to it.
+    pub cuttable_routes: bool,
+    /// `sync_interval: always`: every node fsyncs each write before it
+    /// counts towards the majority, instead of JetStream's default (its
+    /// files flushed every 2 minutes).
+    pub sync_always: bool,
+}
+
+/// The forwarder that carries node `from`'s route to node `to`.
+struct Link {
+    from: usize,
+    to: usize,
+    forwarder: Partition,
+}
+
 /// A private 3-node JetStream cluster on loopback, its nodes killed with
 /// it (and by a watchdog if the test process dies first).
 pub struct NatsCluster {
     program: String,
     nodes: Vec<Node>,
     children: Vec<Option<Child>>,
+    links: Vec<Link>,
 }
 
 impl NatsCluster {
@@ -204,24 +258,182 @@ impl NatsCluster {
     /// When NATS cannot be installed or a node does not start.
     pub fn start() -> Self {
         let program = nats_server();
+        let (client_ports, route_ports) = free_ports();
+        let routes = (0..3)
+            .map(|i| Routes {
+                listen: route_ports[i],
+                to: route_ports.clone(),
+                advertise: None,
+            })
+            .collect();
+        Self::launch(program, &client_ports, routes, false)
+    }
+
+    /// Starts three nodes as `options` says (see [`NatsCluster::start`]);
+    /// the forwarders of cuttable routes run on the caller's runtime.
+    ///
+    /// # Panics
+    ///
+    /// As [`NatsCluster::start`].
+    pub async fn start_with(options: ClusterOptions) -> Self {
+        let program = tokio::task::spawn_blocking(nats_server)
+            .await
+            .expect("install nats-server");
+        let (client_ports, route_ports) = free_ports();
+        let mut links = Vec::new();
+        let mut routes: Vec<Routes> = (0..3)
+            .map(|i| Routes {
+                listen: route_ports[i],
+                to: if options.cuttable_routes {
+                    Vec::new()
+                } else {
+                    route_ports.clone()
+                },
+                advertise: None,
+            })
+            .collect();
+        if options.cuttable_routes {
+            // Each node connects to each other through a forwarder of its
+            // own, and advertises a port where nothing listens: the routes
+            // it learns by gossip fail, so every route goes through a link.
+            let nowhere = crate::process::free_address().port();
+            for (from, node) in routes.iter_mut().enumerate() {
+                for (to, &port) in route_ports.iter().enumerate().filter(|&(to, _)| to != from) {
+                    let target = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+                    let forwarder = Partition::start(target).await;
+                    node.to.push(forwarder.address.port());
+                    links.push(Link {
+                        from,
+                        to,
+                        forwarder,
+                    });
+                }
+                node.advertise = Some(nowhere);
+            }
+        }
+        let sync_always = options.sync_always;
+        let mut cluster = tokio::task::spawn_blocking(move || {
+            Self::launch(program, &client_ports, routes, sync_always)
+        })
+        .await
+        .expect("start the NATS cluster");
+        cluster.links = links;
+        cluster
+    }
+
+    /// Writes the nodes' configurations and starts them.
+    fn launch(
+        program: String,
+        client_ports: &[u16],
+        routes: Vec<Routes>,
+        sync_always: bool,
+    ) -> Self {
         let dir = watched_dir();
-        let listeners: Vec<std::net::TcpListener> = (0..6)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
-            .collect();
-        let ports: Vec<u16> = listeners
+        let nodes: Vec<Node> = routes
             .iter()
-            .map(|l| l.local_addr().expect("a local address").port())
-            .collect();
-        drop(listeners);
-        let routes = &ports[3..];
-        let nodes: Vec<Node> = (0..3)
-            .map(|i| Node::new(&dir, &format!("n{i}"), ports[i], Some((routes[i], routes))))
+            .enumerate()
+            .map(|(i, routes)| {
+                Node::new(
+                    &dir,
+                    &format!("n{i}"),
+                    client_ports[i],
+                    Some(routes),
+                    sync_always,
+                )
+            })
             .collect();
         let children = nodes.iter().map(|n| Some(n.spawn(&program))).collect();
         Self {
             program,
             nodes,
             children,
+            links: Vec::new(),
+        }
+    }
+
+    /// The client URL of node `index` alone.
+    pub fn node_url(&self, index: usize) -> String {
+        format!("127.0.0.1:{}", self.nodes[index].port)
+    }
+
+    /// Cuts node `index` off from the others (a cluster started with
+    /// [`ClusterOptions::cuttable_routes`]): its routes close and stay
+    /// closed, its clients stay connected to it.
+    ///
+    /// # Panics
+    ///
+    /// When the cluster has no cuttable routes.
+    pub fn isolate(&self, index: usize) {
+        assert!(!self.links.is_empty(), "started without cuttable routes");
+        for link in self.links_of(index) {
+            link.forwarder.cut();
+        }
+    }
+
+    /// Lets node `index` reach the others again.
+    pub fn rejoin(&self, index: usize) {
+        for link in self.links_of(index) {
+            link.forwarder.heal();
+        }
+    }
+
+    fn links_of(&self, index: usize) -> impl Iterator<Item = &Link> {
+        self.links
+            .iter()
+            .filter(move |l| l.from == index || l.to == index)
+    }
+
+    /// Stops node `index` (SIGSTOP): it neither reads nor answers, its
+    /// peers and clients included, until [`NatsCluster::resume`].
+    pub fn pause(&self, index: usize) {
+        self.signal(index, "-STOP");
+    }
+
+    /// Lets a paused node go on (SIGCONT).
+    pub fn resume(&self, index: usize) {
+        self.signal(index, "-CONT");
+    }
+
+    fn signal(&self, index: usize, signal: &str) {
+        let Some(child) = &self.children[index] else {
+            return;
+        };
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {}", child.id());
+    }
+
+    /// Has the stream's leader step down until node `index` does not lead
+    /// it and every replica is current (at most `bound`).
+    ///
+    /// # Panics
+    ///
+    /// When it does not happen within `bound`.
+    pub async fn lead_elsewhere(&self, stream: &str, index: usize, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        let client = async_nats::ConnectOptions::new()
+            .request_timeout(Some(Duration::from_secs(2)))
+            .connect(self.url().split(',').collect::<Vec<_>>().as_slice())
+            .await
+            .expect("connect to the cluster");
+        loop {
+            if self.wait_until_healthy(stream, bound).await != index {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {index} still leads {stream} after {bound:?}"
+            );
+            let _ = client
+                .request(
+                    format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+                    bytes::Bytes::new(),
+                )
+                .await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 
@@ -318,6 +530,18 @@ impl Drop for NatsCluster {
             self.kill(index);
         }
     }
+}
+
+/// Three client ports and three route ports, free now.
+fn free_ports() -> (Vec<u16>, Vec<u16>) {
+    let listeners: Vec<std::net::TcpListener> = (0..6)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
+        .collect();
+    let ports: Vec<u16> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("a local address").port())
+        .collect();
+    (ports[..3].to_vec(), ports[3..].to_vec())
 }
 
 /// Whether something accepts TCP connections on `127.0.0.1:port`.

@@ -56,6 +56,7 @@
 //! | a signed timestamp further than the tolerance (default 5 minutes) from now, either way | 400 `webhook-timestamp-expired` | nothing |
 //! | no signature, or none that matches | 401 `webhook-signature-invalid` | nothing |
 //! | body over the limit (default 1 MiB) | 413 `body-too-large` | nothing |
+//! | body that breaks off before its end | 400 `body-unreadable` | nothing |
 //! | valid, first time | the handler's | its response, under the key |
 //! | valid, again (a retry, or a copy under a fresh id header) | the stored response, `Idempotent-Replayed: true` | — |
 //!
@@ -193,6 +194,8 @@ pub enum WebhookRejection {
     SignatureInvalid,
     /// The body is over the limit.
     BodyTooLarge,
+    /// The body broke off before its end (the sender's connection failed).
+    BodyUnreadable,
 }
 
 impl WebhookRejection {
@@ -212,6 +215,9 @@ impl WebhookRejection {
             ),
             Self::BodyTooLarge => {
                 types::BODY_TOO_LARGE.problem("The delivery's body is over the limit.")
+            }
+            Self::BodyUnreadable => {
+                types::BODY_UNREADABLE.problem("The delivery's body broke off before its end.")
             }
         }
     }

@@ -9,7 +9,7 @@ use axum::response::IntoResponse;
 use futures_util::future::BoxFuture;
 use http::{HeaderValue, Request, Response};
 use idempotency_guard::IDEMPOTENCY_KEY;
-use idempotency_guard::adapter::read_body;
+use idempotency_guard::adapter::{BodyReadError, read_body};
 
 use super::{WebhookLayer, WebhookRejection};
 
@@ -70,10 +70,15 @@ where
         ResponseFuture(Box::pin(async move {
             let (mut parts, body) = request.into_parts();
             // A declared length over the limit is refused before any byte
-            // is read; a body that breaks off is refused as too large too.
+            // is read; a body that breaks off before its end is unreadable
+            // (the sender's connection failed: it retries), not too large.
             let body = match read_body(body, &parts.headers, layer.body_limit(), None).await {
                 Ok((body, _)) => body,
-                Err(_) => return Ok(WebhookRejection::BodyTooLarge.into_response()),
+                Err(BodyReadError::TooLarge { .. }) => {
+                    return Ok(WebhookRejection::BodyTooLarge.into_response());
+                }
+                // No budget is given, so the buffer is never full.
+                Err(_) => return Ok(WebhookRejection::BodyUnreadable.into_response()),
             };
             let id = match layer.verify(&parts.headers, &body) {
                 Ok(id) => id,

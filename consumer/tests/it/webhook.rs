@@ -137,6 +137,29 @@ pub(crate) async fn refused_deliveries_store_nothing<S: Store>(store: S) {
             "webhook-id-missing",
         ),
     ];
+    // A body that breaks off mid-stream (the sender's connection failed),
+    // and one over the limit.
+    let broken = {
+        let chunks: Vec<Result<&'static str, std::io::Error>> = vec![
+            Ok(r#"{"type":"order.paid","#),
+            Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "the sender went away",
+            )),
+        ];
+        let mut request = delivery(Some(&id), ts, Some(&good), body);
+        *request.body_mut() = Body::from_stream(futures_util::stream::iter(chunks));
+        request
+    };
+    let too_large = {
+        let mut request = delivery(Some(&id), ts, Some(&good), body);
+        *request.body_mut() = Body::from(vec![b' '; 1024 * 1024 + 1]);
+        request
+    };
+    let cases = cases.into_iter().chain([
+        (broken, StatusCode::BAD_REQUEST, "body-unreadable"),
+        (too_large, StatusCode::PAYLOAD_TOO_LARGE, "body-too-large"),
+    ]);
     for (request, status, problem) in cases {
         let answer = call(&app, request).await;
         assert_eq!(answer.status, status, "{problem}");

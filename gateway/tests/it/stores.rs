@@ -154,6 +154,35 @@ async fn on_the_tiered_store() {
     .await;
 }
 
+/// NATS JetStream (`STORE_KIND=nats`) on a fresh bucket of the test
+/// process's NATS 2.15 server, deleted with the fixture.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_nats() {
+    use idempotency_guard::Store as _;
+
+    let nats = idempotency_tests::nats().await;
+    let url = tokio::task::spawn_blocking(idempotency_tests::nats_server::nats_store_url)
+        .await
+        .expect("the NATS server");
+    let config = format!("nats_bucket = \"{}\"\n{ROUTES}", nats.store.bucket());
+    let (key, first_body) = once_then_replay(
+        &config,
+        &[("STORE_KIND", "nats"), ("NATS_URL", url.as_str())],
+    )
+    .await;
+    // The gateway wrote the test's bucket: the record is there, completed.
+    let record = nats
+        .store
+        .get(names::scope("default"), names::key(&key))
+        .await
+        .expect("a read")
+        .expect("the gateway's record in the test's bucket");
+    assert_eq!(
+        record.response.expect("a stored response").body,
+        Some(first_body)
+    );
+}
+
 /// Plants a completed record in clear for `POST /payments` with `body`
 /// under `key` in the store at `url`, as whoever can write the store could.
 async fn plant_in_clear(url: &str, key: &str, body: &str) {

@@ -155,7 +155,7 @@ pub(crate) async fn another_message_under_the_same_key_is_refused<S: Store>(stor
 
 /// Each row of the outcome table, through the server: a stored code runs
 /// once for two calls, a released one runs twice; a marked-final status is
-/// stored whatever its code.
+/// stored whatever its code but `UNAVAILABLE`.
 pub(crate) async fn each_outcome_row_is_stored_or_released<S: Store>(store: S) {
     let server = start(Engine::new(store)).await;
     let mut client = server.client().await;
@@ -189,6 +189,24 @@ pub(crate) async fn each_outcome_row_is_stored_or_released<S: Store>(store: S) {
         assert!(status.metadata().get("idempotency-final").is_none());
     }
     assert_eq!(server.runs.of(account) - before, 1);
+    // UNAVAILABLE marked final is released all the same: an outage is
+    // never replayed, the retry runs the method.
+    let (account, key) = ("final:14", fresh("row"));
+    let before = server.runs.of(account);
+    for _ in 0..2 {
+        let status = client
+            .create_payment(create(account, &key))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(status.metadata().get("idempotent-replayed").is_none());
+        assert!(status.metadata().get("idempotency-final").is_none());
+    }
+    assert_eq!(
+        server.runs.of(account) - before,
+        2,
+        "UNAVAILABLE never stored"
+    );
 }
 
 /// The guard's own bound: a run cut off at the maximum handler time is an

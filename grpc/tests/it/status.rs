@@ -52,6 +52,7 @@ pub(crate) async fn the_status_service_answers_for_grpc_keys<S: Store + Into<Any
         admin_tokens: Arc::new(Default::default()),
         reconciled: Arc::new(Default::default()),
         console: false,
+        console_sessions: Arc::new(Default::default()),
     });
     let ask = |token: &str| {
         Request::get(format!("/v1/keys/{key}"))

@@ -16,10 +16,14 @@
 //! changes (SQLite, PostgreSQL without notifications), an operator's
 //! deletion elsewhere is seen here within `max_age`.
 //!
-//! The cache is bounded by the bytes it holds; when full, it drops entries
-//! in no particular order (the next replay of a dropped key reads the store).
+//! The cache is bounded by the bytes it holds; when full, it drops the
+//! oldest entries first (the next replay of a dropped key reads the store).
+//! Oldest-first rather than least-recently-used: every copy lives at most
+//! `max_age`, so the oldest is the nearest to its end anyway, and a hit
+//! (the hot path) then costs no bookkeeping at all; only a `put` records
+//! its place in the order.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -44,13 +48,20 @@ struct Entry {
     response: StoredResponse,
     valid_until: Instant,
     size: usize,
+    /// Its place in [`Entries::order`].
+    put: u64,
 }
 
 /// The entries by scope, then key (looked up by `&str`: a hit allocates
-/// nothing).
+/// nothing), and the order they were put in.
 #[derive(Default)]
 struct Entries {
     map: HashMap<String, HashMap<String, Entry>>,
+    /// `(scope, key)` of every entry, by when it was put: the first is
+    /// the oldest, the next to evict.
+    order: BTreeMap<u64, (String, String)>,
+    /// The place of the next entry put.
+    next: u64,
     bytes: usize,
 }
 
@@ -62,19 +73,17 @@ impl Entries {
         };
         if let Some(entry) = keys.remove(key) {
             self.bytes -= entry.size;
+            self.order.remove(&entry.put);
         }
         if keys.is_empty() {
             self.map.remove(scope);
         }
     }
 
-    /// Removes some entry (the cache is full); `false` when it is empty.
+    /// Removes the oldest entry (the cache is full); `false` when it is
+    /// empty.
     fn evict_one(&mut self) -> bool {
-        let Some((scope, key)) = self
-            .map
-            .iter()
-            .find_map(|(scope, keys)| Some((scope.clone(), keys.keys().next()?.clone())))
-        else {
+        let Some((_, (scope, key))) = self.order.pop_first() else {
             return false;
         };
         self.remove(&scope, &key);
@@ -151,11 +160,17 @@ impl ReplayCache {
         let mut entries = self.lock();
         entries.remove(scope, key);
         while entries.bytes + size > self.capacity && entries.evict_one() {}
+        let put = entries.next;
+        entries.next += 1;
+        entries
+            .order
+            .insert(put, (scope.to_owned(), key.to_owned()));
         let entry = Entry {
             fingerprint,
             response,
             valid_until,
             size,
+            put,
         };
         match entries.map.get_mut(scope) {
             Some(keys) => {
@@ -221,5 +236,59 @@ mod tests {
         let huge = StoredResponse::from_bytes(vec![0_u8; 8192]);
         cache.put("s", "huge", fingerprint, huge, Duration::from_secs(60));
         assert!(cache.get("s", "huge", &fingerprint).is_none());
+        let entries = cache.lock();
+        let held: usize = entries.map.values().map(HashMap::len).sum();
+        assert_eq!(
+            entries.order.len(),
+            held,
+            "one place in the order per entry"
+        );
+    }
+
+    /// A full cache drops the oldest entry first, across scopes, and a key
+    /// put again takes a new place (its old one is not evicted for it).
+    #[test]
+    fn evicts_the_oldest_first() {
+        let fingerprint = Fingerprint::from_bytes([1; 32]);
+        let put = |cache: &ReplayCache, scope: &str, key: &str| {
+            cache.put(
+                scope,
+                key,
+                fingerprint,
+                response("0123456789"),
+                Duration::from_secs(60),
+            );
+        };
+        // The size of one entry (every key below is as long).
+        let probe = ReplayCache::new(1 << 20, Duration::from_secs(60));
+        put(&probe, "a", "k0");
+        let size = probe.lock().bytes;
+        let cache = ReplayCache::new(4 * size, Duration::from_secs(60));
+        for (scope, key) in [("a", "k0"), ("b", "k1"), ("a", "k2"), ("b", "k3")] {
+            put(&cache, scope, key);
+        }
+        let held = |cache: &ReplayCache, scope: &str, key: &str| {
+            cache.get(scope, key, &fingerprint).is_some()
+        };
+        // Full: a fifth entry drops the first one put.
+        put(&cache, "c", "k4");
+        assert!(!held(&cache, "a", "k0"), "the oldest went first");
+        for (scope, key) in [("b", "k1"), ("a", "k2"), ("b", "k3"), ("c", "k4")] {
+            assert!(held(&cache, scope, key), "{scope}/{key} kept");
+        }
+        // `b/k1` put again is now the newest: `a/k2` is the oldest.
+        put(&cache, "b", "k1");
+        put(&cache, "a", "k5");
+        assert!(!held(&cache, "a", "k2"), "the oldest went first");
+        for (scope, key) in [("b", "k1"), ("b", "k3"), ("c", "k4"), ("a", "k5")] {
+            assert!(held(&cache, scope, key), "{scope}/{key} kept");
+        }
+        // An invalidated entry gives its place back.
+        cache.invalidate("b", "k3");
+        put(&cache, "c", "k6");
+        for (scope, key) in [("b", "k1"), ("c", "k4"), ("a", "k5"), ("c", "k6")] {
+            assert!(held(&cache, scope, key), "{scope}/{key} kept");
+        }
+        assert_eq!(cache.lock().order.len(), 4);
     }
 }

@@ -92,6 +92,9 @@ problem_types! {
     UNAUTHORIZED: UNAUTHORIZED "unauthorized" "Unauthorized" [BearerChallenge];
     /// The admin token may not act on this scope.
     SCOPE_FORBIDDEN: FORBIDDEN "scope-forbidden" "Scope forbidden" [];
+    /// A write signed in by a console session without the console's
+    /// `Origin` (missing or foreign).
+    ORIGIN_REFUSED: FORBIDDEN "origin-refused" "Origin refused" [];
     /// No record of this key in the caller's scope.
     KEY_NOT_FOUND: NOT_FOUND "key-not-found" "Key not found" [];
     /// The request is malformed; the detail says how.
@@ -102,6 +105,9 @@ problem_types! {
     METHOD_NOT_ALLOWED: METHOD_NOT_ALLOWED "method-not-allowed" "Method not allowed" [];
     /// `release` frees abandoned keys; a completed record is forgotten.
     RECORD_COMPLETED: CONFLICT "record-completed" "Record completed" [];
+    /// A state-changing admin call without a reason (or one that is empty,
+    /// over 500 characters or holds a control character).
+    REASON_REQUIRED: UNPROCESSABLE_ENTITY "reason-required" "Reason required" [];
 
     // --- The gateway. ---
 

@@ -61,17 +61,39 @@ fn through_the_same_faults_the_naive_run_double_charges_and_the_guarded_run_does
     assert!(run.store.is_file(), "the store is kept");
 }
 
-/// Issue 53, jitter: the floor of retries per second serves the lost
-/// answers of a server that answers the others, so no call gives up for
-/// the budget (before, the budget was spent within seconds), and no debit
-/// is charged twice. (The issue's full inequality, no more calls given up
-/// than the naive client, does not hold: the guarded client's 3 s read
-/// and 2 s write deadlines stop calls the naive one, at up to 15 s a call,
-/// still waits for; see docs/lab/incident.md.)
+/// Issue 53, jitter: the guarded client gives up no more reads and no
+/// more writes than the naive one (the crashed debit's `outcome-unknown`
+/// aside: the naive run has no key to be told that about), retries no
+/// more, never for the budget, and charges nobody twice. At this size a
+/// run has about a hundred operations in its window, so each side gives
+/// up a handful at most; the default size's three seeds are in
+/// docs/lab/issue-53.md.
 #[test]
-fn through_the_jitter_no_call_gives_up_for_the_budget() {
+fn through_the_jitter_the_guarded_client_gives_up_no_more_than_the_naive_one() {
     let incident = &lab_run().incident;
-    let guarded = &incident.guarded;
+    let (naive, guarded) = (&incident.naive, &incident.guarded);
+    let crashed = guarded
+        .gave_up_by
+        .get("outcome-unknown")
+        .map_or(0, |gave_up| gave_up.writes);
+    assert!(
+        guarded.reads.gave_up <= naive.reads.gave_up,
+        "reads given up: guarded {:?} against naive {:?}",
+        guarded.gave_up_by,
+        naive.gave_up_by
+    );
+    assert!(
+        guarded.writes.gave_up - crashed <= naive.writes.gave_up,
+        "writes given up: guarded {:?} against naive {:?}",
+        guarded.gave_up_by,
+        naive.gave_up_by
+    );
+    assert!(
+        guarded.blended().amplification() <= naive.blended().amplification(),
+        "amplification: guarded {:?} against naive {:?}",
+        guarded.blended(),
+        naive.blended()
+    );
     assert!(
         !guarded.gave_up_by.contains_key("budget-exhausted"),
         "{:?}",

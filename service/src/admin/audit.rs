@@ -1,5 +1,6 @@
-//! The audit trail: one `INFO` line on [`AUDIT_TARGET`] and one count in
-//! [`ADMIN_ACTIONS_TOTAL`] for every admin action, allowed or refused.
+//! The audit log: one `INFO` line on [`AUDIT_TARGET`] and one count in
+//! [`ADMIN_ACTIONS_TOTAL`] for every admin action, allowed or refused (the
+//! decisions are also kept with the store: see `trail`).
 
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -39,18 +40,18 @@ pub(super) fn audit(
     metrics::counter!(ADMIN_ACTIONS_TOTAL, "action" => action, "result" => result).increment(1);
 }
 
-/// Runs one audited action: checks the scope, runs `work`, and writes the
-/// audit line of whatever came of it, with the operator's `reason` (`-`
-/// when none was given).
+/// Runs one audited read (`list`, `show`, `export`, `decisions`): checks
+/// the scope, runs `work`, and writes the audit line of whatever came of
+/// it (its reason `-`). A decision goes through
+/// [`decided`](super::decision::decided) instead.
 pub(super) async fn audited<T>(
     admin: &Admin,
     action: &'static str,
     scope: &str,
     key: &str,
-    reason: Option<&str>,
     work: impl Future<Output = Result<(T, &'static str), AdminProblem>>,
 ) -> Result<T, AdminProblem> {
-    let reason = reason.unwrap_or("-");
+    let reason = "-";
     if !admin.scopes.allows(scope) {
         let problem = AdminProblem::ScopeForbidden {
             scope: scope.to_owned(),

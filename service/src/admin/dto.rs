@@ -96,6 +96,11 @@ pub(crate) struct AdminPage {
     /// The `after` of the next page; absent on the last page.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
+    /// How many records the service read to fill this page (more than
+    /// `records` when filters left some out): a console shows it while
+    /// it follows `next`.
+    #[serde(default)]
+    pub scanned: u64,
 }
 
 /// What an admin action did to one record.
@@ -181,7 +186,7 @@ pub(crate) struct AdminRecordDetail {
     /// Its life, in time order. The store keeps the claim, the last
     /// lease's end and the completion: a renewal shows as a later lease
     /// end, not as a step of its own; a release or a forget deletes the
-    /// record (the audit log holds those).
+    /// record (its audit trail, `.../decisions`, holds those).
     pub life: Vec<AdminEvent>,
     /// The stored response, once completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -198,4 +203,41 @@ pub(crate) struct AdminIdentity {
     pub name: String,
     /// The scopes it may act on; `["*"]` for all.
     pub scopes: Vec<String>,
+}
+
+/// One decision on a key, as its audit trail keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub(crate) struct AdminDecision {
+    /// When it was taken (RFC 3339, UTC).
+    #[schema(format = DateTime)]
+    pub at: String,
+    /// Who took it: the admin token's name.
+    pub who: String,
+    /// `release`, `forget` or `reconcile`.
+    #[schema(pattern = "^(release|forget|reconcile)$")]
+    pub action: String,
+    /// The scope.
+    pub scope: String,
+    /// The key.
+    pub key: String,
+    /// Why: the operator's reason.
+    pub reason: String,
+    /// What came of it: the audit line's result (`deleted-abandoned`,
+    /// `reconciled`, `refused-in-flight`, `forbidden`, …); `pending`
+    /// while the action runs, `unknown` when its result was never written
+    /// (the service stopped or the store failed in between).
+    pub result: String,
+    /// When the trail lets this entry go (RFC 3339, UTC).
+    #[schema(format = DateTime)]
+    pub expires_at: String,
+}
+
+/// The decisions on one key: `GET /v1/admin/keys/{scope}/{key}/decisions`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub(crate) struct AdminTrail {
+    /// The decisions, oldest first (at most 1000).
+    pub decisions: Vec<AdminDecision>,
+    /// Whether newer entries exist beyond the 1000 shown.
+    #[serde(default)]
+    pub truncated: bool,
 }

@@ -10,7 +10,7 @@ use super::AdminState;
 use super::audit::audited;
 use super::dto::AdminRecord;
 use super::extract::Listing;
-use super::handlers::scan;
+use super::handlers::{Scanned, scan};
 use super::problem::AdminProblem;
 use super::query::KeysQuery;
 use super::tokens::Admin;
@@ -110,7 +110,7 @@ pub(crate) async fn export_keys(
         after,
     }: Listing,
 ) -> Result<Response, AdminProblem> {
-    audited(&admin, "export", scope.as_str(), "-", None, async {
+    audited(&admin, "export", scope.as_str(), "-", async {
         let mut text = CSV_COLUMNS.join(",");
         text.push_str("\r\n");
         let mut rows = 0;
@@ -119,7 +119,7 @@ pub(crate) async fn export_keys(
             let room = u32::try_from(EXPORT_MAX_ROWS - rows)
                 .unwrap_or(MAX_PAGE)
                 .min(MAX_PAGE);
-            let (records, next) =
+            let Scanned { records, next, .. } =
                 scan(&state, &scope, &filters, cursor.as_deref(), room, 1).await?;
             rows += records.len();
             for record in &records {

@@ -1,6 +1,6 @@
 //! The listing and the deleting actions (`list`, `forget`, `release`),
-//! and what every handler shares: the bounded store call and the scan
-//! of a scope's records through the filters.
+//! and the scan of a scope's records through the filters that the listing
+//! and the export share.
 
 use axum::extract::State;
 use axum::{Extension, Json};
@@ -10,39 +10,32 @@ use idempotency_guard::{RecordState, Scope};
 
 use super::AdminState;
 use super::audit::audited;
+use super::bounded::store_call;
+use super::decision::decided;
 use super::dto::{AdminAction, AdminPage, AdminRecord};
 use super::extract::{AdminQuery, AdminTarget, Listing};
 use super::problem::AdminProblem;
 use super::query::{
-    DEFAULT_PAGE, Filters, ForgetQuery, KeysQuery, PageQuery, ReasonQuery, valid_reason,
+    DEFAULT_PAGE, Filters, ForgetQuery, KeysQuery, PageQuery, ReasonQuery, required_reason,
 };
 use super::tokens::Admin;
-
-/// Awaits one store operation, at most 10 seconds: a failure or a
-/// timeout is logged and answers 503 `store-unavailable`.
-pub(super) async fn store_call<T>(
-    future: impl Future<Output = Result<T, idempotency_guard::StoreError>>,
-) -> Result<T, AdminProblem> {
-    match tokio::time::timeout(std::time::Duration::from_secs(10), future).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => {
-            tracing::warn!(error = %error, "admin store operation failed");
-            Err(AdminProblem::StoreUnavailable)
-        }
-        Err(_) => {
-            tracing::warn!("admin store operation timed out");
-            Err(AdminProblem::StoreUnavailable)
-        }
-    }
-}
 
 /// How many store pages one listing reads at most to fill a page when
 /// filters leave records out (`next` then resumes where it stopped).
 const SCAN_PAGES: u32 = 10;
 
+/// What one [`scan`] found.
+pub(super) struct Scanned {
+    /// The records that passed the filters, by key.
+    pub records: Vec<AdminRecord>,
+    /// The cursor of what follows (`None` at the end).
+    pub next: Option<String>,
+    /// How many records the scan read from the store to find them.
+    pub read: u64,
+}
+
 /// Reads up to `limit` records of `scope` that pass `filters`, from after
-/// `after`, at most `pages` store pages: the records and the cursor of
-/// what follows (`None` at the end).
+/// `after`, at most `pages` store pages.
 pub(super) async fn scan(
     state: &AdminState,
     scope: &Scope,
@@ -50,13 +43,17 @@ pub(super) async fn scan(
     after: Option<&str>,
     limit: u32,
     pages: u32,
-) -> Result<(Vec<AdminRecord>, Option<String>), AdminProblem> {
+) -> Result<Scanned, AdminProblem> {
+    let mut scanned = Scanned {
+        records: Vec::new(),
+        next: None,
+        read: 0,
+    };
     if filters.nothing {
-        return Ok((Vec::new(), None));
+        return Ok(scanned);
     }
     let wanted = usize::try_from(limit).unwrap_or(usize::MAX);
     let mut cursor = after.map(str::to_owned);
-    let mut found = Vec::new();
     for _ in 0..pages {
         let page = store_call(state.store.list(
             scope.as_str(),
@@ -69,30 +66,35 @@ pub(super) async fn scan(
         .await?;
         let count = page.records.len();
         for (index, raw) in page.records.iter().enumerate() {
+            scanned.read += 1;
             let record = AdminRecord::new(raw, state.reconciled.of(raw));
             if !filters.accepts(&record, raw) {
                 continue;
             }
-            found.push(record);
-            if found.len() == wanted {
+            scanned.records.push(record);
+            if scanned.records.len() == wanted {
                 let more = index + 1 < count || page.next.is_some();
-                return Ok((found, more.then(|| raw.key.as_str().to_owned())));
+                scanned.next = more.then(|| raw.key.as_str().to_owned());
+                return Ok(scanned);
             }
         }
         match page.next {
             Some(next) => cursor = Some(next),
-            None => return Ok((found, None)),
+            None => return Ok(scanned),
         }
     }
-    Ok((found, cursor))
+    scanned.next = cursor;
+    Ok(scanned)
 }
 
 /// Lists a scope's records, by key, a page at a time.
 ///
 /// With filters beyond `state` (`needs_decision`, `method`,
-/// `path_prefix`, `created_after`, `created_before`), a page may hold
-/// fewer than `limit` records (even none) and still have a `next`: keep
-/// following `next` until it is absent.
+/// `path_prefix`, `created_after`, `created_before`), one request reads
+/// at most ten store pages of `limit` records, so a page may hold fewer
+/// than `limit` records (even none) and still have a `next`: keep
+/// following `next` until it is absent (`scanned` says how many records
+/// this page read, for a progress line).
 #[utoipa::path(
     get,
     path = "/v1/admin/keys",
@@ -123,8 +125,12 @@ pub(crate) async fn list_keys(
             "limit is 1 to {MAX_PAGE}"
         )));
     }
-    audited(&admin, "list", scope.as_str(), "-", None, async {
-        let (records, next) = scan(
+    audited(&admin, "list", scope.as_str(), "-", async {
+        let Scanned {
+            records,
+            next,
+            read,
+        } = scan(
             &state,
             &scope,
             &filters,
@@ -133,7 +139,14 @@ pub(crate) async fn list_keys(
             SCAN_PAGES,
         )
         .await?;
-        Ok((Json(AdminPage { records, next }), "ok"))
+        Ok((
+            Json(AdminPage {
+                records,
+                next,
+                scanned: read,
+            }),
+            "ok",
+        ))
     })
     .await
 }
@@ -202,12 +215,13 @@ fn forget_answer(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The record was deleted", body = AdminAction),
-        (status = 400, description = "Invalid scope, key or query", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid scope, key or query, or a scope of the audit trail", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 401, description = "No admin token (a scope token is not one)", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 403, description = "The admin token may not act on this scope", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No record of this key in this scope", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "Kept: in flight (`request-in-flight`), or abandoned without `force=true` (`outcome-unknown`)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The store is unavailable", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "No reason, or one that is empty, over 500 characters or holds a control character (`reason-required`): nothing was done", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store is unavailable, or could not take the decision's audit entry: nothing was done", body = crate::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn forget_key(
@@ -216,14 +230,13 @@ pub(crate) async fn forget_key(
     target: AdminTarget,
     AdminQuery(query): AdminQuery<ForgetQuery>,
 ) -> Result<Json<AdminAction>, AdminProblem> {
-    let reason = valid_reason(query.reason.as_deref())?;
+    let reason = required_reason(query.reason.as_deref())?;
     let rule = if query.force.unwrap_or(false) {
         ForgetRule::CompletedOrAbandoned
     } else {
         ForgetRule::Completed
     };
-    let (scope, key) = (target.scope.as_str(), target.key.as_str());
-    audited(&admin, "forget", scope, key, reason, async {
+    decided(&state, &admin, "forget", &target, reason, async {
         let forgotten = forget(&state, &target, rule).await?;
         forget_answer(&target, "forget", forgotten)
     })
@@ -244,12 +257,13 @@ pub(crate) async fn forget_key(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The abandoned record was deleted", body = AdminAction),
-        (status = 400, description = "Invalid scope, key or reason", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid scope or key, or a scope of the audit trail", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 401, description = "No admin token (a scope token is not one)", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 403, description = "The admin token may not act on this scope", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No record of this key in this scope", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "Kept: in flight (`request-in-flight`) or completed (`record-completed`)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The store is unavailable", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "No reason, or one that is empty, over 500 characters or holds a control character (`reason-required`): nothing was done", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store is unavailable, or could not take the decision's audit entry: nothing was done", body = crate::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn release_key(
@@ -258,9 +272,8 @@ pub(crate) async fn release_key(
     target: AdminTarget,
     AdminQuery(query): AdminQuery<ReasonQuery>,
 ) -> Result<Json<AdminAction>, AdminProblem> {
-    let reason = valid_reason(query.reason.as_deref())?;
-    let (scope, key) = (target.scope.as_str(), target.key.as_str());
-    audited(&admin, "release", scope, key, reason, async {
+    let reason = required_reason(query.reason.as_deref())?;
+    decided(&state, &admin, "release", &target, reason, async {
         let forgotten = forget(&state, &target, ForgetRule::Abandoned).await?;
         forget_answer(&target, "release", forgotten)
     })

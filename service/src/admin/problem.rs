@@ -11,6 +11,12 @@ pub(crate) enum AdminProblem {
     /// 401 `unauthorized`: no admin token, or an unknown one (a scope
     /// token included).
     Unauthorized,
+    /// 401 `unauthorized`: the console session ended (signed out,
+    /// expired, or the service restarted).
+    SessionEnded,
+    /// 403 `origin-refused`: a write signed in by a console session
+    /// without the console's `Origin`.
+    OriginRefused,
     /// 403 `scope-forbidden`: the admin token may not act on this scope.
     ScopeForbidden {
         /// The scope asked for.
@@ -47,6 +53,10 @@ pub(crate) enum AdminProblem {
         /// The key.
         key: String,
     },
+    /// 422 `reason-required`: a state-changing call without a reason (or
+    /// with one that is empty, over 500 characters or holds a control
+    /// character); the detail says which.
+    ReasonRequired(String),
     /// 503 `store-unavailable`.
     StoreUnavailable,
 }
@@ -55,13 +65,15 @@ impl AdminProblem {
     /// The `result` label and audit field of this refusal.
     pub(super) fn result(&self) -> &'static str {
         match self {
-            Self::Unauthorized => "unauthorized",
+            Self::Unauthorized | Self::SessionEnded => "unauthorized",
+            Self::OriginRefused => "origin-refused",
             Self::ScopeForbidden { .. } => "forbidden",
             Self::BadRequest(_) => "bad-request",
             Self::KeyNotFound { .. } => "not-found",
             Self::InFlight { .. } => "refused-in-flight",
             Self::Abandoned { .. } => "refused-abandoned",
             Self::Completed { .. } | Self::NothingToReconcile { .. } => "refused-completed",
+            Self::ReasonRequired(_) => "reason-required",
             Self::StoreUnavailable => "store-unavailable",
         }
     }
@@ -73,6 +85,12 @@ impl AdminProblem {
         match self {
             Self::Unauthorized => types::UNAUTHORIZED.problem(
                 "Send `Authorization: Bearer <token>` with an admin token (scope tokens are not admin tokens).",
+            ),
+            Self::SessionEnded => types::UNAUTHORIZED.problem(
+                "The console session ended (signed out, idle too long, or the service restarted): sign in again.",
+            ),
+            Self::OriginRefused => types::ORIGIN_REFUSED.problem(
+                "A write signed in by a console session must come from the console's page (its `Origin`).",
             ),
             Self::ScopeForbidden { scope } => types::SCOPE_FORBIDDEN
                 .problem(format!("This admin token may not act on scope {scope:?}.")),
@@ -92,6 +110,7 @@ impl AdminProblem {
             Self::NothingToReconcile { key } => types::RECORD_COMPLETED
                 .problem("The record is completed: its outcome is known, there is nothing to reconcile.")
                 .with("key", key),
+            Self::ReasonRequired(detail) => types::REASON_REQUIRED.problem(detail.clone()),
             Self::StoreUnavailable => types::STORE_UNAVAILABLE
                 .problem("The idempotency store could not be reached. Try again shortly."),
         }

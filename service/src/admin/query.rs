@@ -104,33 +104,20 @@ impl From<StateParam> for StateFilter {
     }
 }
 
-/// The query of the actions (`release`, `forget`, `reconcile`).
+/// The query of `release` and `reconcile`: the operator's reason.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct ReasonQuery {
-    /// Why the operator acts (1 to 500 characters, no control
-    /// characters): written to the audit line.
+    /// Why the operator acts (required: 1 to 500 characters, no control
+    /// characters; otherwise 422 `reason-required`): written to the audit
+    /// line and the audit trail (and a reconcile's mark).
     #[param(
+        required = true,
         min_length = 1,
         max_length = 500,
         pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
     )]
     pub reason: Option<String>,
-}
-
-/// The query of `POST /v1/admin/keys/{scope}/{key}/reconcile`: the reason
-/// is required.
-#[derive(Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub(crate) struct RequiredReasonQuery {
-    /// Why the record is kept (1 to 500 characters, no control
-    /// characters): written to the audit line and the mark.
-    #[param(
-        min_length = 1,
-        max_length = 500,
-        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
-    )]
-    pub reason: String,
 }
 
 /// The query of `DELETE /v1/admin/keys/{scope}/{key}`.
@@ -140,9 +127,11 @@ pub(crate) struct ForgetQuery {
     /// Also forget an abandoned record (lease lapsed, outcome unknown). A
     /// live lease is never overridden.
     pub force: Option<bool>,
-    /// Why the operator acts (1 to 500 characters, no control
-    /// characters): written to the audit line.
+    /// Why the operator acts (required: 1 to 500 characters, no control
+    /// characters; otherwise 422 `reason-required`): written to the audit
+    /// line and the audit trail.
     #[param(
+        required = true,
         min_length = 1,
         max_length = 500,
         pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
@@ -150,20 +139,25 @@ pub(crate) struct ForgetQuery {
     pub reason: Option<String>,
 }
 
-/// An operator's reason: 1 to 500 characters, no control characters (an
-/// audit line stays one line).
-pub(super) fn valid_reason(reason: Option<&str>) -> Result<Option<&str>, AdminProblem> {
+/// The most characters a reason holds.
+pub(crate) const MAX_REASON_CHARS: usize = 500;
+
+/// An operator's reason for a state-changing call: required, 1 to 500
+/// characters, no control characters (an audit line stays one line);
+/// otherwise 422 `reason-required`.
+pub(super) fn required_reason(reason: Option<&str>) -> Result<&str, AdminProblem> {
+    let refused = |detail: &str| Err(AdminProblem::ReasonRequired(detail.to_owned()));
     match reason {
-        Some(reason)
-            if reason.is_empty()
-                || reason.chars().count() > 500
-                || reason.chars().any(char::is_control) =>
-        {
-            Err(AdminProblem::BadRequest(
-                "reason is 1 to 500 characters, no control characters".to_owned(),
-            ))
+        None | Some("") => refused(
+            "This call changes a record: say why with ?reason= (1 to 500 characters). It is kept in the audit trail.",
+        ),
+        Some(reason) if reason.chars().count() > MAX_REASON_CHARS => {
+            refused("reason is at most 500 characters")
         }
-        reason => Ok(reason),
+        Some(reason) if reason.chars().any(char::is_control) => {
+            refused("reason holds no control characters (no line breaks)")
+        }
+        Some(reason) => Ok(reason),
     }
 }
 

@@ -1,10 +1,12 @@
 // The operators' console. Every datum comes from the admin API, called
-// with the admin token the operator typed (kept in sessionStorage), and is
-// put in the page as text (textContent), never as markup.
+// with the session cookie that signing in exchanged the admin token for
+// (HttpOnly: this script never sees it, and keeps no token), and is put
+// in the page as text (textContent), never as markup.
 "use strict";
 
-const TOKEN = "idempotency-console-token";
 const PAGE = 50;
+// Where an earlier console kept the token: removed on sight.
+const OLD_TOKEN = "idempotency-console-token";
 const $ = (id) => document.getElementById(id);
 
 // An element with text children only: strings become text nodes.
@@ -32,10 +34,6 @@ function say(text, error) {
   message.hidden = !text;
 }
 
-function token() {
-  return sessionStorage.getItem(TOKEN);
-}
-
 class ApiError extends Error {
   constructor(status, problem) {
     super(problem && (problem.detail || problem.title) ? `${problem.title || status}: ${problem.detail || ""}` : `HTTP ${status}`);
@@ -44,19 +42,21 @@ class ApiError extends Error {
   }
 }
 
+async function refusal(response) {
+  let problem = null;
+  try { problem = await response.json(); } catch (_) { /* not JSON */ }
+  return new ApiError(response.status, problem);
+}
+
+// Calls the admin API with the session cookie (sent by the browser).
 async function api(method, path, params, raw) {
   const query = new URLSearchParams();
   for (const [name, value] of Object.entries(params || {})) {
     if (value !== undefined && value !== null && value !== "") query.set(name, value);
   }
   const url = path + (query.toString() ? `?${query}` : "");
-  const response = await fetch(url, { method, headers: { authorization: `Bearer ${token()}` } });
-  if (!response.ok) {
-    let problem = null;
-    try { problem = await response.json(); } catch (_) { /* not JSON */ }
-    if (response.status === 401) signOut("The admin API refused this token.");
-    throw new ApiError(response.status, problem);
-  }
+  const response = await fetch(url, { method, credentials: "same-origin" });
+  if (!response.ok) throw await refusal(response);
   return raw ? response : response.json();
 }
 
@@ -66,14 +66,7 @@ const seg = encodeURIComponent;
 
 let identity = null;
 
-async function signIn() {
-  try {
-    identity = await api("GET", "/v1/admin/whoami");
-  } catch (error) {
-    identity = null;
-    if (error.status !== 401) say(String(error.message), true);
-    return false;
-  }
+function showIdentity() {
   $("who-name").textContent = `${identity.name} (scopes: ${identity.scopes.join(", ")})`;
   $("who").hidden = false;
   const list = $("scopes");
@@ -84,18 +77,46 @@ async function signIn() {
   if (identity.scopes[0] !== "*" && !identity.scopes.includes($("f-scope").value)) {
     $("f-scope").value = identity.scopes[0];
   }
-  return true;
 }
 
-function signOut(why) {
-  sessionStorage.removeItem(TOKEN);
+// Sends the admin token once: the service answers who signed in and sets
+// the session cookie. The token is not kept anywhere.
+async function signIn(token) {
+  const response = await fetch("/v1/admin/session", {
+    method: "POST",
+    headers: { authorization: `Bearer ${token}` },
+    credentials: "same-origin",
+  });
+  if (!response.ok) throw await refusal(response);
+  identity = await response.json();
+  showIdentity();
+}
+
+// Ends the session on the server, then here.
+async function signOut() {
+  let why = "";
+  try {
+    const response = await fetch("/v1/admin/session", { method: "DELETE", credentials: "same-origin" });
+    if (!response.ok && response.status !== 401) why = `Signing out failed (${(await refusal(response)).message}): the session ends once idle.`;
+  } catch (error) {
+    why = `Signing out failed (${error.message}): the session ends once idle.`;
+  }
+  signedOut(why);
+}
+
+// Forgets who signed in and shows the sign-in form.
+function signedOut(why) {
   identity = null;
+  listRun += 1;
   $("who").hidden = true;
   current = null;
   $("f-scope").value = "";
-  for (const id of ["needs", "rest"]) clear($(id).tBodies[0]);
+  for (const id of ["needs", "rest"]) {
+    clear($(id).tBodies[0]);
+    $(id).removeAttribute("aria-busy");
+  }
   for (const id of ["needs-pager", "rest-pager"]) clear($(id));
-  // The next sign-in starts at the list, not at this token's last key.
+  // The next sign-in starts at the list, not at this session's last key.
   history.replaceState(null, "", location.pathname);
   show("login");
   say(why || "", Boolean(why));
@@ -106,6 +127,9 @@ function show(section) {
 }
 
 // ---- the lists
+
+// Bumped whenever the lists are drawn anew or left: an older scan stops.
+let listRun = 0;
 
 function filters() {
   const iso = (value) => (value ? new Date(value).toISOString() : "");
@@ -133,26 +157,70 @@ function when(at) {
   return at ? at.replace("T", " ").replace(/\.\d+/, "").replace("Z", " UTC") : "";
 }
 
-// A paged table: `cursors` holds the `after` of each page shown so far.
-function pagedTable(tableId, pagerId, query, row, emptyText) {
-  const cursors = [undefined];
+function noteRow(text, kind) {
+  return el("tr", { class: kind }, el("td", { colspan: "5", text }));
+}
+
+// A table of the records that pass `query`, PAGE at a time. The admin
+// API reads a bounded number of records per request, so with filters it
+// may answer a short or empty page with a `next`: a page here follows
+// `next` until it holds PAGE records or the range is read to its end,
+// showing what it found and how far it read meanwhile (`aria-busy` on the
+// table), and says `emptyText` only once the whole range was read.
+function pagedTable(tableId, pagerId, query, row, emptyText, run) {
+  const table = $(tableId);
+  const starts = [undefined]; // the `after` of each page shown so far
   async function load() {
-    const body = $(tableId).tBodies[0];
-    const page = await api("GET", "/v1/admin/keys", { ...query, limit: PAGE, after: cursors[cursors.length - 1] });
-    clear(body);
-    for (const record of page.records) body.append(row(record));
-    if (!page.records.length) body.append(el("tr", { class: "empty" }, el("td", { colspan: "5", text: emptyText })));
+    if (run !== listRun) return;
+    const body = table.tBodies[0];
     const pager = $(pagerId);
     clear(pager);
-    if (cursors.length > 1) {
+    const found = [];
+    let read = 0;
+    let after = starts[starts.length - 1];
+    let next = null;
+    const draw = (note) => {
+      clear(body);
+      for (const record of found.slice(0, PAGE)) body.append(row(record));
+      if (note) body.append(note);
+    };
+    table.setAttribute("aria-busy", "true");
+    draw(noteRow("Scanning…", "progress"));
+    try {
+      for (;;) {
+        const page = await api("GET", "/v1/admin/keys", { ...query, limit: PAGE, after });
+        if (run !== listRun) return;
+        read += page.scanned || page.records.length;
+        found.push(...page.records);
+        if (found.length > PAGE) {
+          next = found[PAGE - 1].key;
+          break;
+        }
+        if (found.length === PAGE || !page.next) {
+          next = page.next || null;
+          break;
+        }
+        after = page.next;
+        const matches = `${found.length} ${found.length === 1 ? "match" : "matches"}`;
+        draw(noteRow(`Scanning… ${read} records read, ${matches} so far.`, "progress"));
+      }
+    } catch (error) {
+      if (run !== listRun) return;
+      draw(noteRow(`Stopped after ${read} records read: ${error.message}`, "empty"));
+      table.setAttribute("aria-busy", "false");
+      throw error;
+    }
+    draw(found.length ? null : noteRow(emptyText, "empty"));
+    table.setAttribute("aria-busy", "false");
+    if (starts.length > 1) {
       const previous = el("button", { type: "button", text: "Previous page" });
-      previous.addEventListener("click", () => { cursors.pop(); load().catch(fail); });
+      previous.addEventListener("click", () => { starts.pop(); load().catch(fail); });
       pager.append(previous);
     }
-    if (page.next) {
-      const next = el("button", { type: "button", text: "Next page" });
-      next.addEventListener("click", () => { cursors.push(page.next); load().catch(fail); });
-      pager.append(next);
+    if (next) {
+      const more = el("button", { type: "button", text: "Next page" });
+      more.addEventListener("click", () => { starts.push(next); load().catch(fail); });
+      pager.append(more);
     }
   }
   return load();
@@ -160,8 +228,13 @@ function pagedTable(tableId, pagerId, query, row, emptyText) {
 
 async function showList() {
   show("list");
+  const run = ++listRun;
   const base = filters();
-  for (const id of ["needs", "rest"]) clear($(id).tBodies[0]);
+  for (const id of ["needs", "rest"]) {
+    clear($(id).tBodies[0]);
+    $(id).removeAttribute("aria-busy");
+  }
+  for (const id of ["needs-pager", "rest-pager"]) clear($(id));
   if (!base.scope) {
     say("Choose a scope.", false);
     return;
@@ -169,27 +242,29 @@ async function showList() {
   say("");
   const state = $("f-state").value;
   const needsState = state === "any" || state === "abandoned";
+  const scans = [];
   if (needsState) {
-    await pagedTable("needs", "needs-pager", { ...base, needs_decision: "true" }, (record) =>
+    scans.push(pagedTable("needs", "needs-pager", { ...base, needs_decision: "true" }, (record) =>
       el("tr", { "data-key": record.key },
         el("td", { class: "key" }, keyLink(record)),
-        el("td", {}, stateBadge(record)),
-        el("td", {}, el("code", { text: `${record.method} ${record.path}` })),
-        el("td", { text: when(record.created_at) }),
-        el("td", { text: when(record.lease_expires_at) })),
-      "Nothing needs a decision.");
+        el("td", { "data-label": "State" }, stateBadge(record)),
+        el("td", { "data-label": "Request" }, el("code", { text: `${record.method} ${record.path}` })),
+        el("td", { "data-label": "Claimed", text: when(record.created_at) }),
+        el("td", { "data-label": "Lease ended", text: when(record.lease_expires_at) })),
+      "Nothing needs a decision.", run));
   } else {
-    clear($("needs-pager"));
-    $("needs").tBodies[0].append(el("tr", { class: "empty" }, el("td", { colspan: "5", text: `Not shown: the state filter is ${state}.` })));
+    $("needs").tBodies[0].append(noteRow(`Not shown: the state filter is ${state}.`, "empty"));
+    $("needs").setAttribute("aria-busy", "false");
   }
-  await pagedTable("rest", "rest-pager", { ...base, state, needs_decision: "false" }, (record) =>
+  scans.push(pagedTable("rest", "rest-pager", { ...base, state, needs_decision: "false" }, (record) =>
     el("tr", { "data-key": record.key },
       el("td", { class: "key" }, keyLink(record)),
-      el("td", {}, stateBadge(record)),
-      el("td", {}, el("code", { text: `${record.method} ${record.path}` })),
-      el("td", { text: when(record.created_at) }),
-      el("td", { text: record.response_status ? String(record.response_status) : "" })),
-    "No records.");
+      el("td", { "data-label": "State" }, stateBadge(record)),
+      el("td", { "data-label": "Request" }, el("code", { text: `${record.method} ${record.path}` })),
+      el("td", { "data-label": "Claimed", text: when(record.created_at) }),
+      el("td", { "data-label": "Status", text: record.response_status ? String(record.response_status) : "" })),
+    "No records.", run));
+  await Promise.all(scans);
 }
 
 async function exportCsv() {
@@ -225,6 +300,7 @@ function pair(list, name, value) {
 }
 
 async function showKey(scope, key) {
+  listRun += 1;
   show("key");
   say("");
   current = null;
@@ -234,6 +310,7 @@ async function showKey(scope, key) {
   $("k-scope").textContent = "";
   $("k-body").textContent = "";
   $("actions").hidden = true;
+  const trailShown = showTrail(scope, key);
   const detail = await api("GET", `/v1/admin/keys/${seg(scope)}/${seg(key)}`);
   $("k-key").textContent = detail.record.key;
   $("k-scope").textContent = detail.record.scope;
@@ -273,6 +350,34 @@ async function showKey(scope, key) {
   $("act-release").disabled = record.state !== "abandoned";
   $("act-reconcile").disabled = !record.needs_decision;
   $("act-forget").disabled = record.state === "in_flight";
+  await trailShown;
+}
+
+// ---- one key's decisions (its audit trail, kept after the record is gone)
+
+async function showTrail(scope, key) {
+  const body = $("k-trail").tBodies[0];
+  clear(body);
+  const empty = (text) => body.append(el("tr", { class: "empty" }, el("td", { colspan: "5", text })));
+  let trail;
+  try {
+    trail = await api("GET", `/v1/admin/keys/${seg(scope)}/${seg(key)}/decisions`);
+  } catch (error) {
+    empty(`Decisions not shown: ${error.message}`);
+    return;
+  }
+  clear(body);
+  // The newest first.
+  for (const decision of [...trail.decisions].reverse()) {
+    body.append(el("tr", { "data-action": decision.action },
+      el("td", { text: when(decision.at) }),
+      el("td", { text: decision.who }),
+      el("td", { text: decision.action }),
+      el("td", { class: "reason", text: decision.reason }),
+      el("td", { text: decision.result })));
+  }
+  if (!trail.decisions.length) empty("No decision taken on this key.");
+  else if (trail.truncated) empty("Only the first 1000 decisions are shown: the API lists them oldest first.");
 }
 
 async function act(action) {
@@ -302,6 +407,7 @@ async function act(action) {
     current = null;
     $("actions").hidden = true;
     $("k-badge").append(" ", el("strong", { text: action === "release" ? "(released)" : "(forgotten)" }));
+    await showTrail(scope, key);
   }
   say(done);
 }
@@ -309,13 +415,23 @@ async function act(action) {
 // ---- routing
 
 function fail(error) {
+  if (error && error.status === 401) {
+    signedOut("Your session ended (signed out, idle too long, or the service restarted): sign in again.");
+    return;
+  }
   say(error && error.message ? error.message : String(error), true);
 }
 
 async function route() {
-  if (!token() || !(identity || (await signIn()))) {
-    show("login");
-    return;
+  if (!identity) {
+    try {
+      identity = await api("GET", "/v1/admin/whoami");
+    } catch (error) {
+      if (error.status !== 401) throw error;
+      signedOut("");
+      return;
+    }
+    showIdentity();
   }
   const match = location.hash.match(/^#\/key\/([^/]+)\/([^/]+)$/);
   if (match) await showKey(decodeURIComponent(match[1]), decodeURIComponent(match[2]));
@@ -323,12 +439,18 @@ async function route() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  sessionStorage.removeItem(OLD_TOKEN);
   $("login-form").addEventListener("submit", (event) => {
     event.preventDefault();
-    sessionStorage.setItem(TOKEN, $("token").value);
-    $("token").value = "";
-    identity = null;
-    route().catch(fail);
+    const field = $("token");
+    const token = field.value;
+    field.value = "";
+    signIn(token)
+      .then(() => { say(""); return route(); })
+      .catch((error) => {
+        if (error.status === 401) say("The admin API refused this token.", true);
+        else fail(error);
+      });
   });
   $("sign-out").addEventListener("click", () => signOut());
   $("filters").addEventListener("submit", (event) => {

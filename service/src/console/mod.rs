@@ -2,12 +2,18 @@
 //! HTML page, a stylesheet and a script embedded in the binary, with no
 //! front-end build step.
 //!
-//! The page holds no data and no rule of its own: the script asks for an
-//! admin token (kept in the tab's `sessionStorage`) and calls the admin
-//! API with it, so every read and every action goes through the same
-//! endpoints, scopes and audit lines as `curl` would. The assets are
-//! served without a token (they are the same for everyone); the data is
-//! not.
+//! The page holds no data and no rule of its own: the script sends the
+//! admin token the operator types once, to `POST /v1/admin/session`,
+//! which answers with a session cookie (`HttpOnly`: the script never
+//! sees it; see the admin API's `session`), and calls the admin API with
+//! that cookie, so every read and every action goes through the same
+//! endpoints, scopes and audit lines as `curl` would. The page keeps no
+//! token. The assets are served without a session (they are the same for
+//! everyone); the data is not.
+//!
+//! A filtered list follows the listing's `next` until it has a page of
+//! matches or the range is read to its end, showing its progress, and
+//! says "nothing" only then. The layout fits a 375 px wide screen.
 //!
 //! Everything the page shows from a record (keys, paths, headers, bodies:
 //! client input) is put in the DOM as text (`textContent`), never as

@@ -30,7 +30,15 @@ macro_rules! admin_api {
                 reconciled_records_leave_the_needs_decision_list_and_the_csv,
                 a_record_shows_its_life_request_and_redacted_response,
                 listings_filter_by_method_route_and_time_across_pages,
+                a_decision_without_a_reason_is_refused_and_changes_nothing,
+                the_trail_keeps_who_when_why_and_result_after_the_record_is_gone,
             );
+        }
+    };
+    ($backend:ident, $fixture:path; $($test:ident),+ $(,)?) => {
+        mod $backend {
+            use $crate::admin_api as suite;
+            admin_api!(@tests $fixture; $($test),+);
         }
     };
     (@tests $fixture:path; $($test:ident),* $(,)?) => {
@@ -55,8 +63,15 @@ fn admin_request(method: Method, path: &str, token: Option<&str>) -> Request<Bod
     builder.body(Body::empty()).unwrap()
 }
 
+/// The reason every action of these tests gives (percent-encoded).
+const REASON: &str = "reason=ledger%20checked";
+
 fn forget(scope: &str, key: &str, force: bool, token: &str) -> Request<Body> {
-    let query = if force { "?force=true" } else { "" };
+    let query = if force {
+        format!("?force=true&{REASON}")
+    } else {
+        format!("?{REASON}")
+    };
     admin_request(
         Method::DELETE,
         &format!("/v1/admin/keys/{scope}/{key}{query}"),
@@ -67,7 +82,7 @@ fn forget(scope: &str, key: &str, force: bool, token: &str) -> Request<Body> {
 fn release(scope: &str, key: &str, token: &str) -> Request<Body> {
     admin_request(
         Method::POST,
-        &format!("/v1/admin/keys/{scope}/{key}/release"),
+        &format!("/v1/admin/keys/{scope}/{key}/release?{REASON}"),
         Some(token),
     )
 }
@@ -525,7 +540,8 @@ pub(crate) async fn reconciled_records_leave_the_needs_decision_list_and_the_csv
             ),
         )
         .await;
-        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{query}");
+        assert_eq!(answer.status, StatusCode::UNPROCESSABLE_ENTITY, "{query}");
+        assert_eq!(problem_name(&answer), "reason-required", "{query}");
     }
     let marked = call(
         &router,
@@ -957,4 +973,317 @@ pub(crate) async fn listings_filter_by_method_route_and_time_across_pages<
         let answer = call(&router, LIST, list(bad)).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{bad}");
     }
+}
+
+const DECISIONS: &str = "/v1/admin/keys/{scope}/{key}/decisions";
+
+/// The decisions on `key` of `scope`, as `token` reads them.
+async fn decisions(router: &Router, scope: &str, key: &str, token: &str) -> Vec<Value> {
+    let answer = call(
+        router,
+        DECISIONS,
+        admin_request(
+            Method::GET,
+            &format!("/v1/admin/keys/{scope}/{key}/decisions"),
+            Some(token),
+        ),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.json());
+    assert_eq!(answer.json()["truncated"], false);
+    answer.json()["decisions"].as_array().unwrap().clone()
+}
+
+pub(crate) async fn a_decision_without_a_reason_is_refused_and_changes_nothing<
+    S: Store + Into<AnyStore>,
+>(
+    db: TestDb<S>,
+) {
+    let store: AnyStore = db.store.clone().into();
+    seed(&store, "tenant-a", "lost", Seed::Abandoned).await;
+    seed(&store, "tenant-a", "done", Seed::Completed).await;
+    let router = router(store.clone());
+    let logs = Logs::default();
+    let _capture = logs.capture();
+    let long = "r".repeat(501);
+    let at_most = "r".repeat(500);
+    for query in [
+        String::new(),
+        "?reason=".to_owned(),
+        "?reason=a%0Ab".to_owned(),
+        "?reason=tab%09inside".to_owned(),
+        format!("?reason={long}"),
+    ] {
+        for (template, method, path) in [
+            (
+                RELEASE,
+                Method::POST,
+                "/v1/admin/keys/tenant-a/lost/release",
+            ),
+            (FORGET, Method::DELETE, "/v1/admin/keys/tenant-a/done"),
+            (
+                RECONCILE,
+                Method::POST,
+                "/v1/admin/keys/tenant-a/lost/reconcile",
+            ),
+        ] {
+            let uri = format!("{path}{query}");
+            let answer = call(
+                &router,
+                template,
+                admin_request(method.clone(), &uri, Some(ADMIN_A)),
+            )
+            .await;
+            assert_eq!(answer.status, StatusCode::UNPROCESSABLE_ENTITY, "{uri}");
+            assert_eq!(
+                answer.header("content-type"),
+                Some("application/problem+json")
+            );
+            assert_eq!(problem_name(&answer), "reason-required", "{uri}");
+        }
+    }
+    // `force` without a reason is no reason either.
+    let answer = call(
+        &router,
+        FORGET,
+        admin_request(
+            Method::DELETE,
+            "/v1/admin/keys/tenant-a/lost?force=true",
+            Some(ADMIN_A),
+        ),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::UNPROCESSABLE_ENTITY);
+    for key in ["lost", "done"] {
+        assert!(
+            store
+                .get(names::scope("tenant-a"), names::key(key))
+                .await
+                .unwrap()
+                .is_some(),
+            "{key} is still there"
+        );
+    }
+    let lost = call(
+        &router,
+        SHOW,
+        admin_request(Method::GET, "/v1/admin/keys/tenant-a/lost", Some(ADMIN_A)),
+    )
+    .await
+    .json();
+    assert_eq!(lost["record"]["needs_decision"], true, "not reconciled");
+    assert_eq!(
+        decisions(&router, "tenant-a", "lost", ADMIN_A).await,
+        Vec::<Value>::new()
+    );
+    assert_eq!(
+        decisions(&router, "tenant-a", "done", ADMIN_A).await,
+        Vec::<Value>::new()
+    );
+    assert!(
+        logs.audit()
+            .iter()
+            .all(|line| line["action"] == "show" || line["action"] == "decisions"),
+        "a refused call is no decision: {:?}",
+        logs.audit()
+    );
+    // 500 characters are a reason.
+    let answer = call(
+        &router,
+        RELEASE,
+        admin_request(
+            Method::POST,
+            &format!("/v1/admin/keys/tenant-a/lost/release?reason={at_most}"),
+            Some(ADMIN_A),
+        ),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.json());
+}
+
+pub(crate) async fn the_trail_keeps_who_when_why_and_result_after_the_record_is_gone<
+    S: Store + Into<AnyStore>,
+>(
+    db: TestDb<S>,
+) {
+    use idempotency_guard::store::AdminStore as _;
+    use idempotency_guard::store::admin::{PageRequest, StateFilter};
+    use time::OffsetDateTime;
+    use time::format_description::well_known::Rfc3339;
+    let store: AnyStore = db.store.clone().into();
+    seed(&store, "tenant-a", "lost", Seed::Abandoned).await;
+    seed(&store, "tenant-a", "lost-2", Seed::Abandoned).await;
+    seed(&store, "tenant-b", "lost-b", Seed::Abandoned).await;
+    let router = router(store.clone());
+    let post = |path: &str, token: &str| admin_request(Method::POST, path, Some(token));
+    let before = OffsetDateTime::now_utc();
+
+    // Alice marks it reconciled, then releases it: the record is gone.
+    let marked = call(
+        &router,
+        RECONCILE,
+        post(
+            "/v1/admin/keys/tenant-a/lost/reconcile?reason=refund%20%23412%20%3Cb%3Eissued%3C%2Fb%3E",
+            ADMIN_A,
+        ),
+    )
+    .await;
+    assert_eq!(marked.status, StatusCode::OK, "{}", marked.json());
+    let released = call(
+        &router,
+        RELEASE,
+        post(
+            "/v1/admin/keys/tenant-a/lost/release?reason=ledger%20shows%20no%20debit%3B%20retry%20may%20run",
+            ADMIN_A,
+        ),
+    )
+    .await;
+    assert_eq!(released.status, StatusCode::OK, "{}", released.json());
+    assert!(
+        store
+            .get(names::scope("tenant-a"), names::key("lost"))
+            .await
+            .unwrap()
+            .is_none(),
+        "released: the record is gone"
+    );
+    // A refused one: released again, there is nothing to release.
+    let again = call(
+        &router,
+        RELEASE,
+        post(
+            "/v1/admin/keys/tenant-a/lost/release?reason=twice",
+            ADMIN_ALL,
+        ),
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND);
+    let after = OffsetDateTime::now_utc();
+
+    // Read back by a fresh service over the same store: kept with the
+    // store, not in the service.
+    let restarted = crate::support::router(store.clone());
+    let trail = decisions(&restarted, "tenant-a", "lost", ADMIN_A).await;
+    let summary: Vec<(String, String, String, String)> = trail
+        .iter()
+        .map(|d| {
+            let text = |name: &str| d[name].as_str().unwrap().to_owned();
+            (text("who"), text("action"), text("reason"), text("result"))
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                "alice".to_owned(),
+                "reconcile".to_owned(),
+                "refund #412 <b>issued</b>".to_owned(),
+                "reconciled".to_owned()
+            ),
+            (
+                "alice".to_owned(),
+                "release".to_owned(),
+                "ledger shows no debit; retry may run".to_owned(),
+                "deleted-abandoned".to_owned()
+            ),
+            (
+                "ops".to_owned(),
+                "release".to_owned(),
+                "twice".to_owned(),
+                "not-found".to_owned()
+            ),
+        ]
+    );
+    let mut previous = before - time::Duration::seconds(1);
+    for decision in &trail {
+        assert_eq!(decision["scope"], "tenant-a");
+        assert_eq!(decision["key"], "lost");
+        let at = OffsetDateTime::parse(decision["at"].as_str().unwrap(), &Rfc3339).unwrap();
+        assert!(
+            at >= previous && at <= after + time::Duration::seconds(1),
+            "{decision}"
+        );
+        previous = at;
+        let expires =
+            OffsetDateTime::parse(decision["expires_at"].as_str().unwrap(), &Rfc3339).unwrap();
+        assert!(
+            expires - at >= time::Duration::days(399),
+            "kept long past the record's retention (an hour): {decision}"
+        );
+    }
+    // Another key's trail is its own.
+    assert_eq!(
+        decisions(&restarted, "tenant-a", "lost-2", ADMIN_A).await,
+        Vec::<Value>::new()
+    );
+
+    // A refused decision on another tenant is kept in that tenant's trail,
+    // which alice may not read.
+    let forbidden = call(
+        &router,
+        RELEASE,
+        post(
+            "/v1/admin/keys/tenant-b/lost-b/release?reason=oops",
+            ADMIN_A,
+        ),
+    )
+    .await;
+    assert_eq!(forbidden.status, StatusCode::FORBIDDEN);
+    let read = call(
+        &router,
+        DECISIONS,
+        admin_request(
+            Method::GET,
+            "/v1/admin/keys/tenant-b/lost-b/decisions",
+            Some(ADMIN_A),
+        ),
+    )
+    .await;
+    assert_eq!(read.status, StatusCode::FORBIDDEN);
+    let trail_b = decisions(&router, "tenant-b", "lost-b", ADMIN_ALL).await;
+    assert_eq!(trail_b.len(), 1, "{trail_b:?}");
+    assert_eq!(trail_b[0]["who"], "alice");
+    assert_eq!(trail_b[0]["result"], "forbidden");
+    assert!(
+        store
+            .get(names::scope("tenant-b"), names::key("lost-b"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // The entries are records of the tenant's trail scope, in the store;
+    // no admin action changes them.
+    let page = store
+        .list(
+            "idempotency.audit:tenant-a",
+            StateFilter::Any,
+            PageRequest {
+                after: None,
+                limit: 100,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.records.len(), 3, "{:?}", page.records);
+    assert!(page.records.iter().all(|r| r.method == "AUDIT"));
+    let entry = page.records[0].key.as_str().to_owned();
+    let answer = call(
+        &router,
+        FORGET,
+        admin_request(
+            Method::DELETE,
+            &format!("/v1/admin/keys/idempotency.audit%3Atenant-a/{entry}?{REASON}"),
+            Some(ADMIN_ALL),
+        ),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.json());
+    assert_eq!(
+        decisions(&router, "tenant-a", "lost", ADMIN_ALL)
+            .await
+            .len(),
+        3,
+        "the trail is whole"
+    );
 }

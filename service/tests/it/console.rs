@@ -40,6 +40,7 @@ async fn the_console_is_off_unless_configured_and_served_with_its_policy() {
         admin_tokens: Arc::new(crate::support::admin_tokens()),
         reconciled: Arc::new(idempotency_service::Reconciled::in_memory()),
         console: false,
+        console_sessions: Arc::new(idempotency_service::ConsoleSessions::default()),
     });
     for path in ["/console", "/console/console.js"] {
         let answer = idempotency_tests::call(&off, get(path, None)).await;
@@ -90,6 +91,270 @@ async fn the_console_is_off_unless_configured_and_served_with_its_policy() {
     }
 }
 
+/// A request to the admin API with these headers.
+fn with_headers(method: http::Method, path: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut builder = Request::builder().method(method).uri(path);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(Body::empty()).unwrap()
+}
+
+/// Signing in exchanges the admin token for a session cookie the admin
+/// API takes instead of it; its writes need the console's `Origin`;
+/// signing out ends it on the server; scripts' bearer tokens work as
+/// before.
+#[tokio::test]
+async fn a_console_session_is_a_cookie_the_server_can_end() {
+    use crate::support::{ADMIN_ALL, call};
+    use http::Method;
+    let db = idempotency_tests::sqlite().await;
+    let store = AnyStore::from(db.store.clone());
+    seed(&store, "tenant-a", "pay-1", Seed::Abandoned).await;
+    let router = crate::support::router(store.clone());
+    let bearer = format!("Bearer {ADMIN_ALL}");
+    const HOST: &str = "ops.example.com:8080";
+    const ORIGIN: &str = "http://ops.example.com:8080";
+
+    let signed_in = call(
+        &router,
+        "/v1/admin/session",
+        with_headers(
+            Method::POST,
+            "/v1/admin/session",
+            &[
+                ("authorization", &bearer),
+                ("host", HOST),
+                ("origin", ORIGIN),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(signed_in.status, StatusCode::OK);
+    assert_eq!(signed_in.json()["name"], "ops");
+    let set_cookie = signed_in.header("set-cookie").unwrap().to_owned();
+    let (pair, attributes) = set_cookie.split_once(';').unwrap();
+    assert_eq!(
+        attributes.trim(),
+        "Path=/v1/admin; HttpOnly; SameSite=Strict",
+        "no Secure over plain HTTP"
+    );
+    let (name, id) = pair.split_once('=').unwrap();
+    assert_eq!(name, "idempotency-console");
+    assert_eq!(id.len(), 64);
+    assert!(!set_cookie.contains(ADMIN_ALL));
+    let cookie = pair.to_owned();
+
+    // Reads with the cookie alone.
+    let whoami = call(
+        &router,
+        "/v1/admin/whoami",
+        with_headers(Method::GET, "/v1/admin/whoami", &[("cookie", &cookie)]),
+    )
+    .await;
+    assert_eq!(whoami.status, StatusCode::OK);
+    assert_eq!(whoami.json()["name"], "ops");
+
+    // Writes need the console's origin: a foreign or missing one is
+    // refused before anything is done.
+    let release = "/v1/admin/keys/tenant-a/pay-1/release?reason=checked%20the%20ledger";
+    for origin in [Some("http://evil.example"), Some("null"), None] {
+        let mut headers = vec![("cookie", cookie.as_str()), ("host", HOST)];
+        if let Some(origin) = origin {
+            headers.push(("origin", origin));
+        }
+        let refused = call(
+            &router,
+            "/v1/admin/keys/{scope}/{key}/release",
+            with_headers(Method::POST, release, &headers),
+        )
+        .await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{origin:?}");
+        assert_eq!(
+            refused.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(refused.json()["type"], "urn:idempotency:origin-refused");
+    }
+    assert!(
+        store
+            .get(names::scope("tenant-a"), names::key("pay-1"))
+            .await
+            .unwrap()
+            .is_some(),
+        "nothing was released"
+    );
+    let released = call(
+        &router,
+        "/v1/admin/keys/{scope}/{key}/release",
+        with_headers(
+            Method::POST,
+            release,
+            &[("cookie", &cookie), ("host", HOST), ("origin", ORIGIN)],
+        ),
+    )
+    .await;
+    assert_eq!(released.status, StatusCode::OK, "the console's own origin");
+
+    // A session does not sign in again: that takes the token.
+    let again = call(
+        &router,
+        "/v1/admin/session",
+        with_headers(
+            Method::POST,
+            "/v1/admin/session",
+            &[("cookie", &cookie), ("host", HOST), ("origin", ORIGIN)],
+        ),
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::UNAUTHORIZED);
+
+    // Signing out ends the session on the server.
+    let out = idempotency_tests::call(
+        &router,
+        with_headers(
+            Method::DELETE,
+            "/v1/admin/session",
+            &[("cookie", &cookie), ("host", HOST), ("origin", ORIGIN)],
+        ),
+    )
+    .await;
+    assert_eq!(out.status, StatusCode::NO_CONTENT);
+    assert!(
+        out.header("set-cookie")
+            .unwrap()
+            .starts_with("idempotency-console=; ")
+            && out.header("set-cookie").unwrap().contains("Max-Age=0")
+    );
+    let replayed = call(
+        &router,
+        "/v1/admin/whoami",
+        with_headers(Method::GET, "/v1/admin/whoami", &[("cookie", &cookie)]),
+    )
+    .await;
+    assert_eq!(
+        replayed.status,
+        StatusCode::UNAUTHORIZED,
+        "the old cookie is refused"
+    );
+    assert_eq!(
+        replayed.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert!(
+        replayed.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("session ended")
+    );
+
+    // Served over TLS (the page's origin is https), the cookie is Secure.
+    let tls = call(
+        &router,
+        "/v1/admin/session",
+        with_headers(
+            Method::POST,
+            "/v1/admin/session",
+            &[
+                ("authorization", &bearer),
+                ("origin", "https://ops.example.com"),
+            ],
+        ),
+    )
+    .await;
+    assert!(
+        tls.header("set-cookie").unwrap().ends_with("; Secure"),
+        "{:?}",
+        tls.header("set-cookie")
+    );
+
+    // Scripts: a bearer token writes without an Origin, as before.
+    seed(&store, "tenant-a", "pay-2", Seed::Abandoned).await;
+    let scripted = call(
+        &router,
+        "/v1/admin/keys/{scope}/{key}/release",
+        with_headers(
+            Method::POST,
+            "/v1/admin/keys/tenant-a/pay-2/release?reason=scripted",
+            &[("authorization", &bearer)],
+        ),
+    )
+    .await;
+    assert_eq!(scripted.status, StatusCode::OK);
+
+    // A session unused past its idle time ends on the server too.
+    let brief = idempotency_service::build_router(idempotency_service::AppState {
+        store: store.clone(),
+        tokens: Arc::new(crate::support::tokens()),
+        metrics: None,
+        retry_after: Duration::from_secs(1),
+        admin_tokens: Arc::new(crate::support::admin_tokens()),
+        reconciled: Arc::new(idempotency_service::Reconciled::in_memory()),
+        console: true,
+        console_sessions: Arc::new(idempotency_service::ConsoleSessions::new(
+            idempotency_service::SessionSettings {
+                idle: Duration::from_secs(1),
+                ..Default::default()
+            },
+        )),
+    });
+    let signed_in = call(
+        &brief,
+        "/v1/admin/session",
+        with_headers(
+            Method::POST,
+            "/v1/admin/session",
+            &[("authorization", &bearer)],
+        ),
+    )
+    .await;
+    let cookie = signed_in
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let whoami = || with_headers(Method::GET, "/v1/admin/whoami", &[("cookie", &cookie)]);
+    assert_eq!(
+        call(&brief, "/v1/admin/whoami", whoami()).await.status,
+        StatusCode::OK
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let expired = call(&brief, "/v1/admin/whoami", whoami()).await;
+    assert_eq!(
+        expired.status,
+        StatusCode::UNAUTHORIZED,
+        "idle past its 1 s"
+    );
+    assert_eq!(
+        expired.header("content-type"),
+        Some("application/problem+json")
+    );
+
+    // With the console off there is no sign-in, and no cookie counts.
+    let off = idempotency_service::build_router(idempotency_service::AppState {
+        store: store.clone(),
+        tokens: Arc::new(crate::support::tokens()),
+        metrics: None,
+        retry_after: Duration::from_secs(1),
+        admin_tokens: Arc::new(crate::support::admin_tokens()),
+        reconciled: Arc::new(idempotency_service::Reconciled::in_memory()),
+        console: false,
+        console_sessions: Arc::new(idempotency_service::ConsoleSessions::default()),
+    });
+    let no_sign_in = idempotency_tests::call(
+        &off,
+        with_headers(
+            Method::POST,
+            "/v1/admin/session",
+            &[("authorization", &bearer)],
+        ),
+    )
+    .await;
+    assert_eq!(no_sign_in.status, StatusCode::NOT_FOUND);
+}
+
 /// The status code and body of a `GET` over a raw connection.
 async fn http_get(address: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -137,6 +402,32 @@ async fn complete_with_a_card(store: &AnyStore, key: &str) {
     store.complete(&lease, &response).await.unwrap();
 }
 
+/// Leaves `key` of `scope` abandoned after a `POST` to `path`.
+async fn abandon(store: &AnyStore, scope: &str, key: &str, path: &str) {
+    use idempotency_guard::store::{Claim, LeaseToken, NewRecord};
+    let new = NewRecord {
+        scope: names::scope(scope),
+        key: names::key(key),
+        fingerprint: &crate::support::FP,
+        method: "POST",
+        path,
+        token: LeaseToken::new(),
+        lease: Duration::from_secs(60),
+        retention: Duration::from_secs(3600),
+        transactional: false,
+    };
+    let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
+        panic!("{key} was already claimed");
+    };
+    store.renew(&lease, Duration::ZERO).await.unwrap();
+}
+
+/// A scope whose records on [`SCAN_PATH`] come after 600 others: more
+/// than one listing request of the console's page (50) reads (500).
+const SCAN_SCOPE: &str = "tenant-scan";
+/// The route the console filters by in [`SCAN_SCOPE`].
+const SCAN_PATH: &str = "/payments";
+
 /// The audit lines (JSON logs) the service wrote to `log`.
 fn audit_lines(log: &Path) -> Vec<Value> {
     std::fs::read_to_string(log)
@@ -150,13 +441,40 @@ fn audit_lines(log: &Path) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
-    let tests = idempotency_tests::console_browser::dir();
     let dir = tempfile::tempdir().unwrap();
     let database_url = format!("sqlite://{}?mode=rwc", dir.path().join("s.db").display());
     let store = AnyStore::open(&StoreOptions::sql(&database_url))
         .await
         .unwrap();
     store.migrate().await.unwrap();
+    releases_in_a_browser(store, &[("DATABASE_URL", database_url.as_str())]).await;
+}
+
+/// The same on NATS JetStream (`STORE=nats`): the listing, release,
+/// reconcile and forget the console drives go through the NATS store's
+/// admin operations, on a fresh bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_releases_an_abandoned_key_in_a_real_browser_on_nats() {
+    let nats = idempotency_tests::nats().await;
+    let url = tokio::task::spawn_blocking(idempotency_tests::nats_server::nats_store_url)
+        .await
+        .unwrap();
+    releases_in_a_browser(
+        AnyStore::from(nats.store.clone()),
+        &[
+            ("STORE", "nats"),
+            ("NATS_URL", url.as_str()),
+            ("NATS_BUCKET", nats.store.bucket()),
+        ],
+    )
+    .await;
+}
+
+/// Seeds `store`, starts the service binary on it (`store_env` says
+/// which store), and drives the console in a browser.
+async fn releases_in_a_browser(store: AnyStore, store_env: &[(&str, &str)]) {
+    let tests = idempotency_tests::console_browser::dir();
+    let dir = tempfile::tempdir().unwrap();
 
     // The app: a guarded create-debit endpoint over the same store.
     let runs = Arc::new(AtomicUsize::new(0));
@@ -180,6 +498,14 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
             .body(Body::from(r#"{"amount":4200}"#))
             .unwrap()
     };
+    // A scope where a filter's matches come late (seeded first: the
+    // in-flight key below must still be in flight when the browser looks).
+    for n in 0..600 {
+        abandon(&store, SCAN_SCOPE, &format!("a-{n:04}"), "/refunds").await;
+    }
+    for n in 0..10 {
+        abandon(&store, SCAN_SCOPE, &format!("z-{n:04}"), SCAN_PATH).await;
+    }
     // What an incident leaves: a debit whose run lost its lease (outcome
     // unknown), a key holding markup, completed ones; and another
     // tenant's abandoned key.
@@ -205,12 +531,12 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
     let mut service = tokio::process::Command::new(BINARY)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATABASE_URL", &database_url)
+        .envs(store_env.iter().copied())
         .env("LISTEN", address.to_string())
         .env("TOKENS", "default scope-token-of-default-0123456789")
         .env(
             "ADMIN_TOKENS",
-            format!("ops default {ADMIN_A};bob tenant-b {ADMIN_B}"),
+            format!("ops default,{SCAN_SCOPE} {ADMIN_A};bob tenant-b {ADMIN_B}"),
         )
         .env("CONSOLE", "true")
         .env("RECONCILED_FILE", &reconciled)
@@ -249,6 +575,8 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
         .env("KEY", KEY)
         .env("XSS_KEY", XSS_KEY)
         .env("REASON", REASON)
+        .env("SCAN_SCOPE", SCAN_SCOPE)
+        .env("SCAN_PATH", SCAN_PATH)
         .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
         .kill_on_drop(true);
     if let Ok(shots) = std::env::var("CONSOLE_SCREENSHOTS") {
@@ -328,6 +656,18 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
         "{seen}"
     );
     assert!(seen["released"].as_str().unwrap().contains("Released"));
+    // The key's page lists the release among its decisions, as text.
+    let trail = &seen["trailAfterRelease"];
+    let rows = trail["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{trail}");
+    let cells = strings(&rows[0]);
+    assert!(cells[0].ends_with("UTC"), "when: {cells:?}");
+    assert_eq!(
+        cells[1..],
+        ["ops", "release", REASON, "deleted-abandoned"],
+        "who, what, why, result"
+    );
+    assert_eq!(trail["elements"], 0, "{trail}");
     assert_eq!(strings(&seen["needsAfter"]), [XSS_KEY]);
 
     // A completed debit's page: its stored answer, redacted.
@@ -413,6 +753,83 @@ async fn an_operator_releases_an_abandoned_key_in_a_real_browser() {
         marks.contains("customer confirmed one debit") && marks.contains("\"by\":\"ops\""),
         "the mark is kept in RECONCILED_FILE: {marks}"
     );
+
+    // Signed in, the page holds no token: the session is an HttpOnly,
+    // SameSite=Strict cookie the script cannot read.
+    assert_eq!(seen["tokenKept"], 0, "{seen}");
+    assert_eq!(seen["storageKeys"], serde_json::json!([]), "{seen}");
+    assert_eq!(seen["scriptCookies"], "", "{seen}");
+    assert_eq!(
+        seen["cookie"],
+        serde_json::json!({"httpOnly": true, "sameSite": "Strict", "secure": false, "path": "/v1/admin", "holdsToken": false}),
+        "{seen}"
+    );
+    // Replayed outside the browser, the cookie reads; its writes need the
+    // console's Origin (problem+json 403 without it).
+    let replay = &seen["replay"];
+    assert_eq!(replay["read"]["status"], 200, "{replay}");
+    for refused in ["foreign", "noOrigin"] {
+        assert_eq!(replay[refused]["status"], 403, "{refused}: {replay}");
+        assert_eq!(replay[refused]["type"], "application/problem+json");
+        assert!(
+            replay[refused]["body"]
+                .as_str()
+                .unwrap()
+                .contains("urn:idempotency:origin-refused"),
+            "{replay}"
+        );
+    }
+    assert_eq!(
+        replay["sameOrigin"]["status"], 404,
+        "the console's own Origin passes (the key does not exist): {replay}"
+    );
+    // Signed out: the server ended the session; the old cookie is refused.
+    let signed_out = &seen["signedOut"];
+    assert_eq!(signed_out["replay"]["status"], 401, "{signed_out}");
+    assert_eq!(
+        signed_out["replay"]["type"], "application/problem+json",
+        "{signed_out}"
+    );
+    assert_eq!(signed_out["cookieLeft"], false, "{signed_out}");
+
+    // The filtered list found its matches past 600 other records without
+    // a click, showed its progress, and said "nothing" only at the end.
+    let scan = &seen["scan"];
+    let expected: Vec<String> = (0..10).map(|n| format!("z-{n:04}")).collect();
+    assert_eq!(strings(&scan["needs"]), expected, "{scan}");
+    assert_eq!(scan["pagerButtons"], 0, "{scan}");
+    let needs_drawn = strings(&scan["drawn"]["needs"]);
+    assert!(
+        needs_drawn
+            .iter()
+            .all(|text| !text.contains("Nothing needs a decision")),
+        "{needs_drawn:?}"
+    );
+    assert!(
+        needs_drawn
+            .iter()
+            .any(|text| text.contains("Scanning… 500 records read, 0 matches so far")),
+        "a progress line while scanning: {needs_drawn:?}"
+    );
+    let rest_drawn = strings(&scan["drawn"]["rest"]);
+    let (last, before) = rest_drawn.split_last().unwrap();
+    assert_eq!(last, "No records.", "{rest_drawn:?}");
+    assert!(
+        before.iter().all(|text| text.starts_with("Scanning…")),
+        "only progress before the end: {rest_drawn:?}"
+    );
+    assert!(
+        before.iter().any(|text| text.contains("500 records read")),
+        "{rest_drawn:?}"
+    );
+
+    // On a phone, no page is wider than the screen.
+    let phone = &seen["phone"];
+    for page in ["login", "list", "scanList", "keyPage", "answerPage"] {
+        let width = phone[page].as_u64().unwrap_or_else(|| panic!("{phone}"));
+        assert!(width <= 375, "{page} is {width} px wide at 375: {phone}");
+    }
+    assert_eq!(phone["stacked"], true, "the key's columns stack: {phone}");
 
     // tenant-b's admin sees nothing of it.
     let other = &seen["other"];

@@ -21,9 +21,12 @@ api_suite!(postgres_api, idempotency_tests::postgres);
 api_suite!(sqlite_api, idempotency_tests::sqlite);
 api_suite!(redis_api, idempotency_tests::redis);
 api_suite!(tiered_api, idempotency_tests::tiered);
+api_suite!(nats_api, idempotency_tests::nats);
 
 admin_api!(postgres_admin, idempotency_tests::postgres);
 admin_api!(sqlite_admin, idempotency_tests::sqlite);
 admin_api!(redis_admin, idempotency_tests::redis);
 admin_api!(redis_cluster_admin, idempotency_tests::redis_cluster);
 admin_api!(tiered_admin, idempotency_tests::tiered);
+// NATS: the whole admin suite, the audit trail's tests included.
+admin_api!(nats_admin, idempotency_tests::nats);

@@ -35,8 +35,10 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
             "/v1/admin/keys",
             "/v1/admin/keys.csv",
             "/v1/admin/keys/{scope}/{key}",
+            "/v1/admin/keys/{scope}/{key}/decisions",
             "/v1/admin/keys/{scope}/{key}/reconcile",
             "/v1/admin/keys/{scope}/{key}/release",
+            "/v1/admin/session",
             "/v1/admin/whoami",
             "/v1/keys/lookup",
             "/v1/keys/{key}"
@@ -67,11 +69,11 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
     );
     assert_eq!(
         statuses("/v1/admin/keys/{scope}/{key}", "delete"),
-        ["200", "400", "401", "403", "404", "409", "503"]
+        ["200", "400", "401", "403", "404", "409", "422", "503"]
     );
     assert_eq!(
         statuses("/v1/admin/keys/{scope}/{key}/release", "post"),
-        ["200", "400", "401", "403", "404", "409", "503"]
+        ["200", "400", "401", "403", "404", "409", "422", "503"]
     );
     assert_eq!(
         statuses("/v1/admin/keys/{scope}/{key}", "get"),
@@ -79,7 +81,11 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
     );
     assert_eq!(
         statuses("/v1/admin/keys/{scope}/{key}/reconcile", "post"),
-        ["200", "400", "401", "403", "404", "409", "503"]
+        ["200", "400", "401", "403", "404", "409", "422", "503"]
+    );
+    assert_eq!(
+        statuses("/v1/admin/keys/{scope}/{key}/decisions", "get"),
+        ["200", "400", "401", "403", "503"]
     );
     assert_eq!(
         statuses("/v1/admin/keys.csv", "get"),
@@ -92,6 +98,30 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
         "the export is text/csv"
     );
     assert_eq!(statuses("/v1/admin/whoami", "get"), ["200", "401"]);
+    assert_eq!(statuses("/v1/admin/session", "post"), ["200", "401"]);
+    assert_eq!(
+        statuses("/v1/admin/session", "delete"),
+        ["204", "401", "403"]
+    );
+    // The console's session cookie is the other way in, but not into
+    // the sign-in (which takes the token).
+    for (path, method) in [
+        ("/v1/admin/keys", "get"),
+        ("/v1/admin/keys/{scope}/{key}/release", "post"),
+        ("/v1/admin/session", "delete"),
+    ] {
+        assert_eq!(
+            document()["paths"][path][method]["security"][1]["console_session"],
+            serde_json::json!([]),
+            "{method} {path}"
+        );
+    }
+    assert_eq!(
+        document()["paths"]["/v1/admin/session"]["post"]["security"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
     for (path, method) in [
         ("/v1/keys/{key}", "get"),
         ("/v1/keys/lookup", "post"),
@@ -102,6 +132,9 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
         ("/v1/admin/keys/{scope}/{key}", "delete"),
         ("/v1/admin/keys/{scope}/{key}/release", "post"),
         ("/v1/admin/keys/{scope}/{key}/reconcile", "post"),
+        ("/v1/admin/keys/{scope}/{key}/decisions", "get"),
+        ("/v1/admin/session", "post"),
+        ("/v1/admin/session", "delete"),
     ] {
         let operation = &document()["paths"][path][method];
         assert_eq!(
@@ -109,6 +142,18 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
             serde_json::json!([]),
             "{path} needs the bearer token"
         );
+        if path.starts_with("/v1/admin") && method != "get" {
+            let reason = operation["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == "reason")
+                .unwrap_or_else(|| panic!("{method} {path} takes a reason"));
+            assert_eq!(
+                reason["required"], true,
+                "{method} {path}: the reason is required"
+            );
+        }
         let problem =
             &operation["responses"]["401"]["content"]["application/problem+json"]["schema"]["$ref"];
         assert_eq!(problem, "#/components/schemas/Problem");
@@ -134,6 +179,8 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
         "AdminEvent",
         "AdminIdentity",
         "Reconciliation",
+        "AdminDecision",
+        "AdminTrail",
     ] {
         assert!(schemas.contains_key(name), "schema {name}");
     }

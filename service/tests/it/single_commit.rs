@@ -76,12 +76,12 @@ async fn a_key_held_by_its_lock_is_in_flight_for_status_lookup_and_admin() {
     for (method, path, template) in [
         (
             Method::DELETE,
-            "/v1/admin/keys/tenant-a/running?force=true",
+            "/v1/admin/keys/tenant-a/running?force=true&reason=stuck%20debit",
             "/v1/admin/keys/{scope}/{key}",
         ),
         (
             Method::POST,
-            "/v1/admin/keys/tenant-a/running/release",
+            "/v1/admin/keys/tenant-a/running/release?reason=stuck%20debit",
             "/v1/admin/keys/{scope}/{key}/release",
         ),
     ] {

@@ -52,6 +52,7 @@ pub(crate) fn router(store: AnyStore) -> Router {
         admin_tokens: Arc::new(admin_tokens()),
         reconciled: Arc::new(idempotency_service::Reconciled::in_memory()),
         console: true,
+        console_sessions: Arc::new(idempotency_service::ConsoleSessions::default()),
     })
 }
 

@@ -98,6 +98,8 @@ pub const RETRY_BUDGET: Duration = Duration::from_secs(4);
 /// How many times one operation reads and writes again after another
 /// write won the race for the record's revision.
 const RACE_ATTEMPTS: usize = 16;
+/// How many reads of one [`Store::get_many`] are in flight at once.
+const GET_MANY_IN_FLIGHT: usize = 64;
 /// How long a delete marker (a released or forgotten record) stays.
 const MARKER_TTL: &str = "1s";
 /// The oldest server with per-message TTL.
@@ -147,6 +149,16 @@ enum Slot {
     Marker(u64),
     /// A record (maybe past its retention).
     Record(Box<Stored>),
+}
+
+impl Slot {
+    /// The record, unless there is none or it is past its retention.
+    fn live(self) -> Option<Record> {
+        match self {
+            Slot::Record(stored) if !stored.record.is_expired() => Some(stored.record),
+            _ => None,
+        }
+    }
 }
 
 /// How a write ended.
@@ -409,10 +421,30 @@ impl Store for NatsStore {
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        Ok(match self.read(scope, key, self.deadline()).await? {
-            Slot::Record(stored) if !stored.record.is_expired() => Some(stored.record),
-            _ => None,
-        })
+        Ok(self.read(scope, key, self.deadline()).await?.live())
+    }
+
+    /// Reads the keys from the leader [`GET_MANY_IN_FLIGHT`] at a time,
+    /// within one retry budget: a status lookup of 1000 keys is not 1000
+    /// round trips one after the other.
+    async fn get_many(
+        &self,
+        scope: &Scope,
+        keys: &[IdempotencyKey],
+    ) -> Result<Vec<Option<Record>>, StoreError> {
+        use futures_util::{StreamExt as _, TryStreamExt as _};
+        let deadline = self.deadline();
+        // Made up front (they start when polled): a closure in the stream
+        // would not be `Send` for every lifetime of its key.
+        let reads: Vec<_> = keys
+            .iter()
+            .map(|key| self.read(scope, key, deadline))
+            .collect();
+        let slots: Vec<Slot> = futures_util::stream::iter(reads)
+            .buffered(GET_MANY_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        Ok(slots.into_iter().map(Slot::live).collect())
     }
 
     fn events(&self) -> &RecordEvents {
