@@ -451,6 +451,7 @@ impl<S: Store> Engine<S> {
             recorded,
             unsupported,
         );
+        let steps = run.clone();
         let context = RunContext {
             lease: Some(Arc::clone(&lease)),
             slot: slot.clone(),
@@ -465,6 +466,18 @@ impl<S: Store> Engine<S> {
                 futures_util::future::Either::Left(AssertUnwindSafe(future).catch_unwind())
             }
             Err(panic) => futures_util::future::Either::Right(std::future::ready(Err(panic))),
+        };
+        // A run that fails once the record holds steps ends its lease
+        // (the key abandoned, resumable) instead of releasing the key:
+        // a release would delete the steps, and a retry would run them
+        // again.
+        let work = async move {
+            match work.await {
+                Ok(Settle::Release { reply, .. }) if steps.holds_steps() => {
+                    Ok(Settle::Abandon { reply })
+                }
+                other => other,
+            }
         };
         #[cfg(feature = "otel")]
         let work =

@@ -191,6 +191,17 @@ impl<S: Store> Steps for EngineSteps<S> {
 }
 
 impl Run {
+    /// Whether the key's record holds steps (this run's or a resumed
+    /// run's; a step running counts): a failed run then ends its lease
+    /// rather than release the key, which would delete them and run them
+    /// again (`model/resume.pml`'s control `release-drops-steps`).
+    pub(crate) fn holds_steps(&self) -> bool {
+        self.inner
+            .log()
+            .try_lock()
+            .map_or(true, |log| !log.steps.is_empty())
+    }
+
     /// The handle of a run holding `lease` (or unguarded, `None`), resuming
     /// `recorded` steps.
     pub(super) fn new<S: Store>(

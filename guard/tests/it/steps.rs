@@ -41,6 +41,7 @@ macro_rules! steps_suite {
                 resume_without_steps_runs_again,
                 steps_are_sealed_in_an_encrypted_store,
                 a_step_inside_a_step_is_refused,
+                a_run_that_fails_after_a_step_keeps_it_instead_of_releasing,
             );
         }
     };
@@ -666,4 +667,68 @@ async fn a_step_on_nats_fails_clearly_until_it_keeps_steps() {
     );
     let record = db.store.get(&job.scope, &job.key).await.unwrap().unwrap();
     assert_eq!(record.state(), RecordState::Abandoned);
+}
+
+/// A run that fails (it would release the key) once the record holds a
+/// step ends its lease instead: a release would delete the step and run it
+/// again (the model's control `release-drops-steps`). The retry resumes
+/// with the step recorded; a run with no step still releases.
+pub(crate) async fn a_run_that_fails_after_a_step_keeps_it_instead_of_releasing<S: Store>(
+    db: TestDb<S>,
+) {
+    let engine = Engine::new(db.store.clone()).with_abandoned(AbandonedPolicy::Resume);
+    let job = Job::new(scope(), key("fails"), Fingerprint::of_bytes(b"debit 7"));
+    let ran = Ran::default();
+    let first = ran.clone();
+    let answer = engine
+        .run(job.clone(), move |run| async move {
+            let _: u32 = run
+                .step("reserve", || async {
+                    first.hit(0);
+                    7
+                })
+                .await
+                .unwrap();
+            Settle::Release {
+                reply: "psp down",
+                keep_writes: false,
+            }
+        })
+        .await;
+    assert!(matches!(answer, Answer::Ran { reply: "psp down", .. }), "{answer:?}");
+    let record = db.store.get(&job.scope, &job.key).await.unwrap().unwrap();
+    assert_eq!(record.state(), RecordState::Abandoned, "kept, not released");
+    assert_eq!(record.steps.len(), 1);
+
+    let second = ran.clone();
+    let answer = engine
+        .run(job.clone(), move |run| async move {
+            let reserved: u32 = run
+                .step("reserve", || async {
+                    second.hit(0);
+                    0
+                })
+                .await
+                .unwrap();
+            Settle::Complete {
+                response: StoredResponse::from_bytes(reserved.to_string()),
+                reply: reserved,
+            }
+        })
+        .await;
+    assert!(matches!(answer, Answer::Ran { reply: 7, .. }), "{answer:?}");
+    assert_eq!(ran.count(0), 1, "the recorded step never ran again");
+
+    // No step recorded: a failure releases the key, as before.
+    let plain = Job::new(scope(), key("plain"), Fingerprint::of_bytes(b"debit 8"));
+    let answer = engine
+        .run(plain.clone(), |_run| async {
+            Settle::Release {
+                reply: (),
+                keep_writes: false,
+            }
+        })
+        .await;
+    assert!(matches!(answer, Answer::Ran { .. }), "{answer:?}");
+    assert!(db.store.get(&plain.scope, &plain.key).await.unwrap().is_none());
 }

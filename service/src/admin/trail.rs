@@ -338,6 +338,7 @@ mod tests {
             observed_at: now,
             response: None,
             transactional: false,
+            steps: Vec::new(),
         };
         assert_eq!(retention_for(Some(&record)), TRAIL_RETENTION);
         record.expires_at = now + time::Duration::days(800);
