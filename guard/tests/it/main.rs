@@ -23,6 +23,7 @@ mod guard_suite;
 mod engine_suite;
 mod body_budget;
 mod cancellation;
+mod completion_time;
 mod completion_outage;
 mod cross_process;
 #[macro_use]
