@@ -23,8 +23,8 @@ mod guard_suite;
 mod engine_suite;
 mod body_budget;
 mod cancellation;
-mod completion_time;
 mod completion_outage;
+mod completion_time;
 mod cross_process;
 #[macro_use]
 mod encrypted;
