@@ -24,6 +24,7 @@ mod engine_suite;
 mod body_budget;
 mod cancellation;
 mod completion_outage;
+mod completion_time;
 mod cross_process;
 #[macro_use]
 mod encrypted;
