@@ -695,7 +695,16 @@ pub(crate) async fn a_run_that_fails_after_a_step_keeps_it_instead_of_releasing<
             }
         })
         .await;
-    assert!(matches!(answer, Answer::Ran { reply: "psp down", .. }), "{answer:?}");
+    assert!(
+        matches!(
+            answer,
+            Answer::Ran {
+                reply: "psp down",
+                ..
+            }
+        ),
+        "{answer:?}"
+    );
     let record = db.store.get(&job.scope, &job.key).await.unwrap().unwrap();
     assert_eq!(record.state(), RecordState::Abandoned, "kept, not released");
     assert_eq!(record.steps.len(), 1);
@@ -730,5 +739,11 @@ pub(crate) async fn a_run_that_fails_after_a_step_keeps_it_instead_of_releasing<
         })
         .await;
     assert!(matches!(answer, Answer::Ran { .. }), "{answer:?}");
-    assert!(db.store.get(&plain.scope, &plain.key).await.unwrap().is_none());
+    assert!(
+        db.store
+            .get(&plain.scope, &plain.key)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
