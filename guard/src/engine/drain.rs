@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// Waits, on shutdown, for every run an engine started (and the background
@@ -23,19 +22,12 @@ use tokio_util::task::TaskTracker;
 #[derive(Debug, Clone)]
 pub struct Drain {
     tracker: TaskTracker,
-    /// Cancelled when the drain begins: the tasks that follow claims of
-    /// unknown fate stop (see `release.rs`).
-    stopping: CancellationToken,
     bound: Duration,
 }
 
 impl Drain {
-    pub(super) fn new(tracker: TaskTracker, stopping: CancellationToken, bound: Duration) -> Self {
-        Self {
-            tracker,
-            stopping,
-            bound,
-        }
+    pub(super) fn new(tracker: TaskTracker, bound: Duration) -> Self {
+        Self { tracker, bound }
     }
 
     /// How many runs (and their background tasks) are still going.
@@ -46,13 +38,9 @@ impl Drain {
     /// Waits until every run has ended, at most the maximum handler time
     /// plus the completion retry window (and two store timeouts for the
     /// last writes); returns whether all
-    /// ended. Runs started meanwhile are waited for too. A claim the engine
-    /// still follows past its window of releases (sent, never answered, see
-    /// the engine's docs) is left at once: it lapses into abandoned if it
-    /// landed, as a stopped process's claim does.
+    /// ended. Runs started meanwhile are waited for too.
     pub async fn wait(self) -> bool {
         self.tracker.close();
-        self.stopping.cancel();
         let ended = tokio::time::timeout(self.bound, self.tracker.wait())
             .await
             .is_ok();

@@ -204,8 +204,6 @@ struct Inner<S> {
     tracker: TaskTracker,
     /// The claims of unknown fate its background tasks follow.
     followed: release::Followed,
-    /// Cancelled when a drain begins (those tasks stop).
-    stopping: tokio_util::sync::CancellationToken,
     cache: Option<Arc<ReplayCacheHandle>>,
     metrics: Arc<MetricHandles>,
 }
@@ -237,7 +235,6 @@ impl<S: Store> Engine<S> {
                 config: EngineConfig::default(),
                 tracker: TaskTracker::new(),
                 followed: release::Followed::default(),
-                stopping: tokio_util::sync::CancellationToken::new(),
                 cache: None,
                 metrics: Arc::default(),
             }),
@@ -267,7 +264,6 @@ impl<S: Store> Engine<S> {
     pub fn drain(&self) -> Drain {
         Drain::new(
             self.inner.tracker.clone(),
-            self.inner.stopping.clone(),
             self.inner.config.max_handler_time
                 + self.inner.config.completion_retry_window
                 + 2 * self.inner.config.store_timeout,

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::Engine;
 use crate::fingerprint::Fingerprint;
@@ -184,12 +184,11 @@ impl Drop for FollowedSlot {
     }
 }
 
-/// What a background task that follows a claim needs of the engine,
-/// cloned out of it.
+/// What a background task needs of the engine (its clones, not the engine:
+/// the task outlives no setting it copies).
 struct Follower<S> {
     store: S,
-    /// Cancelled when the engine drains.
-    stopping: CancellationToken,
+    tracker: TaskTracker,
     timeout: Duration,
 }
 
@@ -220,37 +219,7 @@ impl<S: Store> Follower<S> {
     /// process's does), nor past the claim's retention (its record, if any,
     /// no longer holds the key).
     fn goes_on(&self, until: Instant) -> bool {
-        !self.stopping.is_cancelled() && Instant::now() < until
-    }
-
-    /// `future`'s output, or `None` when the engine drains first.
-    async fn unless_stopping<F: std::future::Future>(&self, future: F) -> Option<F::Output> {
-        tokio::select! {
-            () = self.stopping.cancelled() => None,
-            output = future => Some(output),
-        }
-    }
-
-    /// Pauses for `pause` (unless the engine drains), and doubles it up to
-    /// [`MAX_FATE_PAUSE`].
-    async fn back_off(&self, pause: &mut Duration) {
-        self.unless_stopping(tokio::time::sleep(*pause)).await;
-        *pause = (*pause * 2).min(MAX_FATE_PAUSE);
-    }
-
-    /// A store call under the store timeout; `None` when it failed, timed
-    /// out or the engine drained first.
-    async fn ask<R>(
-        &self,
-        call: impl std::future::Future<Output = Result<R, StoreError>>,
-    ) -> Option<Result<R, StoreError>> {
-        match self
-            .unless_stopping(tokio::time::timeout(self.timeout, call))
-            .await
-        {
-            Some(Ok(answer)) => Some(answer),
-            Some(Err(_)) | None => None,
-        }
+        !self.tracker.is_closed() && Instant::now() < until
     }
 
     /// Asks the store, until it answers, whether it holds `claim`: the
@@ -261,25 +230,29 @@ impl<S: Store> Follower<S> {
         let mut pause = RELEASE_PAUSE;
         while self.goes_on(until) {
             if let Some(previous) = claim.previous {
-                match self.ask(self.store.take_over(previous, &new)).await {
-                    Some(Ok(Some(_))) => return Some(Fate::Ours),
+                match tokio::time::timeout(self.timeout, self.store.take_over(previous, &new)).await
+                {
+                    Ok(Ok(Some(_))) => return Some(Fate::Ours),
                     // Taken over already (perhaps by the first try), or
                     // changed: the claim below reads what holds the key.
-                    Some(Ok(None)) => {}
-                    Some(Err(_)) | None => {
-                        self.back_off(&mut pause).await;
+                    Ok(Ok(None)) => {}
+                    Ok(Err(_)) | Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(MAX_FATE_PAUSE);
                         continue;
                     }
                 }
             }
-            match self.ask(self.store.claim(&new)).await {
-                Some(Ok(Claim::Acquired(_))) => return Some(Fate::Ours),
-                Some(Ok(Claim::Existing(record))) if record.lease_token == claim.token => {
+            match tokio::time::timeout(self.timeout, self.store.claim(&new)).await {
+                Ok(Ok(Claim::Acquired(_))) => return Some(Fate::Ours),
+                Ok(Ok(Claim::Existing(record))) if record.lease_token == claim.token => {
                     return Some(Fate::Ours);
                 }
-                Some(Ok(Claim::Existing(_))) => return Some(Fate::NotOurs),
-                Some(Err(_)) | None => self.back_off(&mut pause).await,
+                Ok(Ok(Claim::Existing(_))) => return Some(Fate::NotOurs),
+                Ok(Err(_)) | Err(_) => {}
             }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_FATE_PAUSE);
         }
         None
     }
@@ -288,17 +261,19 @@ impl<S: Store> Follower<S> {
     async fn release(&self, lease: &Lease, until: Instant) -> bool {
         let mut pause = RELEASE_PAUSE;
         while self.goes_on(until) {
-            match self.ask(self.store.release(lease)).await {
-                Some(Ok(())) => {
+            match tokio::time::timeout(self.timeout, self.store.release(lease)).await {
+                Ok(Ok(())) => {
                     self.store
                         .events()
                         .publish(lease.scope.as_str(), lease.key.as_str());
                     return true;
                 }
                 // Taken over since (its lease lapsed): no longer ours.
-                Some(Err(StoreError::LeaseLost)) => return true,
-                Some(Err(_)) | None => self.back_off(&mut pause).await,
+                Ok(Err(StoreError::LeaseLost)) => return true,
+                Ok(Err(_)) | Err(_) => {}
             }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_FATE_PAUSE);
         }
         false
     }
@@ -308,7 +283,7 @@ impl<S: Store> Engine<S> {
     fn follower(&self) -> Follower<S> {
         Follower {
             store: self.inner.store.clone(),
-            stopping: self.inner.stopping.clone(),
+            tracker: self.inner.tracker.clone(),
             timeout: self.inner.config.store_timeout,
         }
     }
@@ -339,7 +314,7 @@ impl<S: Store> Engine<S> {
             };
             if !settled {
                 tracing::warn!(
-                    "the engine drained (or the claim's retention ended) before the store answered about a claim of unknown fate: it lapses into abandoned if it landed"
+                    "shutdown before the store answered about a claim of unknown fate: it lapses into abandoned if it landed"
                 );
             }
         });
