@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::cache::{Hit, lives};
-use super::release::{PendingClaim, SentClaim};
+use super::release::PendingClaim;
 // `claim::Acquired` is where the engine (and its docs) name it.
 pub(super) use super::transaction::Acquired;
 use super::{Answer, Engine, Job, Refusal};
@@ -75,7 +75,7 @@ impl<S: Store> Engine<S> {
                     return Acquired::Lease(new.lease());
                 }
                 Ok(Claim::Existing(record)) => *record,
-                Err(error) => return self.sent_and_failed(&new, None, "claim", error),
+                Err(error) => return self.sent_and_failed(&new, "claim", error),
             };
             // Decide about the record, waiting for it where the policy waits.
             loop {
@@ -122,7 +122,7 @@ impl<S: Store> Engine<S> {
                         }
                     }
                     Decision::TakeOver => {
-                        let pending = PendingClaim::arm(self, &new, Some(record.lease_token));
+                        let pending = PendingClaim::arm(self, &new);
                         let taken = Box::pin(self.timed(
                             "take_over",
                             self.inner.store.take_over(record.lease_token, &new),
@@ -136,14 +136,7 @@ impl<S: Store> Engine<S> {
                             // Changed meanwhile (perhaps by this very takeover,
                             // retried): claim again, which recognizes our token.
                             Ok(None) => break,
-                            Err(error) => {
-                                return self.sent_and_failed(
-                                    &new,
-                                    Some(record.lease_token),
-                                    "take_over",
-                                    error,
-                                );
-                            }
+                            Err(error) => return self.sent_and_failed(&new, "take_over", error),
                         }
                     }
                 }
@@ -212,26 +205,23 @@ impl<S: Store> Engine<S> {
     /// The claim as a committed record (every mode but single-commit),
     /// released in the background if the caller goes away meanwhile.
     pub(super) async fn claim_committed(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
-        let pending = PendingClaim::arm(self, new, None);
+        let pending = PendingClaim::arm(self, new);
         let claimed = self.timed("claim", self.inner.store.claim(new)).await;
         pending.disarm();
         claimed
     }
 
-    /// A claim (or a takeover of the record holding `previous`) failed
-    /// after it may have been sent: it may have landed (a reply lost, a
-    /// commit whose answer never came) or may still land (queued behind a
-    /// lock, a commit waiting for a synchronous standby). Follow it to its
-    /// end and free the key if it landed.
+    /// A claim or takeover failed after it may have been sent: it may have
+    /// landed (a reply lost, a commit whose answer never came) or may still
+    /// land (queued behind a lock). Free the key if it did.
     fn sent_and_failed<T>(
         &self,
         new: &NewRecord<'_>,
-        previous: Option<LeaseToken>,
         operation: &str,
         error: StoreError,
     ) -> Acquired<T> {
         tracing::warn!(error = %error, operation, "idempotency store failed; releasing the claim in case it landed");
-        self.follow_in_background(SentClaim::new(new, previous));
+        self.release_in_background(std::sync::Arc::new(new.lease()));
         Acquired::StoreFailed
     }
 

@@ -38,15 +38,12 @@
 //! 1. **Claim** (`claim.rs`, `release.rs`): one atomic store operation with a fresh lease
 //!    token, sent from the caller's own future, armed with a guard: if the
 //!    caller goes away before the claim's answer comes back, the guard hands
-//!    the claim to a background task that releases it (fenced) for twice the
-//!    store timeout, in case the claim landed or still lands; then, unless a
-//!    release found it, sends the same claim again (same token) until the
-//!    store answers, which waits behind a claim still on its way in the
-//!    store (a commit waiting for a synchronous standby), and releases it if
-//!    the store holds it. The same happens when the claim (or a takeover)
-//!    fails or times out. A record already carrying the token is the
-//!    request's own claim (a client library retried it after losing the
-//!    reply), so it counts as acquired. A claim never ends owned by nobody.
+//!    the token to a background task that releases it (fenced) for twice the
+//!    store timeout, in case the claim landed or still lands. The same
+//!    happens when the claim (or a takeover) fails or times out. A record
+//!    already carrying the token is the request's own claim (a client
+//!    library retried it after losing the reply), so it counts as acquired.
+//!    A claim never ends owned by nobody.
 //! 2. **Decide** (`decision::decide`, a pure function) on an existing record:
 //!    replay, refuse, wait for it, or take it over (atomically, fenced by
 //!    the previous token).
@@ -202,8 +199,6 @@ struct Inner<S> {
     store: S,
     config: EngineConfig,
     tracker: TaskTracker,
-    /// The claims of unknown fate its background tasks follow.
-    followed: release::Followed,
     cache: Option<Arc<ReplayCacheHandle>>,
     metrics: Arc<MetricHandles>,
 }
@@ -234,7 +229,6 @@ impl<S: Store> Engine<S> {
                 store,
                 config: EngineConfig::default(),
                 tracker: TaskTracker::new(),
-                followed: release::Followed::default(),
                 cache: None,
                 metrics: Arc::default(),
             }),
