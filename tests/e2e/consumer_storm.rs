@@ -437,15 +437,27 @@ async fn storm(broker: Broker, mode: &str, records: Records) -> Outcome {
     // The last life drains.
     let mut last = start(0);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    // The keys parked so far: read from RabbitMQ's parking queue as they
+    // come (reading takes them out), from JetStream's stream again each time.
+    let mut parked_seen: Vec<String> = Vec::new();
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let effects: i64 = sqlx::query_scalar("select count(distinct key) from storm_effects")
-            .fetch_one(&pool)
+        let applied: Vec<String> = sqlx::query_scalar("select distinct key from storm_effects")
+            .fetch_all(&pool)
             .await
             .unwrap();
-        let parked = line.set_aside_count("parked").await;
-        let settled = usize::try_from(effects).unwrap() + parked;
-        if settled >= messages && line.outstanding().await == 0 {
+        if line.set_aside_count("parked").await > 0 {
+            parked_seen.extend(line.set_aside("parked").await);
+            parked_seen.sort();
+            parked_seen.dedup();
+        }
+        // A key both applied and parked (its effect ran, then its consumer
+        // died before the completion) counts once; so do two parked copies.
+        // RabbitMQ's count leaves out the messages a consumer holds
+        // unacknowledged: the union is what says every message was seen to.
+        let settled: HashSet<&String> = applied.iter().chain(&parked_seen).collect();
+        let (effects, parked) = (applied.len(), parked_seen.len());
+        if settled.len() >= messages && line.outstanding().await == 0 {
             // Let requeued copies come back and be answered.
             tokio::time::sleep(Duration::from_secs(3)).await;
             if line.outstanding().await == 0 {
@@ -478,7 +490,8 @@ async fn storm(broker: Broker, mode: &str, records: Records) -> Outcome {
          ({:.2}x), longest pause between two effects {longest_pause:.2} s",
         if p90 > 0.0 { p100 / p90 } else { 0.0 }
     );
-    let mut parked = line.set_aside("parked").await;
+    let mut parked = parked_seen;
+    parked.extend(line.set_aside("parked").await);
     // A key parked twice (two copies of one abandoned message) counts once.
     parked.sort();
     parked.dedup();

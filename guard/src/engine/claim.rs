@@ -213,7 +213,8 @@ impl<S: Store> Engine<S> {
 
     /// A claim or takeover failed after it may have been sent: it may have
     /// landed (a reply lost, a commit whose answer never came) or may still
-    /// land (queued behind a lock). Free the key if it did.
+    /// land (queued behind a lock, a commit waiting for a synchronous
+    /// standby). Follow it to its end and free the key if it landed.
     fn sent_and_failed<T>(
         &self,
         new: &NewRecord<'_>,
@@ -221,7 +222,7 @@ impl<S: Store> Engine<S> {
         error: StoreError,
     ) -> Acquired<T> {
         tracing::warn!(error = %error, operation, "idempotency store failed; releasing the claim in case it landed");
-        self.release_in_background(std::sync::Arc::new(new.lease()));
+        self.follow_in_background(new);
         Acquired::StoreFailed
     }
 

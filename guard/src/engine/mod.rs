@@ -39,7 +39,10 @@
 //!    token, sent from the caller's own future, armed with a guard: if the
 //!    caller goes away before the claim's answer comes back, the guard hands
 //!    the token to a background task that releases it (fenced) for twice the
-//!    store timeout, in case the claim landed or still lands. The same
+//!    store timeout, in case the claim landed or still lands; then, unless a
+//!    release found it, waits until the store says no write of the claim can
+//!    still land (`Store::settle`: PostgreSQL waits behind a commit still
+//!    waiting for a synchronous standby) and releases it once more. The same
 //!    happens when the claim (or a takeover) fails or times out. A record
 //!    already carrying the token is the request's own claim (a client
 //!    library retried it after losing the reply), so it counts as acquired.
@@ -199,6 +202,8 @@ struct Inner<S> {
     store: S,
     config: EngineConfig,
     tracker: TaskTracker,
+    /// The claims of unknown fate its background tasks follow.
+    followed: release::Followed,
     cache: Option<Arc<ReplayCacheHandle>>,
     metrics: Arc<MetricHandles>,
 }
@@ -229,6 +234,7 @@ impl<S: Store> Engine<S> {
                 store,
                 config: EngineConfig::default(),
                 tracker: TaskTracker::new(),
+                followed: release::Followed::default(),
                 cache: None,
                 metrics: Arc::default(),
             }),

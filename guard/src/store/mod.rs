@@ -318,6 +318,31 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// [`StoreError::LeaseLost`] when the record no longer holds `lease`.
     fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Waits (at most `wait`) until no claim or takeover carrying `lease`'s
+    /// token, sent earlier and never answered, can still land in the store;
+    /// writes nothing. The engine calls it before its last release of such
+    /// a claim (`engine/release.rs`), so a claim that lands late is freed,
+    /// never stranded.
+    ///
+    /// The default answers at once: a write to this store is decided once
+    /// it was answered or lost, and the engine's releases during twice the
+    /// store timeout cover one still on its way. PostgreSQL overrides it: a
+    /// commit waiting for a synchronous standby stays invisible for as long
+    /// as the standby does not answer, and `settle` waits behind it.
+    ///
+    /// # Errors
+    ///
+    /// Any [`StoreError`] when the store did not answer within `wait`: the
+    /// engine asks again.
+    fn settle(
+        &self,
+        lease: &Lease,
+        wait: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (lease, wait);
+        std::future::ready(Ok(()))
+    }
+
     /// Reads the record of `(scope, key)`, if any (expired ones included).
     fn get(
         &self,

@@ -202,6 +202,10 @@ impl<C: RecordCache> Store for TieredStore<C> {
         Ok(())
     }
 
+    async fn settle(&self, lease: &Lease, wait: Duration) -> Result<(), StoreError> {
+        self.postgres.settle(lease, wait).await
+    }
+
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         if let Some(record) = self.cached_completed(scope, key).await {
             return Ok(Some(record));

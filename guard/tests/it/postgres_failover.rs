@@ -404,14 +404,17 @@ async fn with_a_synchronous_standby_cut_off_claims_fail_closed() {
     assert_eq!(runs.of("refused"), 1);
 }
 
-/// What a synchronous standby cannot save: a claim whose commit waited for
-/// it longer than the engine's background release keeps trying (twice the
-/// store timeout) lands after nobody is left to release it. The key then
-/// reads in flight until the lease (counted from the claim) lapses, and
-/// `outcome-unknown` after, although the work never ran (on a single server `statement_timeout` ends such a
-/// claim within the window; the wait for a standby it does not end).
+/// A claim whose commit waits for the synchronous standby longer than the
+/// engine's window of background releases (twice the store timeout): the
+/// release finds nothing (the commit is invisible while it waits), so the
+/// engine follows the claim past the window: the store's `settle` waits
+/// behind the commit on the key's unique index (an insert rolled back,
+/// never a claim of its own). When the standby is back the claim lands,
+/// `settle` answers, and the last release frees it: nothing is
+/// left in flight or `outcome-unknown`, and the retry runs the work once,
+/// with no person deciding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_claim_that_waited_for_the_standby_past_the_release_window_is_stranded() {
+async fn a_claim_that_waited_for_the_standby_past_the_release_window_is_released() {
     let pair = ReplicatedPostgres::start(Commit::Synchronous).await;
     let runs = Runs::default();
     let store = store(&pair.primary_url()).await;
@@ -420,23 +423,39 @@ async fn a_claim_that_waited_for_the_standby_past_the_release_window_is_stranded
     pair.wait_replayed().await;
 
     pair.cut_link();
-    assert!(is_unavailable(&run(&app, &runs, "stranded").await));
-    // Longer than the lease too, so the key reads abandoned at once below.
+    assert!(is_unavailable(&run(&app, &runs, "late").await));
+    // Longer than the window and than the lease: without the engine
+    // following the claim, it would land abandoned (`outcome-unknown`).
     tokio::time::sleep(LEASE + Duration::from_secs(5)).await;
+    assert!(
+        app.drain().running() > 0,
+        "a task still owns the claim whose fate is unknown"
+    );
     pair.heal_link();
-    eventually("the late claim lands", || async {
-        store
-            .get(names::scope(SCOPE), names::key("stranded"))
-            .await
-            .is_ok_and(|r| r.is_some())
+    eventually("no commit waits for the standby any more", || async {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from pg_stat_activity where wait_event = 'SyncRep'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .is_ok_and(|waiting| waiting == 0)
     })
     .await;
-    // Its lease was counted from the claim's statement, 16 s ago: lapsed.
-    assert!(matches!(
-        refusal(&run(&app, &runs, "stranded").await),
-        Some(Refusal::OutcomeUnknown { .. })
-    ));
-    assert_eq!(runs.of("stranded"), 0, "the work never ran");
+    eventually(
+        "the task that owned the claim released it and ended",
+        || async {
+            app.drain().running() == 0
+                && store
+                    .get(names::scope(SCOPE), names::key("late"))
+                    .await
+                    .is_ok_and(|r| r.is_none())
+        },
+    )
+    .await;
+    assert_eq!(runs.of("late"), 0, "the work never ran");
+    assert_eq!(ran(&run(&app, &runs, "late").await), Some(Settled::Stored));
+    assert!(matches!(run(&app, &runs, "late").await, Answer::Replay(_)));
+    assert_eq!(runs.of("late"), 1, "the retry ran the work once");
 }
 
 /// The two transactional modes, each a failover test of its own: a

@@ -547,6 +547,10 @@ impl Store for Backend {
         on_backend!(self, store => Box::pin(store.release(lease)).await)
     }
 
+    async fn settle(&self, lease: &Lease, wait: Duration) -> Result<(), StoreError> {
+        on_backend!(self, store => Box::pin(store.settle(lease, wait)).await)
+    }
+
     async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
         on_backend!(self, store => Box::pin(store.record_steps(lease, steps)).await)
     }
@@ -591,6 +595,10 @@ impl Store for AnyStore {
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         on_store!(self, store => store.release(lease).await)
+    }
+
+    async fn settle(&self, lease: &Lease, wait: Duration) -> Result<(), StoreError> {
+        on_store!(self, store => store.settle(lease, wait).await)
     }
 
     async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {

@@ -251,6 +251,10 @@ impl<S: BatchedStore> Store for Batched<S> {
         self.direct.release(lease).await
     }
 
+    async fn settle(&self, lease: &Lease, wait: Duration) -> Result<(), StoreError> {
+        self.direct.settle(lease, wait).await
+    }
+
     async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
         self.direct.record_steps(lease, steps).await
     }

@@ -344,6 +344,10 @@ impl<S: Store> Store for EncryptedStore<S> {
         self.inner.release(lease).await
     }
 
+    async fn settle(&self, lease: &Lease, wait: Duration) -> Result<(), StoreError> {
+        self.inner.settle(lease, wait).await
+    }
+
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.inner
             .get(scope, key)

@@ -132,6 +132,17 @@ pub const NOTIFY_CHANNEL: &str = "idempotency_records";
 
 const NOTIFY: &str = "select pg_notify($1, $2)";
 
+/// [`Store::settle`]'s probe, in a transaction always rolled back: an
+/// insert of the key that conflicts with, and so waits behind, a claim or
+/// takeover of it still in progress (a commit waiting for a synchronous
+/// standby). `do update … where false` locks a committed row without
+/// changing it; the insert of a key that has no row is rolled back.
+const SETTLE: &str = "insert into idempotency_records
+        (scope, key, fingerprint, method, path, state, lease_token, lease_expires_at,
+         transactional, created_at, expires_at)
+    values ($1, $2, $3, '', '', 'in_flight', $4, now(), false, now(), now())
+    on conflict (scope, key) do update set state = idempotency_records.state where false";
+
 /// Aborts the `LISTEN` task when the last clone of the store is dropped.
 #[derive(Debug)]
 struct Listener(tokio::task::AbortHandle);
@@ -486,6 +497,25 @@ impl Store for PostgresRecords {
         let result = lease_query(RELEASE, lease).execute(&self.pool).await?;
         fenced(result.rows_affected())?;
         self.notify(&self.pool, lease).await
+    }
+
+    /// Waits behind a claim or takeover of the key still in progress (see
+    /// [`SETTLE`]), for at most `wait` (`lock_timeout`).
+    async fn settle(&self, lease: &Lease, wait: Duration) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("select set_config('lock_timeout', $1, true)")
+            .bind(format!("{}ms", millis(wait).max(1)))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(SETTLE)
+            .bind(lease.scope.as_str())
+            .bind(lease.key.as_str())
+            .bind([0_u8; 32].as_slice())
+            .bind(lease.token.as_uuid())
+            .execute(&mut *tx)
+            .await?;
+        tx.rollback().await?;
+        Ok(())
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
