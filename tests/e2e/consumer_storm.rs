@@ -24,7 +24,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
     QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
@@ -241,34 +241,21 @@ impl Line {
                 connection, queue, ..
             } => {
                 let from = format!("{queue}.{tail}");
-                let count = ready(connection, &from).await as usize;
-                if count == 0 {
+                if ready(connection, &from).await == 0 {
                     // Also when the queue does not exist (the guard off).
                     return Vec::new();
                 }
+                // One message at a time (`basic.get`): a consumer would be
+                // sent every message, those parked while it reads included,
+                // and lose the ones it had not read when it closes.
                 let channel = connection.create_channel().await.unwrap();
-                let options = BasicConsumeOptions {
-                    no_ack: true,
-                    ..BasicConsumeOptions::default()
-                };
-                let mut consumer = channel
-                    .basic_consume(
-                        from.as_str().into(),
-                        "".into(),
-                        options,
-                        FieldTable::default(),
-                    )
-                    .await
-                    .unwrap();
+                let options = BasicGetOptions { no_ack: true };
                 let mut keys = Vec::new();
-                while keys.len() < count {
-                    let Ok(Some(Ok(delivery))) =
-                        tokio::time::timeout(Duration::from_secs(5), consumer.next()).await
-                    else {
-                        break;
-                    };
+                while let Ok(Some(message)) = channel.basic_get(from.as_str().into(), options).await
+                {
                     keys.push(
-                        delivery
+                        message
+                            .delivery
                             .properties
                             .message_id()
                             .as_ref()
@@ -464,10 +451,20 @@ async fn storm(broker: Broker, mode: &str, records: Records) -> Outcome {
                 break;
             }
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the storm did not settle: {effects} effects, {parked} parked"
-        );
+        if tokio::time::Instant::now() >= deadline {
+            let missing: Vec<String> = (0..messages)
+                .map(|n| format!("order-{n}"))
+                .filter(|key| !settled.contains(key))
+                .take(10)
+                .collect();
+            panic!(
+                "the storm did not settle: {effects} effects, {parked} parked, {} seen to of {messages}; \
+                 {} outstanding, {} dead; missing (first 10): {missing:?}",
+                settled.len(),
+                line.outstanding().await,
+                line.set_aside_count("dead").await,
+            );
+        }
     }
     let _ = last.kill().await;
     let rows: Vec<(String, i64)> =
