@@ -43,6 +43,7 @@ mod slow_store;
 #[macro_use]
 mod steps;
 mod transactional;
+mod transactional_steps;
 
 store_suite!(postgres_store, idempotency_tests::postgres);
 store_suite!(sqlite_store, idempotency_tests::sqlite);

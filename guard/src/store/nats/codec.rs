@@ -471,7 +471,10 @@ mod tests {
         let encoded = encode(&value);
         assert_eq!(decode_at(&encoded, 9_999).unwrap().record.steps, steps);
         assert_eq!(decode_at(&encoded, 10_000).unwrap().record.steps, steps);
-        assert_eq!(decode_at(&encoded, 10_001).unwrap().record.steps, steps[..1]);
+        assert_eq!(
+            decode_at(&encoded, 10_001).unwrap().record.steps,
+            steps[..1]
+        );
         // A rewrite that copies them (a renewal, a completion) has no cap.
         value.steps_cap = Time::Unset;
         value.steps_before = 2;

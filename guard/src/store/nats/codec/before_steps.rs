@@ -18,7 +18,6 @@ const TRANSACTIONAL: u8 = 1;
 const COMPLETED: u8 = 2;
 const BODY: u8 = 4;
 
-
 /// An instant in a value: relative to the message's own stamp, or copied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Time {
@@ -31,7 +30,6 @@ enum Time {
 }
 
 impl Time {
-
     fn get(input: &mut &[u8]) -> Result<Self, CorruptRecord> {
         need(input, 9)?;
         let tag = input.get_u8();
@@ -53,7 +51,6 @@ impl Time {
         }
     }
 }
-
 
 fn need(input: &[u8], n: usize) -> Result<(), CorruptRecord> {
     if input.len() < n {
@@ -80,7 +77,6 @@ fn get_bytes<'a>(input: &mut &'a [u8], wide: bool) -> Result<&'a [u8], CorruptRe
 fn utf8(bytes: &[u8]) -> Result<String, CorruptRecord> {
     String::from_utf8(bytes.to_vec()).map_err(|_| CorruptRecord("a stored text is not UTF-8"))
 }
-
 
 /// Decodes the value of `(scope, key)` stored at `stamp` (the message's
 /// time) with sequence `revision`, read when the leader's clock showed
@@ -162,4 +158,3 @@ pub(crate) fn decode(
         retention_ms,
     })
 }
-
