@@ -10,12 +10,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Settle, StepError};
+use axum::Router;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http::StatusCode;
+use idempotency_guard::engine::{Answer, Engine, Job, Refusal, Run, Settle, StepError};
 use idempotency_guard::store::postgres::PostgresStore;
 use idempotency_guard::{
-    Fingerprint, IdempotencyKey, RecordState, Scope, Store, StoredResponse, Tx,
+    Fingerprint, IdempotencyKey, IdempotencyLayer, OutcomeUnknown, RecordState, Scope, Store,
+    StoredResponse, Tx,
 };
 use idempotency_tests::{TestDb, postgres};
+
+use crate::support::send;
 
 /// A fresh database with a ledger, and a transactional engine over it.
 async fn setup(single_commit: bool) -> (TestDb<PostgresStore>, Engine<PostgresStore>) {
@@ -345,4 +353,66 @@ async fn a_single_commit_step_commits_once_with_the_answer() {
     assert_eq!(record.state(), RecordState::Completed);
     let names: Vec<&str> = record.steps.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["reserve", "charge"]);
+}
+
+/// A debit behind the transactional layer: a transactional step, then
+/// (unless told to "crash" after the step) a write through the run's own
+/// transaction, committed with the answer.
+async fn debit(State(crash): State<Arc<AtomicUsize>>, run: Run) -> Response {
+    let hold = run
+        .step_tx("reserve", |mut tx| async move {
+            write(&mut tx, "layer-reserve").await
+        })
+        .await;
+    let hold: i64 = match hold {
+        Ok(hold) => hold,
+        Err(error) => return error.into_response(),
+    };
+    if crash.swap(0, Ordering::SeqCst) == 1 {
+        // The process "dies" here: the answer is lost, the key abandoned.
+        return (StatusCode::BAD_GATEWAY, OutcomeUnknown, "lost").into_response();
+    }
+    let mut tx = match run.tx().await {
+        Ok(tx) => tx,
+        Err(rejection) => return rejection.into_response(),
+    };
+    write(&mut tx, "layer-after").await;
+    drop(tx);
+    (StatusCode::CREATED, hold.to_string()).into_response()
+}
+
+/// Through the axum layer in transactional mode, under the default policy:
+/// the run dies after its transactional step; the client's retry resumes
+/// it (a transactional record is resumed from its committed steps) and
+/// gets the real answer, with the step's row there once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn through_the_layer_a_retry_resumes_after_the_committed_step() {
+    let db = postgres().await;
+    sqlx::query("create table ledger_t (id bigserial primary key, entry text not null)")
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+    let crash = Arc::new(AtomicUsize::new(1));
+    let router = Router::new()
+        .route("/things", post(debit))
+        .route_layer(IdempotencyLayer::new(db.store.clone()).with_transactional_mode(true))
+        .with_state(Arc::clone(&crash));
+    let lost = send(&router, "debit-1", "{}").await;
+    assert_eq!(lost.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(rows(&db, "layer-reserve").await, 1);
+    assert_eq!(rows(&db, "layer-after").await, 0);
+
+    let resumed = send(&router, "debit-1", "{}").await;
+    assert_eq!(
+        resumed.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&resumed.body)
+    );
+    assert!(!resumed.replayed());
+    assert_eq!(rows(&db, "layer-reserve").await, 1, "the step ran once");
+    assert_eq!(rows(&db, "layer-after").await, 1);
+    let replayed = send(&router, "debit-1", "{}").await;
+    assert!(replayed.replayed());
+    assert_eq!(replayed.body, resumed.body);
 }
