@@ -133,6 +133,13 @@ async fn a_steps_writes_commit_with_its_record_and_a_resumed_run_skips_it() {
                 })
                 .await
                 .unwrap();
+            // A plain step (another system) in transactional mode: recorded
+            // on its own, fenced by the lease.
+            let charge: String = run
+                .step("charge", || async { "ch_1".to_owned() })
+                .await
+                .unwrap();
+            assert_eq!(charge, "ch_1");
             let mut tx = run.run().tx().await.unwrap();
             write(&mut tx, "after").await;
             drop(tx);
@@ -151,7 +158,8 @@ async fn a_steps_writes_commit_with_its_record_and_a_resumed_run_skips_it() {
     assert_eq!(rows(&db, "after").await, 1);
     let record = db.store.get(&job.scope, &job.key).await.unwrap().unwrap();
     assert_eq!(record.state(), RecordState::Completed);
-    assert_eq!(record.steps.len(), 1);
+    let names: Vec<&str> = record.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["reserve", "charge"]);
 }
 
 /// A step whose future is dropped before its commit (the run cut off at

@@ -3,8 +3,6 @@
 //! imports): the rolling-upgrade tests decode values this release writes
 //! with it, as a process of the previous release would.
 
-#![allow(dead_code)]
-
 use bytes::{Buf, Bytes};
 use time::OffsetDateTime;
 
