@@ -248,6 +248,58 @@ async fn a_step_cut_off_or_disconnected_before_its_commit_leaves_neither() {
     }
 }
 
+/// A run that panics once a transactional step committed keeps the key,
+/// abandoned (a release would delete the step, and the retry would write
+/// its row again): the retry resumes, and the row is there once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_panic_after_a_committed_step_keeps_it_for_the_retry() {
+    let (db, engine) = setup(false).await;
+    let job = job("panic");
+    let ran = Ran::default();
+    let first = ran.clone();
+    let answer = engine
+        .run(job.clone(), move |run| async move {
+            let id: i64 = run
+                .step_tx("reserve", |mut tx| async move {
+                    first.hit();
+                    write(&mut tx, "panic").await
+                })
+                .await
+                .unwrap();
+            // The handler fails after its step (an id is never negative).
+            assert!(id < 0, "the handler panics after its step");
+            Settle::Abandon { reply: () }
+        })
+        .await;
+    assert!(
+        matches!(answer, Answer::Refused(Refusal::HandlerFailed { .. })),
+        "{answer:?}"
+    );
+    let record = db.store.get(&job.scope, &job.key).await.unwrap().unwrap();
+    assert_eq!(record.state(), RecordState::Abandoned, "kept, not released");
+    assert_eq!(record.steps.len(), 1);
+
+    let second = ran.clone();
+    let answer = engine
+        .run(job.clone(), move |run| async move {
+            let _: i64 = run
+                .step_tx("reserve", |mut tx| async move {
+                    second.hit();
+                    write(&mut tx, "panic").await
+                })
+                .await
+                .unwrap();
+            Settle::Complete {
+                response: StoredResponse::from_bytes("done"),
+                reply: (),
+            }
+        })
+        .await;
+    assert!(matches!(answer, Answer::Ran { .. }), "{answer:?}");
+    assert_eq!(ran.count(), 1);
+    assert_eq!(rows(&db, "panic").await, 1);
+}
+
 /// Writes through the run's `Tx` before a transactional step would commit
 /// with it and run again on a resume: the step is refused, nothing runs.
 /// Outside transactional mode there is no transaction to step in.

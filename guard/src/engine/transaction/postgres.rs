@@ -652,6 +652,19 @@ impl<S: crate::store::Store> Engine<S> {
                         .await,
                 )
             }
+            Ok(None) if slot.keeps_steps() && matches!(ending, Settle::Release { .. }) => {
+                // A run that failed (a panic) once steps committed with
+                // their writes keeps the key, abandoned: a release would
+                // delete the steps, and a retry would run them again.
+                Ok(self
+                    .timed("renew", self.inner.store.renew(lease, Duration::ZERO))
+                    .await
+                    .map(|()| false)
+                    .map_err(|error| SettleError {
+                        error,
+                        rolled_back: false,
+                    }))
+            }
             Ok(None) => Err(ending),
             Err(TxStillInUse) => {
                 // A leaked `Tx` keeps the transaction: it rolls back when
