@@ -67,9 +67,7 @@ impl<S: Store> Engine<S> {
                     // Our own claim, landed by an earlier attempt whose reply
                     // was lost (or our own take-over: its steps are the ones
                     // it kept to resume, and none unless the policy resumes).
-                    if self.inner.config.policy.abandoned == AbandonedPolicy::Resume
-                        && !record.steps.is_empty()
-                    {
+                    if self.resumes_steps(&record) && !record.steps.is_empty() {
                         return Acquired::Resumed(new.lease(), record.steps);
                     }
                     return Acquired::Lease(new.lease());
@@ -145,19 +143,49 @@ impl<S: Store> Engine<S> {
         Acquired::InFlight
     }
 
-    /// The run that took `record` over: a resumed one, with the steps it
-    /// recorded, when the policy resumes abandoned runs and `record` is one
-    /// (not expired, not transactional: a transactional record's writes
-    /// were rolled back, so it runs from the start). A run that does not
-    /// resume clears steps the store kept (a take-over within retention
-    /// keeps them), so that no later resume mixes them with its own.
+    /// Whether a run that takes `record` over resumes its steps: when the
+    /// policy resumes abandoned runs, and always for a transactional record
+    /// (its steps committed with their writes, everything else was rolled
+    /// back: the run goes on from its last step, which is what the default
+    /// policy's take-over of it means).
+    fn resumes_steps(&self, record: &Record) -> bool {
+        self.inner.config.policy.abandoned == AbandonedPolicy::Resume || record.transactional
+    }
+
+    /// The run that took `record` over: a resumed one when it resumes steps
+    /// ([`Engine::resumes_steps`]) and `record` was abandoned within its
+    /// retention, with the steps the take-over kept, read back under the
+    /// new lease (a stale runner's step that committed between the read
+    /// that decided and the take-over is among them; `model/resume.pml`'s
+    /// control `steps-from-claim`). A run that does not resume clears steps
+    /// the store kept (a take-over within retention keeps them), so that no
+    /// later resume mixes them with its own.
     async fn taken_over<T>(&self, lease: crate::store::Lease, record: Record) -> Acquired<T> {
-        let resumes = self.inner.config.policy.abandoned == AbandonedPolicy::Resume
+        let resumes = self.resumes_steps(&record)
             && !record.is_expired()
-            && !record.transactional
             && record.state() == RecordState::Abandoned;
         if resumes {
-            return Acquired::Resumed(lease, record.steps);
+            let kept = self
+                .timed("get", self.inner.store.get(&lease.scope, &lease.key))
+                .await;
+            return match kept {
+                Ok(Some(kept)) if kept.lease_token == lease.token => {
+                    Acquired::Resumed(lease, kept.steps)
+                }
+                other => {
+                    // Which steps it holds is unknown: run none of them.
+                    if let Err(error) = other {
+                        tracing::warn!(error = %error, "the steps of the run taken over could not be read");
+                    }
+                    let ended = self
+                        .timed("renew", self.inner.store.renew(&lease, Duration::ZERO))
+                        .await;
+                    if let Err(error) = ended {
+                        tracing::warn!(error = %error, "the lease of an unread take-over was not ended");
+                    }
+                    Acquired::StoreFailed
+                }
+            };
         }
         if !record.steps.is_empty() && !record.is_expired() {
             let cleared = self

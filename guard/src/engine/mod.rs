@@ -176,6 +176,22 @@ impl RunContext {
     pub fn derived_key(&self, step: &str) -> crate::key::IdempotencyKey {
         self.run.derived_key(step)
     }
+
+    /// [`Run::step_tx`] on this run: a step whose writes through its
+    /// [`Tx`](crate::Tx) commit with its recorded result.
+    ///
+    /// # Errors
+    ///
+    /// See [`Run::step_tx`].
+    #[cfg(feature = "postgres")]
+    pub async fn step_tx<T, F, Fut>(&self, name: &str, work: F) -> Result<T, StepError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        F: FnOnce(crate::Tx) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.run.step_tx(name, work).await
+    }
 }
 
 /// The run-once engine over a store. Cloning shares it (and its [`Drain`]).
@@ -434,18 +450,13 @@ impl<S: Store> Engine<S> {
             self.inner.config.transactions.as_ref(),
             &lease,
         );
-        // Transactional mode records no step yet: a step's writes in the
-        // run's transaction would roll back while its record stays.
-        let unsupported = slot
-            .is_some()
-            .then_some("recorded steps in transactional mode (not yet)");
         let run = Run::new(
             &self,
             job.scope.clone(),
             job.key.clone(),
             Some(Arc::clone(&lease)),
             recorded,
-            unsupported,
+            slot.clone(),
         );
         let steps = run.clone();
         let context = RunContext {

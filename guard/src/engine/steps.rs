@@ -49,6 +49,7 @@ use crate::record::Step;
 use crate::store::{Lease, Store, StoreError};
 
 use super::Engine;
+use super::transaction::TransactionSlot;
 
 /// Why a step did not return its result.
 #[derive(Debug, thiserror::Error)]
@@ -105,9 +106,10 @@ pub enum StepError {
         /// The step asked for.
         name: String,
     },
-    /// This run cannot record steps (transactional mode, not yet). Nothing
-    /// ran.
-    #[error("steps cannot be recorded here: {0}")]
+    /// This step cannot be taken here (a transactional step outside
+    /// transactional mode, or after writes through the run's `Tx` that no
+    /// step holds). Nothing ran.
+    #[error("this step cannot be taken here: {0}")]
     Unsupported(&'static str),
 }
 
@@ -136,10 +138,16 @@ trait Steps: Send + Sync + 'static {
     fn names(&self) -> (&Scope, &IdempotencyKey);
     /// The steps so far, and how many of them this run has asked for.
     fn log(&self) -> &tokio::sync::Mutex<Log>;
-    /// Why this run records nothing, if it cannot.
-    fn unsupported(&self) -> Option<&'static str>;
+    /// The run's lease (`None` when the run is unguarded).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    fn lease(&self) -> Option<&Arc<Lease>>;
+    /// The run's transaction, in transactional mode.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    fn slot(&self) -> Option<&TransactionSlot>;
     /// Stores the whole list, fenced by the run's lease (nothing when the
-    /// run is unguarded).
+    /// run is unguarded): in the run's transaction when it holds the key
+    /// (single-commit mode: the record is uncommitted there), else on its
+    /// own.
     fn record(&self, steps: Vec<Step>) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
@@ -158,7 +166,7 @@ struct EngineSteps<S> {
     key: IdempotencyKey,
     /// `None` when the run is unguarded (the engine failed open).
     lease: Option<Arc<Lease>>,
-    unsupported: Option<&'static str>,
+    slot: Option<TransactionSlot>,
     log: tokio::sync::Mutex<Log>,
 }
 
@@ -171,8 +179,12 @@ impl<S: Store> Steps for EngineSteps<S> {
         &self.log
     }
 
-    fn unsupported(&self) -> Option<&'static str> {
-        self.unsupported
+    fn lease(&self) -> Option<&Arc<Lease>> {
+        self.lease.as_ref()
+    }
+
+    fn slot(&self) -> Option<&TransactionSlot> {
+        self.slot.as_ref()
     }
 
     fn record(&self, steps: Vec<Step>) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -180,6 +192,12 @@ impl<S: Store> Steps for EngineSteps<S> {
             let Some(lease) = &self.lease else {
                 return Ok(());
             };
+            if let Some(slot) = self.slot.as_ref().filter(|slot| slot.holds_lock()) {
+                return self
+                    .engine
+                    .timed("record_steps", slot.record_in_lock(lease, &steps))
+                    .await;
+            }
             self.engine
                 .timed(
                     "record_steps",
@@ -203,22 +221,25 @@ impl Run {
     }
 
     /// The handle of a run holding `lease` (or unguarded, `None`), resuming
-    /// `recorded` steps.
+    /// `recorded` steps, with its transaction in transactional mode.
     pub(super) fn new<S: Store>(
         engine: &Engine<S>,
         scope: Scope,
         key: IdempotencyKey,
         lease: Option<Arc<Lease>>,
         recorded: Vec<Step>,
-        unsupported: Option<&'static str>,
+        slot: Option<TransactionSlot>,
     ) -> Self {
+        if let Some(slot) = slot.as_ref().filter(|_| !recorded.is_empty()) {
+            slot.note_steps();
+        }
         Self {
             inner: Arc::new(EngineSteps {
                 engine: engine.clone(),
                 scope,
                 key,
                 lease,
-                unsupported,
+                slot,
                 log: tokio::sync::Mutex::new(Log {
                     steps: recorded,
                     next: 0,
@@ -298,6 +319,35 @@ impl Run {
         F: FnOnce() -> Fut,
         Fut: Future<Output = T>,
     {
+        self.take_step(name, input, |steps| async move {
+            let result = work().await;
+            let steps = steps.with(&result)?;
+            self.inner
+                .record(steps.clone())
+                .await
+                .map_err(|source| StepError::Record {
+                    name: name.to_owned(),
+                    source,
+                })?;
+            Ok((result, steps))
+        })
+        .await
+    }
+
+    /// Takes the step `name` in order: its recorded result, when the run
+    /// being resumed recorded it, else what `execute` returns (the result,
+    /// and the steps it recorded, given what to append to).
+    pub(super) async fn take_step<T, E, Fut>(
+        &self,
+        name: &str,
+        input: Option<String>,
+        execute: E,
+    ) -> Result<T, StepError>
+    where
+        T: DeserializeOwned,
+        E: FnOnce(NextStep) -> Fut,
+        Fut: Future<Output = Result<(T, Vec<Step>), StepError>>,
+    {
         let Ok(mut log) = self.inner.log().try_lock() else {
             return Err(StepError::Overlapping {
                 name: name.to_owned(),
@@ -319,30 +369,113 @@ impl Run {
             log.next += 1;
             return Ok(value);
         }
-        if let Some(why) = self.inner.unsupported() {
-            return Err(StepError::Unsupported(why));
-        }
-        let result = work().await;
-        let value = serde_json::to_value(&result).map_err(|source| StepError::Encode {
-            name: name.to_owned(),
-            source,
-        })?;
-        let mut steps = log.steps.clone();
-        steps.push(Step {
+        let next = NextStep {
+            before: log.steps.clone(),
             name: name.to_owned(),
             input,
-            value,
-        });
-        self.inner
-            .record(steps.clone())
-            .await
-            .map_err(|source| StepError::Record {
-                name: name.to_owned(),
-                source,
-            })?;
+        };
+        let (result, steps) = execute(next).await?;
         log.steps = steps;
         log.next += 1;
+        if let Some(slot) = self.inner.slot() {
+            slot.note_steps();
+        }
         Ok(result)
+    }
+
+    /// Runs `work` as the step `name` on the run's database transaction
+    /// (transactional mode, PostgreSQL): `work` writes through the [`Tx`](crate::Tx)
+    /// it is given, and the step's result is recorded by an `UPDATE` in
+    /// that same transaction, fenced by the run's lease, which then
+    /// commits. The step's writes and its record commit together or not
+    /// at all: a local step is **exactly once**. A crash before the commit
+    /// leaves neither (the step runs again when the run resumes); after
+    /// it, a resumed run gets the recorded result and the writes are there
+    /// once.
+    ///
+    /// Each transactional step is a phase of its own: the run's
+    /// transaction is cut at the step (what follows it begins anew).
+    /// Writes through the run's own `Tx` ([`Run::tx`], the axum extractor)
+    /// belong after the last step, where they commit with the stored
+    /// answer: a transactional step asked for while the run's transaction
+    /// holds such writes is refused ([`StepError::Unsupported`], nothing
+    /// runs), as they would commit with the step and run again on a
+    /// resume. In single-commit mode the run has one transaction: the step
+    /// is a savepoint in it, its record is written there too, and all of
+    /// it commits once, with the answer (nothing is ever resumed there).
+    ///
+    /// The result is recorded whatever it is: to undo the step's writes,
+    /// let a statement fail (the transaction is then aborted, the record
+    /// cannot be written, and the step returns [`StepError::Record`]).
+    /// Drop the `Tx` before `work`'s future ends.
+    ///
+    /// # Errors
+    ///
+    /// As [`Run::step`]; [`StepError::Unsupported`] outside transactional
+    /// mode, while the run's `Tx` is held, or after writes through it that
+    /// no step holds.
+    #[cfg(feature = "postgres")]
+    pub async fn step_tx<T, F, Fut>(&self, name: &str, work: F) -> Result<T, StepError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(crate::Tx) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        use super::transaction::{StepRefused, TxRejection};
+        let (Some(slot), Some(lease)) = (self.inner.slot(), self.inner.lease()) else {
+            return Err(StepError::Unsupported(
+                "a transactional step outside transactional mode",
+            ));
+        };
+        self.take_step(name, None, |next| async move {
+            let tx = slot.begin_step().await.map_err(|refused| match refused {
+                StepRefused::WritesOutsideSteps => StepError::Unsupported(
+                    "a transactional step after writes through the run's Tx that no step holds \
+                     (make them a step, or write them after the last step)",
+                ),
+                StepRefused::Tx(TxRejection::Mark(source)) => StepError::Record {
+                    name: next.name().to_owned(),
+                    source,
+                },
+                StepRefused::Tx(TxRejection::Begin(error)) => StepError::Record {
+                    name: next.name().to_owned(),
+                    source: error.into(),
+                },
+                StepRefused::Tx(_) => {
+                    StepError::Unsupported("a transactional step while the run's Tx is held")
+                }
+            })?;
+            let result = work(tx).await;
+            let name = next.name().to_owned();
+            let steps = match next.with(&result) {
+                Ok(steps) => steps,
+                Err(error) => {
+                    slot.abort_step().await;
+                    return Err(error);
+                }
+            };
+            slot.commit_step(lease, &steps)
+                .await
+                .map_err(|source| StepError::Record { name, source })?;
+            Ok((result, steps))
+        })
+        .await
+    }
+
+    /// The run's own transaction (transactional mode), for writes after
+    /// the last step: they commit with the stored answer. Begun on first
+    /// use, as the axum [`Tx`](crate::Tx) extractor begins it; after a
+    /// transactional step ([`Run::step_tx`]), a new one.
+    ///
+    /// # Errors
+    ///
+    /// [`TxRejection`](crate::transaction::TxRejection) as for the extractor.
+    #[cfg(feature = "postgres")]
+    pub async fn tx(&self) -> Result<crate::Tx, super::transaction::TxRejection> {
+        match self.inner.slot() {
+            Some(slot) => slot.tx().await,
+            None => Err(super::transaction::TxRejection::NotTransactional),
+        }
     }
 
     /// A key derived from the run's scope and key and `step`: the same for
@@ -356,6 +489,41 @@ impl Run {
     pub fn derived_key(&self, step: &str) -> IdempotencyKey {
         let (scope, key) = self.inner.names();
         derived_key(scope, key, step)
+    }
+}
+
+/// The step a run is about to record: the steps before it, its name and
+/// its input's hash.
+pub(super) struct NextStep {
+    before: Vec<Step>,
+    name: String,
+    input: Option<String>,
+}
+
+impl NextStep {
+    /// The step's name.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The whole list once the step returned `result`.
+    ///
+    /// # Errors
+    ///
+    /// [`StepError::Encode`] when `result` does not serialize.
+    pub(super) fn with<T: Serialize>(self, result: &T) -> Result<Vec<Step>, StepError> {
+        let value = serde_json::to_value(result).map_err(|source| StepError::Encode {
+            name: self.name.clone(),
+            source,
+        })?;
+        let mut steps = self.before;
+        steps.push(Step {
+            name: self.name,
+            input: self.input,
+            value,
+        });
+        Ok(steps)
     }
 }
 

@@ -303,8 +303,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     ///
     /// [`StoreError::LeaseLost`] when the record no longer holds `lease`, is
     /// no longer in flight, or its lease has ended;
-    /// [`StoreError::Unsupported`] on a store that cannot keep steps yet
-    /// (NATS).
+    /// [`StoreError::Unsupported`] for steps the store cannot hold (on
+    /// NATS, a list larger than the server's `max_payload`).
     fn record_steps(
         &self,
         lease: &Lease,

@@ -43,6 +43,7 @@ mod slow_store;
 #[macro_use]
 mod steps;
 mod transactional;
+mod transactional_steps;
 
 store_suite!(postgres_store, idempotency_tests::postgres);
 store_suite!(sqlite_store, idempotency_tests::sqlite);
@@ -86,8 +87,7 @@ engine_suite!(
 );
 engine_suite!(nats_engine, idempotency_tests::nats);
 
-// Steps and resume (SPEC §12): the stores that keep steps. NATS answers
-// `record_steps` with `StoreError::Unsupported` until it does.
+// Steps and resume (SPEC §12): every store keeps steps.
 steps_suite!(sqlite_steps, idempotency_tests::sqlite);
 steps_suite!(memory_steps, idempotency_tests::sqlite_memory);
 steps_suite!(postgres_steps, idempotency_tests::postgres);
@@ -95,6 +95,7 @@ steps_suite!(redis_steps, idempotency_tests::redis);
 steps_suite!(redis_cluster_steps, idempotency_tests::redis_cluster);
 steps_suite!(valkey_steps, idempotency_tests::valkey);
 steps_suite!(tiered_steps, idempotency_tests::tiered);
+steps_suite!(nats_steps, idempotency_tests::nats);
 
 guard_suite!(postgres_guard, idempotency_tests::postgres);
 guard_suite!(sqlite_guard, idempotency_tests::sqlite);

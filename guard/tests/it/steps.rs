@@ -639,36 +639,6 @@ pub(crate) async fn a_step_inside_a_step_is_refused<S: Store>(db: TestDb<S>) {
     );
 }
 
-/// NATS keeps no steps yet: a step there fails with the store's
-/// `Unsupported`, and the key is left abandoned, never silently unrecorded.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_step_on_nats_fails_clearly_until_it_keeps_steps() {
-    let db = idempotency_tests::nats().await;
-    let engine = Engine::new(db.store.clone()).with_abandoned(AbandonedPolicy::Resume);
-    let job = Job::new(scope(), key("nats"), Fingerprint::of_bytes(b"debit"));
-    let answer = engine
-        .run(job.clone(), |run| async move {
-            let step = run.step("reserve", || async { 1 }).await;
-            Settle::Abandon { reply: step }
-        })
-        .await;
-    assert!(
-        matches!(
-            answer,
-            Answer::Ran {
-                reply: Err(StepError::Record {
-                    source: StoreError::Unsupported(_),
-                    ..
-                }),
-                ..
-            }
-        ),
-        "{answer:?}"
-    );
-    let record = db.store.get(&job.scope, &job.key).await.unwrap().unwrap();
-    assert_eq!(record.state(), RecordState::Abandoned);
-}
-
 /// A run that fails (it would release the key) once the record holds a
 /// step ends its lease instead: a release would delete the step and run it
 /// again (the model's control `release-drops-steps`). The retry resumes

@@ -33,6 +33,20 @@ impl TransactionSlot {
     pub(crate) fn holds_lock(&self) -> bool {
         match *self {}
     }
+
+    /// Unreachable: there is no slot.
+    pub(crate) fn note_steps(&self) {
+        match *self {}
+    }
+
+    /// Unreachable: there is no slot.
+    pub(crate) async fn record_in_lock(
+        &self,
+        _lease: &Lease,
+        _steps: &[crate::record::Step],
+    ) -> Result<(), StoreError> {
+        match *self {}
+    }
 }
 
 /// No value: transactional mode cannot be turned on without PostgreSQL.

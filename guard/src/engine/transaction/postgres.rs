@@ -22,6 +22,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -30,9 +31,9 @@ use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use super::super::answer::Settle;
 use super::super::{Engine, RunContext};
 use super::{Acquired, SettleError, as_written};
-use crate::record::StoredResponse;
+use crate::record::{Step, StoredResponse};
 use crate::store::Lease;
-use crate::store::postgres::PostgresStore;
+use crate::store::postgres::{PostgresStore, record_steps_in};
 use crate::store::{Claim, StoreError};
 
 /// The handler's share of the guard's transaction: derefs to the
@@ -107,6 +108,10 @@ impl TxRejection {
 pub(crate) struct TransactionSlot {
     state: Arc<Mutex<SlotState>>,
     holds_lock: bool,
+    /// Whether the record holds steps (this run's or a resumed run's): a
+    /// run that ends without completing then keeps the key, abandoned,
+    /// rather than release it (which would delete them).
+    keeps_steps: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for TransactionSlot {
@@ -115,12 +120,37 @@ impl std::fmt::Debug for TransactionSlot {
     }
 }
 
-/// Where the run's transaction is: not begun yet, open, or handed back.
+/// Where the run's transaction is: not begun yet (or committed with a
+/// step, in transactional mode), open, open for a transactional step, or
+/// handed back.
 pub(crate) enum SlotState {
     Unused(PostgresStore, Lease),
     Open(Transaction<'static, Postgres>),
+    /// Begun by a transactional step ([`TransactionSlot::begin_step`]),
+    /// committed with its record ([`TransactionSlot::commit_step`]).
+    InStep(Transaction<'static, Postgres>, PostgresStore, Lease),
     Taken,
 }
+
+/// Why a transactional step could not begin.
+#[derive(Debug)]
+pub(crate) enum StepRefused {
+    /// As the run's `Tx` would be refused.
+    Tx(TxRejection),
+    /// The run's transaction holds writes that no step holds (the run's
+    /// `Tx` was used since the last step): committed with this step, they
+    /// would run again when a resumed run replays it.
+    WritesOutsideSteps,
+}
+
+/// The savepoint a transactional step begins in single-commit mode (the
+/// run's one transaction), released once its record is written there, and
+/// rolled back to when the step fails.
+const STEP_SAVEPOINT: &str = "savepoint idempotency_step";
+/// See [`STEP_SAVEPOINT`].
+const STEP_RELEASE: &str = "release savepoint idempotency_step";
+/// See [`STEP_SAVEPOINT`].
+const STEP_ROLLBACK: &str = "rollback to savepoint idempotency_step";
 
 /// The handler still holds its [`Tx`] after it returned.
 #[derive(Debug)]
@@ -131,6 +161,7 @@ impl TransactionSlot {
         Self {
             state: Arc::new(Mutex::new(SlotState::Unused(postgres, lease))),
             holds_lock: false,
+            keeps_steps: Arc::default(),
         }
     }
 
@@ -140,6 +171,7 @@ impl TransactionSlot {
         Self {
             state: Arc::new(Mutex::new(SlotState::Open(transaction))),
             holds_lock: true,
+            keeps_steps: Arc::default(),
         }
     }
 
@@ -173,12 +205,168 @@ impl TransactionSlot {
     }
 
     /// Takes the transaction back after the work returned: `None` when the
-    /// work never began one.
+    /// work never began one (or its last write committed with a step). A
+    /// step that never ended (its future dropped) is rolled back: its
+    /// writes never commit without its record.
     pub(crate) fn take(&self) -> Result<Option<Transaction<'static, Postgres>>, TxStillInUse> {
         let mut state = self.state.try_lock().map_err(|_| TxStillInUse)?;
         match std::mem::replace(&mut *state, SlotState::Taken) {
             SlotState::Open(transaction) => Ok(Some(transaction)),
-            SlotState::Unused(..) | SlotState::Taken => Ok(None),
+            SlotState::Unused(..) | SlotState::InStep(..) | SlotState::Taken => Ok(None),
+        }
+    }
+
+    /// Notes that the record holds steps.
+    pub(crate) fn note_steps(&self) {
+        self.keeps_steps.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the record holds steps.
+    fn keeps_steps(&self) -> bool {
+        self.keeps_steps.load(Ordering::Relaxed)
+    }
+
+    /// Begins a transactional step and hands out the transaction it writes
+    /// through. In transactional mode, a transaction of its own (the
+    /// record marked transactional first, as [`TransactionSlot::tx`] does),
+    /// refused while the run's transaction holds writes no step holds; in
+    /// single-commit mode, a savepoint in the run's one transaction.
+    pub(crate) async fn begin_step(&self) -> Result<Tx, StepRefused> {
+        let mut state = Arc::clone(&self.state)
+            .try_lock_owned()
+            .map_err(|_| StepRefused::Tx(TxRejection::InUse))?;
+        match std::mem::replace(&mut *state, SlotState::Taken) {
+            SlotState::Unused(postgres, lease) => {
+                let begun = async {
+                    postgres
+                        .mark_transactional(&lease)
+                        .await
+                        .map_err(TxRejection::Mark)?;
+                    postgres.pool().begin().await.map_err(TxRejection::Begin)
+                };
+                match begun.await {
+                    Ok(transaction) => *state = SlotState::InStep(transaction, postgres, lease),
+                    Err(rejection) => {
+                        *state = SlotState::Unused(postgres, lease);
+                        return Err(StepRefused::Tx(rejection));
+                    }
+                }
+            }
+            SlotState::Open(mut transaction) if self.holds_lock => {
+                let saved = sqlx::query(STEP_SAVEPOINT).execute(&mut *transaction).await;
+                *state = SlotState::Open(transaction);
+                saved.map_err(|error| StepRefused::Tx(TxRejection::Begin(error)))?;
+            }
+            SlotState::Open(transaction) => {
+                *state = SlotState::Open(transaction);
+                return Err(StepRefused::WritesOutsideSteps);
+            }
+            other => {
+                *state = other;
+                return Err(StepRefused::Tx(TxRejection::InUse));
+            }
+        }
+        OwnedMutexGuard::try_map(state, |state| match state {
+            SlotState::Open(transaction) | SlotState::InStep(transaction, ..) => {
+                Some(&mut **transaction)
+            }
+            _ => None,
+        })
+        .map(Tx)
+        .map_err(|_| StepRefused::Tx(TxRejection::InUse))
+    }
+
+    /// Ends a transactional step that returned: writes `steps` (the whole
+    /// list, its own last) in its transaction, fenced by `lease`, and
+    /// commits it with the step's writes (transactional mode), or releases
+    /// its savepoint (single-commit mode: the run's commit carries both).
+    /// On failure the step's writes are rolled back.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`
+    /// (or its lease ended); [`StoreError::Unavailable`] when the write or
+    /// the commit failed (a commit whose answer was lost may have landed:
+    /// the record then holds the step, and a resumed run replays it).
+    pub(crate) async fn commit_step(
+        &self,
+        lease: &Lease,
+        steps: &[Step],
+    ) -> Result<(), StoreError> {
+        let mut state = self
+            .state
+            .try_lock()
+            .map_err(|_| StoreError::Unsupported("a step's Tx kept after the step returned"))?;
+        match std::mem::replace(&mut *state, SlotState::Taken) {
+            SlotState::InStep(mut transaction, postgres, owner) => {
+                *state = SlotState::Unused(postgres, owner);
+                if let Err(error) = record_steps_in(&mut transaction, lease, steps, false).await {
+                    let _ = transaction.rollback().await;
+                    return Err(error);
+                }
+                transaction.commit().await.map_err(StoreError::from)
+            }
+            SlotState::Open(mut transaction) if self.holds_lock => {
+                let recorded = async {
+                    record_steps_in(&mut transaction, lease, steps, true).await?;
+                    sqlx::query(STEP_RELEASE).execute(&mut *transaction).await?;
+                    Ok::<_, StoreError>(())
+                }
+                .await;
+                if recorded.is_err() {
+                    let _ = sqlx::query(STEP_ROLLBACK).execute(&mut *transaction).await;
+                }
+                *state = SlotState::Open(transaction);
+                recorded
+            }
+            other => {
+                *state = other;
+                Err(StoreError::Unsupported(
+                    "a transactional step that did not begin",
+                ))
+            }
+        }
+    }
+
+    /// Rolls back a transactional step that failed before its record was
+    /// written (its result does not serialize).
+    pub(crate) async fn abort_step(&self) {
+        let Ok(mut state) = self.state.try_lock() else {
+            return;
+        };
+        match std::mem::replace(&mut *state, SlotState::Taken) {
+            SlotState::InStep(transaction, postgres, owner) => {
+                let _ = transaction.rollback().await;
+                *state = SlotState::Unused(postgres, owner);
+            }
+            SlotState::Open(mut transaction) => {
+                if self.holds_lock {
+                    let _ = sqlx::query(STEP_ROLLBACK).execute(&mut *transaction).await;
+                }
+                *state = SlotState::Open(transaction);
+            }
+            other => *state = other,
+        }
+    }
+
+    /// Records `steps` in the run's transaction, which holds the key and
+    /// its uncommitted record (single-commit mode): they commit with it.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`;
+    /// [`StoreError::Unsupported`] while the work holds its `Tx`.
+    pub(crate) async fn record_in_lock(
+        &self,
+        lease: &Lease,
+        steps: &[Step],
+    ) -> Result<(), StoreError> {
+        let mut state = self.state.try_lock().map_err(|_| {
+            StoreError::Unsupported("a step recorded while the work holds its Tx (drop it first)")
+        })?;
+        match &mut *state {
+            SlotState::Open(transaction) => record_steps_in(transaction, lease, steps, true).await,
+            _ => Err(StoreError::LeaseLost),
         }
     }
 }
@@ -458,11 +646,24 @@ impl<S: crate::store::Store> Engine<S> {
                 // Boxed: its PostgreSQL futures would otherwise enlarge
                 // every run's future, transactional or not.
                 let locked = slot.holds_lock();
+                let keeps_steps = slot.keeps_steps();
                 Ok(
-                    Box::pin(self.settle_in_transaction(lease, open, locked, ending))
-                        .await
-                        .map(|()| true),
+                    Box::pin(self.settle_in_transaction(lease, open, locked, keeps_steps, ending))
+                        .await,
                 )
+            }
+            Ok(None) if slot.keeps_steps() && matches!(ending, Settle::Release { .. }) => {
+                // A run that failed (a panic) once steps committed with
+                // their writes keeps the key, abandoned: a release would
+                // delete the steps, and a retry would run them again.
+                Ok(self
+                    .timed("renew", self.inner.store.renew(lease, Duration::ZERO))
+                    .await
+                    .map(|()| false)
+                    .map_err(|error| SettleError {
+                        error,
+                        rolled_back: false,
+                    }))
             }
             Ok(None) => Err(ending),
             Err(TxStillInUse) => {
@@ -484,14 +685,16 @@ impl<S: crate::store::Store> Engine<S> {
     }
 
     /// Writes the ending in the run's transaction and commits it (or
-    /// rolls it back and frees the key).
+    /// rolls it back and frees the key, or, when the record `keeps_steps`,
+    /// ends the lease: the key stays abandoned). `Ok(false)` for the last.
     async fn settle_in_transaction(
         &self,
         lease: &Lease,
         mut transaction: Locked,
         locked: bool,
+        keeps_steps: bool,
         ending: Settle<(), &StoredResponse>,
-    ) -> Result<(), SettleError> {
+    ) -> Result<bool, SettleError> {
         let rolled_back = |error| SettleError {
             error,
             rolled_back: true,
@@ -526,11 +729,24 @@ impl<S: crate::store::Store> Engine<S> {
                     // The claim was in the transaction too: the rollback
                     // freed the key. Wake waiters elsewhere.
                     transactions.postgres.announce_rolled_back(lease).await;
-                    return Ok(());
+                    return Ok(true);
+                }
+                if keeps_steps {
+                    // Steps committed with their writes: keep the key,
+                    // abandoned, for a retry to resume from them.
+                    return self
+                        .timed("renew", self.inner.store.renew(lease, Duration::ZERO))
+                        .await
+                        .map(|()| false)
+                        .map_err(|error| SettleError {
+                            error,
+                            rolled_back: false,
+                        });
                 }
                 return self
                     .timed("release", self.inner.store.release(lease))
                     .await
+                    .map(|()| true)
                     .map_err(rolled_back);
             }
         };
@@ -541,6 +757,6 @@ impl<S: crate::store::Store> Engine<S> {
         let commit = async { transaction.commit().await.map_err(StoreError::from) };
         self.timed("commit", commit).await.map_err(rolled_back)?;
         transactions.committed(lease).await;
-        Ok(())
+        Ok(true)
     }
 }

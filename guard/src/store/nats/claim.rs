@@ -27,6 +27,9 @@ fn claimed<'a>(new: &'a NewRecord<'_>) -> Packed<'a> {
         method: new.method,
         path: new.path,
         response: None,
+        steps: &[],
+        steps_cap: Time::Unset,
+        steps_before: 0,
     }
 }
 
@@ -67,7 +70,9 @@ impl NatsStore {
         }))
     }
 
-    /// See [`Store::take_over`](crate::Store::take_over).
+    /// See [`Store::take_over`](crate::Store::take_over). The record's
+    /// steps stay for the run that resumes it, unless it is past its
+    /// retention (as on every store).
     pub(super) async fn take_over_record(
         &self,
         previous: LeaseToken,
@@ -84,7 +89,15 @@ impl NatsStore {
         }
         let before = stored.revision;
         let subject = self.subject(new.scope.as_str(), new.key.as_str());
-        let value = codec::encode(&claimed(new));
+        let kept = if record.is_expired() {
+            &[][..]
+        } else {
+            &record.steps[..]
+        };
+        let value = codec::encode(&Packed {
+            steps: kept,
+            ..claimed(new)
+        });
         match self
             .write(
                 &subject,

@@ -16,7 +16,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0..2 | `N1`, the layout's mark |
-//! | 2 | flags: 1 transactional, 2 completed, 4 body stored |
+//! | 2 | flags: 1 transactional, 2 completed, 4 body stored, 8 steps |
 //! | 3..35 | the request's fingerprint |
 //! | 35..51 | the lease token |
 //! | 51..60 | creation: a [`Time`] |
@@ -24,6 +24,23 @@
 //! | 69..78 | lease cap: a [`Time`] (`Unset` but after a renewal) |
 //! | 78..86 | retention, ms from creation |
 //! | 86.. | method (u16 length, bytes), path (u32 length, bytes), then once completed: status (u16), headers (u32 length, bytes), body (u32 length, bytes) when stored |
+//! | then | with steps: the steps' cap (a [`Time`]), how many steps the record held before this write (u32), the steps ([`Step::encode_all`]'s JSON, u32 length, bytes) |
+//!
+//! # Steps: at the end, where the reader before them stops
+//!
+//! The steps come last, behind a flag of their own: the reader of the
+//! layout before them (`codec/before_steps.rs`, kept for the test) ignores
+//! flags it does not know and never reads past the response, so a process
+//! of the previous release reads a record with steps as the same record
+//! without them and decides as before (it never resumes, and a take-over of
+//! its own writes a value without them).
+//!
+//! A step write is fenced like a renewal: its cap is the end of the lease
+//! it was sent under, and when its own stamp is past the cap (the lease had
+//! ended on the leader's clock when the write landed) the steps it added
+//! are void, and the record reads with the steps it held before. So a
+//! runner whose lease lapsed records nothing, as on the SQL stores, even
+//! when its write was on its way when the lease ended.
 //!
 //! # Times: the leader's stamps
 //!
@@ -40,12 +57,16 @@ use time::OffsetDateTime;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
 use crate::record::CorruptRecord;
-use crate::record::{LeaseToken, Record, StoredResponse};
+use crate::record::{LeaseToken, Record, Step, StoredResponse};
 
 const MARK: &[u8; 2] = b"N1";
 const TRANSACTIONAL: u8 = 1;
 const COMPLETED: u8 = 2;
 const BODY: u8 = 4;
+const STEPS: u8 = 8;
+
+#[cfg(test)]
+mod before_steps;
 
 /// An instant in a value: relative to the message's own stamp, or copied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,13 +127,23 @@ pub(crate) struct Packed<'a> {
     pub(crate) method: &'a str,
     pub(crate) path: &'a str,
     pub(crate) response: Option<&'a StoredResponse>,
+    /// The steps recorded (written only when there are some).
+    pub(crate) steps: &'a [Step],
+    /// A step write's cap, the end of the lease it was sent under: stamped
+    /// past it, the steps beyond the first `steps_before` are void.
+    pub(crate) steps_cap: Time,
+    /// How many of `steps` the record held before this write.
+    pub(crate) steps_before: usize,
 }
 
 /// Encodes a value.
 pub(crate) fn encode(packed: &Packed<'_>) -> Bytes {
     let body = packed.response.and_then(|r| r.body.as_ref());
     let headers = packed.response.map(StoredResponse::encode_headers);
+    let steps = Step::encode_all(packed.steps);
     let size = 96
+        + 13
+        + steps.as_ref().map_or(0, Vec::len)
         + packed.method.len()
         + packed.path.len()
         + headers.as_ref().map_or(0, Vec::len)
@@ -129,6 +160,9 @@ pub(crate) fn encode(packed: &Packed<'_>) -> Bytes {
     if body.is_some() {
         flags |= BODY;
     }
+    if steps.is_some() {
+        flags |= STEPS;
+    }
     out.put_u8(flags);
     out.put_slice(packed.fingerprint.as_bytes());
     out.put_slice(packed.token.as_uuid().as_bytes());
@@ -144,6 +178,11 @@ pub(crate) fn encode(packed: &Packed<'_>) -> Bytes {
         if let Some(body) = body {
             put_bytes32(&mut out, body);
         }
+    }
+    if let Some(steps) = steps {
+        packed.steps_cap.put(&mut out);
+        out.put_u32(u32::try_from(packed.steps_before).unwrap_or(u32::MAX));
+        put_bytes32(&mut out, &steps);
     }
     out.freeze()
 }
@@ -253,6 +292,19 @@ pub(crate) fn decode(
         None
     };
     let stamp_ms = unix_ms(stamp);
+    let mut steps = Vec::new();
+    if flags & STEPS != 0 {
+        let cap = Time::get(&mut input)?;
+        need(input, 4)?;
+        let before = input.get_u32() as usize;
+        steps = Step::decode_all(Some(get_bytes(&mut input, true)?))?;
+        if let Some(cap) = cap.resolve(stamp_ms)
+            && stamp_ms > cap
+        {
+            // Landed after the lease it was sent under had ended: void.
+            steps.truncate(before);
+        }
+    }
     let created_ms = created
         .resolve(stamp_ms)
         .ok_or(CorruptRecord("a stored record has no creation time"))?;
@@ -282,7 +334,7 @@ pub(crate) fn decode(
         created_at: from_unix_ms(created_ms)?,
         expires_at: from_unix_ms(created_ms.saturating_add(retention_ms))?,
         observed_at,
-        steps: Vec::new(),
+        steps,
     };
     Ok(Stored {
         record,
@@ -308,7 +360,126 @@ mod tests {
             method: "POST",
             path: "/things?x=1",
             response,
+            steps: &[],
+            steps_cap: Time::Unset,
+            steps_before: 0,
         }
+    }
+
+    fn steps() -> Vec<Step> {
+        vec![
+            Step {
+                name: "reserve".into(),
+                input: Some("ab".repeat(32)),
+                value: serde_json::json!({"hold": 7}),
+            },
+            Step {
+                name: "charge".into(),
+                input: None,
+                value: serde_json::json!("ch_1"),
+            },
+        ]
+    }
+
+    fn decode_at(value: &[u8], stamp: i64) -> Result<Stored, CorruptRecord> {
+        decode(
+            Scope::leaked("s"),
+            IdempotencyKey::leaked("k"),
+            value,
+            at(stamp),
+            3,
+            at(stamp + 1),
+        )
+    }
+
+    /// Steps ride at the end of the value, behind a flag of their own: a
+    /// reader of the layout before them (the previous release's, kept in
+    /// `before_steps.rs`) reads the same record without them, in flight,
+    /// abandoned or completed, and so decides as before; this one reads
+    /// them back.
+    #[test]
+    fn recorded_steps_are_read_apart_here_and_ignored_by_a_reader_before_them() {
+        let steps = steps();
+        let response = StoredResponse::from_bytes("done");
+        let bodiless = StoredResponse {
+            body: None,
+            ..response.clone()
+        };
+        for (transactional, response) in [
+            (false, None),
+            (true, None),
+            (false, Some(&response)),
+            (false, Some(&bodiless)),
+        ] {
+            let mut value = packed(response);
+            value.transactional = transactional;
+            value.steps = &steps;
+            value.steps_cap = Time::At(40_000);
+            value.steps_before = 1;
+            let encoded = encode(&value);
+            for stamp in [5_000, 60_000] {
+                let here = decode_at(&encoded, stamp).unwrap();
+                let before = before_steps::decode(
+                    Scope::leaked("s"),
+                    IdempotencyKey::leaked("k"),
+                    &encoded,
+                    at(stamp),
+                    3,
+                    at(stamp + 1),
+                )
+                .unwrap();
+                let mut without = here.record.clone();
+                without.steps.clear();
+                assert_eq!(before.record, without);
+                assert_eq!(before.record.state(), here.record.state());
+                assert_eq!(before.record.transactional, transactional);
+                assert_eq!(before.record.path, "/things?x=1");
+                assert_eq!(before.retention_ms, here.retention_ms);
+            }
+            assert_eq!(decode_at(&encoded, 5_000).unwrap().record.steps, steps);
+            // The same value without steps: the reader before them reads
+            // the two alike.
+            let plain = encode(&Packed {
+                steps: &[],
+                ..value.clone()
+            });
+            assert_eq!(
+                decode_at(&plain, 5_000).unwrap().record,
+                before_steps::decode(
+                    Scope::leaked("s"),
+                    IdempotencyKey::leaked("k"),
+                    &encoded,
+                    at(5_000),
+                    3,
+                    at(5_001),
+                )
+                .unwrap()
+                .record
+            );
+        }
+    }
+
+    #[test]
+    fn a_step_write_stamped_after_its_lease_ended_is_void() {
+        let steps = steps();
+        let mut value = packed(None);
+        value.created = Time::At(0);
+        value.lease_end = Time::At(10_000);
+        value.steps = &steps;
+        value.steps_cap = Time::At(10_000);
+        value.steps_before = 1;
+        let encoded = encode(&value);
+        assert_eq!(decode_at(&encoded, 9_999).unwrap().record.steps, steps);
+        assert_eq!(decode_at(&encoded, 10_000).unwrap().record.steps, steps);
+        assert_eq!(
+            decode_at(&encoded, 10_001).unwrap().record.steps,
+            steps[..1]
+        );
+        // A rewrite that copies them (a renewal, a completion) has no cap.
+        value.steps_cap = Time::Unset;
+        value.steps_before = 2;
+        let copied = encode(&value);
+        assert_eq!(decode_at(&copied, 99_999).unwrap().record.steps, steps);
     }
 
     fn at(ms: i64) -> OffsetDateTime {
@@ -403,6 +574,14 @@ mod tests {
 
     #[test]
     fn damaged_values_are_corrupt_not_panics() {
+        let steps = steps();
+        let with_steps = encode(&Packed {
+            steps: &steps,
+            ..packed(None)
+        });
+        for len in 0..with_steps.len() {
+            assert!(decode_at(&with_steps[..len], 0).is_err(), "{len}");
+        }
         let value = encode(&packed(None));
         for len in 0..value.len() {
             assert!(

@@ -1,6 +1,6 @@
-//! The holder's writes: complete, renew and release, each a read from the
-//! leader, a check of the lease token, and a write fenced by the revision
-//! read.
+//! The holder's writes: complete, renew, record steps and release, each a
+//! read from the leader, a check of the lease token, and a write fenced by
+//! the revision read.
 
 use std::time::Duration;
 
@@ -8,13 +8,13 @@ use bytes::Bytes;
 
 use super::claim::ms;
 use super::codec::{self, Packed, Stored, Time, unix_ms};
-use super::{MARKER_TTL, NatsStore, RACE_ATTEMPTS, Slot, Written, ttl};
+use super::{MARKER_TTL, NatsStore, RACE_ATTEMPTS, REQUEST_TIMEOUT, Slot, Written, ttl};
 use crate::fingerprint::Fingerprint;
-use crate::record::{RecordState, StoredResponse};
+use crate::record::{RecordState, Step, StoredResponse};
 use crate::store::{Lease, StoreError};
 
-/// The value that rewrites `stored` keeping its claim's instants, with a
-/// response and a lease end of the caller's choice.
+/// The value that rewrites `stored` keeping its claim's instants and its
+/// steps, with a response and a lease end of the caller's choice.
 fn rewritten<'a>(
     stored: &'a Stored,
     lease_end: Time,
@@ -33,6 +33,9 @@ fn rewritten<'a>(
         method: &record.method,
         path: &record.path,
         response,
+        steps: &record.steps,
+        steps_cap: Time::Unset,
+        steps_before: record.steps.len(),
     }
 }
 
@@ -164,6 +167,89 @@ impl NatsStore {
         Err(StoreError::Unavailable(
             "the renewal kept racing other writes".into(),
         ))
+    }
+
+    /// See [`Store::record_steps`](crate::Store::record_steps). Fenced
+    /// like a renewal: refused once the lease has ended (on the leader's
+    /// clock, as read), and capped at the lease's end, so that a write
+    /// that lands after it is void (see `codec.rs`). When the write lands
+    /// near that end, the record is read back to tell the runner which.
+    pub(super) async fn record_steps_held(
+        &self,
+        lease: &Lease,
+        steps: &[Step],
+    ) -> Result<(), StoreError> {
+        let deadline = self.deadline();
+        let subject = self.subject(lease.scope.as_str(), lease.key.as_str());
+        let mut unknown: Option<StoreError> = None;
+        for _ in 0..RACE_ATTEMPTS {
+            let slot = self.read(&lease.scope, &lease.key, deadline).await?;
+            let Some(stored) = held(&slot, lease) else {
+                return Err(StoreError::LeaseLost);
+            };
+            if unknown.is_some() && stored.record.steps == steps {
+                // A write whose answer was lost, read back: it landed.
+                return Ok(());
+            }
+            if stored.record.state() != RecordState::InFlight {
+                return Err(StoreError::LeaseLost);
+            }
+            let lease_end = stored.record.lease_expires_at;
+            let value = codec::encode(&Packed {
+                steps,
+                steps_cap: Time::At(unix_ms(lease_end)),
+                steps_before: stored.record.steps.len(),
+                ..rewritten(stored, Time::At(unix_ms(lease_end)), Time::Unset, None)
+            });
+            if !self.fits(&subject, value.len()) {
+                return Err(StoreError::Unsupported(
+                    "recorded steps larger than the NATS server's max_payload",
+                ));
+            }
+            match self
+                .write(
+                    &subject,
+                    stored.revision,
+                    &remaining_ttl(stored),
+                    value,
+                    false,
+                    deadline,
+                )
+                .await?
+            {
+                Written::Stored => return self.landed_in_time(lease, steps, lease_end).await,
+                Written::Conflict => {}
+                Written::Unknown(error) => unknown = Some(error),
+            }
+        }
+        Err(unknown.unwrap_or_else(|| {
+            StoreError::Unavailable("the steps' write kept racing other writes".into())
+        }))
+    }
+
+    /// Whether a step write that was stored landed before `lease_end`:
+    /// surely, when the leader's clock (as estimated, which errs by less
+    /// than half a request's timeout) was still that far before it once
+    /// the answer came; else as the record, read back, says.
+    async fn landed_in_time(
+        &self,
+        lease: &Lease,
+        steps: &[Step],
+        lease_end: time::OffsetDateTime,
+    ) -> Result<(), StoreError> {
+        if self
+            .inner
+            .clock
+            .now()
+            .is_some_and(|now| now + REQUEST_TIMEOUT / 2 < lease_end)
+        {
+            return Ok(());
+        }
+        let slot = self.read(&lease.scope, &lease.key, self.deadline()).await?;
+        match held(&slot, lease) {
+            Some(stored) if stored.record.steps == steps => Ok(()),
+            _ => Err(StoreError::LeaseLost),
+        }
     }
 
     /// See [`Store::release`](crate::Store::release).

@@ -16,10 +16,10 @@
 //!   loser reads the winner (from the leader) and reports it. A delete
 //!   marker, or a record past its retention, is replaced by a write
 //!   expecting its revision.
-//! - **complete, renew, release, take over, forget** = read the record from
-//!   the leader, check its lease token (and state, and times), then write
-//!   (or write a delete marker, `KV-Operation: DEL`) expecting the revision
-//!   read. The revision is the fence: any write in between, a take-over
+//! - **complete, renew, record steps, release, take over, forget** = read
+//!   the record from the leader, check its lease token (and state, and
+//!   times), then write (or write a delete marker, `KV-Operation: DEL`)
+//!   expecting the revision read. The revision is the fence: any write in between, a take-over
 //!   above all, makes the server refuse it, and the operation reads again.
 //!
 //! # Reads come from the stream's leader
@@ -406,14 +406,11 @@ impl Store for NatsStore {
         self.renew_lease(lease, duration).await
     }
 
-    /// Not yet: recorded steps are kept by SQLite and PostgreSQL (and
-    /// the stores over them) only, so a run that records a step here fails
-    /// that step with [`StoreError::Unsupported`], never silently.
+    /// The steps ride in the record's value (`codec.rs`), written like a
+    /// renewal: fenced by the revision read, refused once the lease has
+    /// ended, void if the write lands after it (the leader's clock).
     async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
-        let _ = (lease, steps);
-        Err(StoreError::Unsupported(
-            "recorded steps (not yet on this store)",
-        ))
+        self.record_steps_held(lease, steps).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

@@ -101,6 +101,11 @@ const RECORD_STEPS: &str = "update idempotency_records set steps = $4
     where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'
       and lease_expires_at > clock_timestamp()";
 
+/// Single-commit mode: the key's lock fences the write (no lease is
+/// renewed there, and nobody else can take the key while it is held).
+const RECORD_STEPS_LOCKED: &str = "update idempotency_records set steps = $4
+    where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'";
+
 /// Marks the record transactional when the run begins its transaction.
 const MARK_TRANSACTIONAL: &str = "update idempotency_records set transactional = true
     where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'";
@@ -328,6 +333,33 @@ impl PostgresStore {
         fenced(result.rows_affected())?;
         self.direct().notify(&mut *transaction, lease).await
     }
+}
+
+/// Records the steps of the run holding `lease` inside `transaction` (a
+/// transactional step's, committed with its writes): fenced as
+/// [`Store::record_steps`] is, or, when the key is `held_by_lock`
+/// (single-commit mode, whose lease is never renewed), by the lock.
+///
+/// # Errors
+///
+/// [`StoreError::LeaseLost`] when the record no longer holds `lease` (or
+/// its lease ended).
+pub(crate) async fn record_steps_in(
+    transaction: &mut PgConnection,
+    lease: &Lease,
+    steps: &[Step],
+    held_by_lock: bool,
+) -> Result<(), StoreError> {
+    let sql = if held_by_lock {
+        RECORD_STEPS_LOCKED
+    } else {
+        RECORD_STEPS
+    };
+    let result = lease_query(sql, lease)
+        .bind(Step::encode_all(steps))
+        .execute(transaction)
+        .await?;
+    fenced(result.rows_affected())
 }
 
 impl PostgresRecords {
