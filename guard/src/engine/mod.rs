@@ -474,8 +474,8 @@ impl<S: Store> Engine<S> {
             }
             Err(panic) => futures_util::future::Either::Right(std::future::ready(Err(panic))),
         };
-        // A run that fails once the record holds steps ends its lease
-        // (the key abandoned, resumable) instead of releasing the key:
+        // A run that fails (or panics) once the record holds steps ends its
+        // lease (the key abandoned, resumable) instead of releasing the key:
         // a release would delete the steps, and a retry would run them
         // again.
         let work = async move {
@@ -483,7 +483,10 @@ impl<S: Store> Engine<S> {
                 Ok(Settle::Release { reply, .. }) if steps.holds_steps() => {
                     Ok(Settle::Abandon { reply })
                 }
-                other => other,
+                Ok(settle) => Ok(settle),
+                Err(_payload) => Err(supervise::Panicked {
+                    keeps_steps: steps.holds_steps(),
+                }),
             }
         };
         #[cfg(feature = "otel")]

@@ -1,7 +1,6 @@
 //! The *run* step (see the engine's docs): the work runs, its lease renewed until the outcome is
 //! settled, and cut off at the maximum handler time.
 
-use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,6 +16,13 @@ use super::{Answer, Engine, Job, Refusal, Settle, Settled, timed};
 use crate::record::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 use crate::telemetry::count_lease_lost;
+
+/// The work panicked (its payload dropped: the engine answers
+/// `handler-failed`); whether its record held recorded steps by then.
+pub(super) struct Panicked {
+    /// The run had recorded a step: its key is abandoned, not released.
+    pub(super) keeps_steps: bool,
+}
 
 /// The run's transaction in transactional mode (`None` otherwise).
 pub(super) struct Transaction(pub(super) Option<super::transaction::TransactionSlot>);
@@ -128,7 +134,7 @@ impl<S: Store> Engine<S> {
         work: Fut,
     ) -> Answer<T>
     where
-        Fut: Future<Output = Result<Settle<T>, Box<dyn Any + Send>>> + Send,
+        Fut: Future<Output = Result<Settle<T>, Panicked>> + Send,
     {
         let started = Instant::now();
         let max = self.inner.config.max_handler_time;
@@ -174,11 +180,20 @@ impl<S: Store> Engine<S> {
                 self.settle_outcome(job, &transaction, settle, &mut keeper)
                     .await
             }
-            Some(Err(_panic)) => {
-                tracing::error!(route = %job.route, "the work panicked; its key is released");
-                let ending = Settle::Release {
-                    reply: (),
-                    keep_writes: false,
+            Some(Err(Panicked { keeps_steps })) => {
+                // Once the record holds steps, a release would delete them
+                // and a retry would run them again: the lease is ended
+                // instead (the key abandoned, resumable).
+                let ending = if keeps_steps {
+                    tracing::error!(route = %job.route, "the work panicked after a recorded step; its key is abandoned, its steps kept");
+                    keeper.stop().await;
+                    Settle::Abandon { reply: () }
+                } else {
+                    tracing::error!(route = %job.route, "the work panicked; its key is released");
+                    Settle::Release {
+                        reply: (),
+                        keep_writes: false,
+                    }
                 };
                 Box::pin(self.settle_logged(job, &transaction, ending, &mut keeper)).await;
                 Answer::Refused(Refusal::HandlerFailed {

@@ -42,6 +42,7 @@ macro_rules! steps_suite {
                 steps_are_sealed_in_an_encrypted_store,
                 a_step_inside_a_step_is_refused,
                 a_run_that_fails_after_a_step_keeps_it_instead_of_releasing,
+                a_run_that_panics_after_a_step_keeps_it_instead_of_releasing,
             );
         }
     };
@@ -716,4 +717,60 @@ pub(crate) async fn a_run_that_fails_after_a_step_keeps_it_instead_of_releasing<
             .unwrap()
             .is_none()
     );
+}
+
+/// A run that panics once it recorded a step: like a failure, the key is
+/// abandoned with its step kept (a release would delete it), and the
+/// resumed retry gets the step's result without running it again.
+pub(crate) async fn a_run_that_panics_after_a_step_keeps_it_instead_of_releasing<S: Store>(
+    db: TestDb<S>,
+) {
+    let engine = Engine::new(db.store.clone()).with_abandoned(AbandonedPolicy::Resume);
+    let job = Job::new(scope(), key("panics"), Fingerprint::of_bytes(b"debit 9"));
+    let ran = Ran::default();
+    let first = ran.clone();
+    let answer = engine
+        .run(job.clone(), move |run| async move {
+            let reserved: u32 = run
+                .step("reserve", || async {
+                    first.hit(0);
+                    9
+                })
+                .await
+                .unwrap();
+            if reserved == 9 {
+                panic!("a bug after the step");
+            }
+            Settle::Release {
+                reply: reserved,
+                keep_writes: false,
+            }
+        })
+        .await;
+    assert!(
+        matches!(answer, Answer::Refused(Refusal::HandlerFailed { .. })),
+        "{answer:?}"
+    );
+    let record = db.store.get(&job.scope, &job.key).await.unwrap().unwrap();
+    assert_eq!(record.state(), RecordState::Abandoned, "kept, not released");
+    assert_eq!(record.steps.len(), 1);
+
+    let second = ran.clone();
+    let answer = engine
+        .run(job.clone(), move |run| async move {
+            let reserved: u32 = run
+                .step("reserve", || async {
+                    second.hit(0);
+                    0
+                })
+                .await
+                .unwrap();
+            Settle::Complete {
+                response: StoredResponse::from_bytes(reserved.to_string()),
+                reply: reserved,
+            }
+        })
+        .await;
+    assert!(matches!(answer, Answer::Ran { reply: 9, .. }), "{answer:?}");
+    assert_eq!(ran.count(0), 1, "the recorded step never ran again");
 }
