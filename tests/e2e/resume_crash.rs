@@ -9,12 +9,13 @@
 //! keyed by the step's derived key: one row); the PSP charged each debit
 //! once, whatever number of requests its charge step made.
 //!
-//! At CI size each crash point is hit once per store (about 15 s per
-//! store); the long run repeats the seven points `RESUME_CRASH_ROUNDS`
-//! times with more debits at once:
+//! At CI size each crash point is hit once per store (16 s for the three
+//! stores at once); the long run repeats the seven points
+//! `RESUME_CRASH_ROUNDS` times (5 rounds, 35 crashes per store: 10 minutes
+//! on a loaded 2-core machine):
 //!
 //! ```sh
-//! RESUME_CRASH_ROUNDS=20 cargo test -p idempotency-tests --test e2e resume_crash -- --nocapture
+//! RESUME_CRASH_ROUNDS=5 cargo test -p idempotency-tests --test e2e resume_crash
 //! ```
 
 use std::collections::HashMap;
