@@ -8,6 +8,19 @@
 //!   "delay_ms": <optional int>}`): sleeps `delay_ms`, inserts one row into
 //!   `payments`, answers 201 with the payment and a `Location` header.
 //! - `GET /payments/{id}`: the payment, or 404.
+//! - `POST /debits` (guarded, resumable; mounted when `PSP_URL` names a
+//!   payment service provider and the guard is on; body as `/payments`): a
+//!   debit in three recorded steps, `reserve` (a hold row), `charge` (`POST
+//!   {PSP_URL}/charges` with `Idempotency-Key` = the run's derived key of
+//!   the step; `delay_ms` is slept inside this step, after the PSP
+//!   answered) and `record` (a `debits` row), answering 201 with the debit
+//!   and its charge. Its layer resumes an abandoned run
+//!   (`AbandonedPolicy::Resume`): after a crash, the client's retry runs
+//!   the steps not recorded and gets the real answer. The local writes are
+//!   keyed by their step's derived key (an upsert that counts its
+//!   executions), so a step the crash interrupted runs again without a
+//!   second row. Never transactional: steps are recorded apart from the
+//!   handler's writes (docs/guide/resume.md).
 //! - `GET /metrics`: Prometheus text.
 //!
 //! Environment: `DATABASE_URL` (`postgres://...` or `sqlite://...`; default
@@ -27,7 +40,12 @@
 //! `false` replays it, for records stored in clear before encryption was
 //! turned on); built with `--features otel`,
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` (e.g. `http://127.0.0.1:4318`) exports
-//! the guard's spans over OTLP/HTTP. The scope is the `X-Tenant`
+//! the guard's spans over OTLP/HTTP; `PSP_URL` (see `POST /debits`);
+//! `CRASH_POINTS=true` (tests only) makes a debit carrying `X-Crash-At:
+//! <point>` kill its own process with SIGKILL there (`before-reserve`,
+//! `in-reserve`, `after-reserve`, `in-charge`, `after-charge`,
+//! `in-record`, `after-record`; `in-` is after the step's work, before its
+//! result is recorded). The scope is the `X-Tenant`
 //! header (`default` when absent). When the records are in PostgreSQL (the
 //! `sql` or `tiered` store) and not encrypted, the guard runs in
 //! single-commit transactional mode: the claim, the payment row and the
@@ -47,7 +65,7 @@ use idempotency_guard::server::{BodyTimeoutLayer, Server};
 use idempotency_guard::store::TransactionalStore as _;
 use idempotency_guard::store::encrypted::{EncryptionKeys, require_sealed_from_environment};
 use idempotency_guard::store::{AnyStore, Backend, NatsOptions, StoreKind, StoreOptions};
-use idempotency_guard::{Drain, IdempotencyLayer, Tx};
+use idempotency_guard::{AbandonedPolicy, Drain, IdempotencyLayer, Tx};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, SqlitePool};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -296,6 +314,8 @@ struct Settings {
     notifications: bool,
     encryption: Option<EncryptionKeys>,
     require_sealed: bool,
+    psp_url: Option<String>,
+    crash_points: bool,
 }
 
 /// The guard's default retention and maximum handler time, in seconds
@@ -361,6 +381,8 @@ impl Settings {
             // replayed; `false` while records stored in clear before
             // encryption was turned on age out.
             require_sealed: require_sealed_from_environment()?,
+            psp_url: std::env::var("PSP_URL").ok().filter(|url| !url.is_empty()),
+            crash_points: std::env::var("CRASH_POINTS").is_ok_and(|v| v == "true"),
             url,
         };
         settings.store_options().check(SettingNames::ENVIRONMENT)?;
@@ -448,6 +470,8 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         kind,
         ref encryption,
         require_sealed,
+        ref psp_url,
+        crash_points,
         ..
     } = settings;
     let options = settings.store_options();
@@ -491,7 +515,29 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         post(create)
     };
     let mut payments = Router::new().route("/payments", create_route);
-    let mut drain: Option<Drain> = None;
+    let mut drains: Vec<Drain> = Vec::new();
+    let mut resumable: Option<Router> = None;
+    if let Some(psp_url) = psp_url {
+        if guarded {
+            // Its own layer: resumable, never transactional (steps are
+            // recorded apart from the handler's writes).
+            let guard = IdempotencyLayer::new(store.clone())
+                .with_scope(tenant)
+                .with_lease(Duration::from_secs(lease))
+                .with_store_timeout(Duration::from_millis(store_timeout))
+                .with_abandoned(AbandonedPolicy::Resume);
+            drains.push(guard.drain());
+            let state = debits::Debits::new(db.clone(), psp_url, crash_points).await?;
+            resumable = Some(
+                Router::new()
+                    .route("/debits", post(debits::debit))
+                    .route_layer(guard)
+                    .with_state(state),
+            );
+        } else {
+            tracing::warn!("IDEMPOTENCY_GUARD=off: POST /debits needs the guard, it is not served");
+        }
+    }
     if guarded {
         let guard = IdempotencyLayer::new(store)
             .with_scope(tenant)
@@ -499,15 +545,18 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
             .with_store_timeout(Duration::from_millis(store_timeout))
             .with_transactional_mode(transactional)
             .with_single_commit(transactional && single_commit);
-        drain = Some(guard.drain());
+        drains.push(guard.drain());
         payments = payments.route_layer(guard);
     } else {
         tracing::warn!("IDEMPOTENCY_GUARD=off: retries will run the handler again");
     }
-    let app = payments
+    let mut app = payments
         .route("/payments/{id}", get(show))
         .route("/metrics", get(render_metrics))
         .with_state(AppState { db, metrics });
+    if let Some(resumable) = resumable {
+        app = app.merge(resumable);
+    }
 
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
@@ -521,7 +570,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         .serve(listener, move |_client| app.clone(), shutdown_signal())
         .await;
     // Payments whose clients already left still finish and are stored.
-    if let Some(drain) = drain {
+    for drain in drains {
         drain.wait().await;
     }
     #[cfg(feature = "otel")]
@@ -550,5 +599,361 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = terminate => {}
+    }
+}
+
+/// `POST /debits`: a debit in three recorded steps (`reserve`, `charge` at
+/// the PSP, `record`), resumed by the client's retry after a crash.
+mod debits {
+    use std::time::Duration;
+
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::{IntoResponse, Response};
+    use axum::{Json, body::Bytes};
+    use idempotency_guard::engine::Run;
+    use serde::{Deserialize, Serialize};
+
+    use super::{Db, tenant_of};
+
+    const CREATE_POSTGRES: [&str; 2] = [
+        "create table if not exists reservations (
+            step_key text primary key,
+            tenant text not null,
+            amount bigint not null,
+            executions bigint not null default 1)",
+        "create table if not exists debits (
+            id bigserial primary key,
+            step_key text not null unique,
+            tenant text not null,
+            amount bigint not null,
+            currency text not null,
+            charge text not null,
+            executions bigint not null default 1)",
+    ];
+    const CREATE_SQLITE: [&str; 2] = [
+        "create table if not exists reservations (
+            step_key text primary key,
+            tenant text not null,
+            amount integer not null,
+            executions integer not null default 1)",
+        "create table if not exists debits (
+            id integer primary key autoincrement,
+            step_key text not null unique,
+            tenant text not null,
+            amount integer not null,
+            currency text not null,
+            charge text not null,
+            executions integer not null default 1)",
+    ];
+    /// A hold, keyed by the step's derived key: running the step again
+    /// adds no row, it counts an execution.
+    const RESERVE_POSTGRES: &str = "insert into reservations (step_key, tenant, amount) \
+        values ($1, $2, $3) on conflict (step_key) \
+        do update set executions = reservations.executions + 1 returning step_key";
+    const RESERVE_SQLITE: &str = "insert into reservations (step_key, tenant, amount) \
+        values (?1, ?2, ?3) on conflict (step_key) \
+        do update set executions = reservations.executions + 1 returning step_key";
+    /// The debit in the ledger, keyed likewise.
+    const RECORD_POSTGRES: &str = "insert into debits (step_key, tenant, amount, currency, charge) \
+        values ($1, $2, $3, $4, $5) on conflict (step_key) \
+        do update set executions = debits.executions + 1 returning id";
+    const RECORD_SQLITE: &str = "insert into debits (step_key, tenant, amount, currency, charge) \
+        values (?1, ?2, ?3, ?4, ?5) on conflict (step_key) \
+        do update set executions = debits.executions + 1 returning id";
+
+    /// How often a step tries the system it calls before its failure is
+    /// its result (recorded: the run API records whatever a step returns).
+    const ATTEMPTS: u32 = 5;
+
+    /// The route's state: the database and the PSP.
+    #[derive(Clone)]
+    pub(super) struct Debits {
+        db: Db,
+        psp: reqwest::Client,
+        charges: String,
+        crash_points: bool,
+    }
+
+    impl Debits {
+        /// Creates the route's tables.
+        pub(super) async fn new(db: Db, psp_url: &str, crash_points: bool) -> anyhow::Result<Self> {
+            match &db {
+                Db::Postgres(pool) => {
+                    for create in CREATE_POSTGRES {
+                        sqlx::query(create).execute(pool).await?;
+                    }
+                }
+                Db::Sqlite(pool) => {
+                    for create in CREATE_SQLITE {
+                        sqlx::query(create).execute(pool).await?;
+                    }
+                }
+            }
+            let psp = reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()?;
+            Ok(Self {
+                db,
+                psp,
+                charges: format!("{}/charges", psp_url.trim_end_matches('/')),
+                crash_points,
+            })
+        }
+    }
+
+    /// A debit's request body.
+    #[derive(Deserialize)]
+    pub(super) struct NewDebit {
+        amount: i64,
+        currency: String,
+        delay_ms: Option<u64>,
+    }
+
+    /// The 201 answer.
+    #[derive(Serialize)]
+    struct Debit {
+        id: i64,
+        tenant: String,
+        amount: i64,
+        currency: String,
+        charge: String,
+    }
+
+    /// Where this request asked its process to die, if crash points are on.
+    struct CrashAt(Option<String>);
+
+    impl CrashAt {
+        fn of(headers: &HeaderMap, enabled: bool) -> Self {
+            Self(
+                headers
+                    .get("x-crash-at")
+                    .filter(|_| enabled)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
+            )
+        }
+
+        /// Kills this process with SIGKILL when `point` is the one asked
+        /// for: nothing after it runs, as in a real crash.
+        fn here(&self, point: &str) {
+            if self.0.as_deref() == Some(point) {
+                let pid = std::process::id().to_string();
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", &pid])
+                    .status();
+                std::process::abort();
+            }
+        }
+    }
+
+    /// A step's failure that is its result (a decline, a database error
+    /// that outlasted the step's attempts).
+    fn failed(step: &str, error: &str) -> Response {
+        tracing::error!(step, error, "a debit step failed");
+        (StatusCode::BAD_GATEWAY, format!("{step} failed: {error}")).into_response()
+    }
+
+    /// `POST /debits`.
+    pub(super) async fn debit(
+        State(state): State<Debits>,
+        run: Run,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Response {
+        let new: NewDebit = match serde_json::from_slice(&body) {
+            Ok(new) => new,
+            Err(error) => {
+                return (StatusCode::UNPROCESSABLE_ENTITY, error.to_string()).into_response();
+            }
+        };
+        if new.amount <= 0 || new.currency.is_empty() || new.currency.len() > 16 {
+            let body = "amount must be positive and currency 1 to 16 characters";
+            return (StatusCode::UNPROCESSABLE_ENTITY, body).into_response();
+        }
+        let tenant = tenant_of(&headers);
+        let crash = CrashAt::of(&headers, state.crash_points);
+        crash.here("before-reserve");
+
+        let reserve_key = run.derived_key("reserve");
+        let reserved = run
+            .step("reserve", || async {
+                let held = reserve(&state.db, reserve_key.as_str(), &tenant, new.amount).await;
+                crash.here("in-reserve");
+                held
+            })
+            .await;
+        let _hold = match reserved {
+            Ok(Ok(hold)) => hold,
+            Ok(Err(error)) => return failed("reserve", &error),
+            Err(error) => return error.into_response(),
+        };
+        crash.here("after-reserve");
+
+        // The same key in every run of this request: the PSP charges once.
+        let charge_key = run.derived_key("charge");
+        let charged = run
+            .step("charge", || async {
+                let charge = charge(&state, charge_key.as_str(), &new).await;
+                if let Some(ms) = new.delay_ms {
+                    tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
+                }
+                crash.here("in-charge");
+                charge
+            })
+            .await;
+        let charge = match charged {
+            Ok(Ok(charge)) => charge,
+            Ok(Err(error)) => return failed("charge", &error),
+            Err(error) => return error.into_response(),
+        };
+        crash.here("after-charge");
+
+        let record_key = run.derived_key("record");
+        let recorded = run
+            .step("record", || async {
+                let id = record(&state.db, record_key.as_str(), &tenant, &new, &charge).await;
+                crash.here("in-record");
+                id
+            })
+            .await;
+        let id = match recorded {
+            Ok(Ok(id)) => id,
+            Ok(Err(error)) => return failed("record", &error),
+            Err(error) => return error.into_response(),
+        };
+        crash.here("after-record");
+        let debit = Debit {
+            id,
+            tenant,
+            amount: new.amount,
+            currency: new.currency,
+            charge,
+        };
+        (StatusCode::CREATED, Json(debit)).into_response()
+    }
+
+    /// Tries `attempt` up to [`ATTEMPTS`] times, 100 ms apart, while it
+    /// fails: the step's own retries, safe because its write or call is
+    /// keyed by the step's derived key.
+    async fn tried<T, F, Fut>(mut attempt: F) -> Result<T, String>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Retry>>,
+    {
+        let mut last = String::new();
+        for n in 0..ATTEMPTS {
+            if n > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            match attempt().await {
+                Ok(value) => return Ok(value),
+                Err(Retry::Again(error)) => last = error,
+                Err(Retry::Final(error)) => return Err(error),
+            }
+        }
+        Err(last)
+    }
+
+    /// Whether a failed attempt may be tried again.
+    enum Retry {
+        /// Transient (a connection, a 5xx): try again.
+        Again(String),
+        /// The answer (a decline): stop.
+        Final(String),
+    }
+
+    async fn reserve(db: &Db, key: &str, tenant: &str, amount: i64) -> Result<String, String> {
+        tried(|| async {
+            let held: sqlx::Result<(String,)> = match db {
+                Db::Postgres(pool) => {
+                    sqlx::query_as(RESERVE_POSTGRES)
+                        .bind(key)
+                        .bind(tenant)
+                        .bind(amount)
+                        .fetch_one(pool)
+                        .await
+                }
+                Db::Sqlite(pool) => {
+                    sqlx::query_as(RESERVE_SQLITE)
+                        .bind(key)
+                        .bind(tenant)
+                        .bind(amount)
+                        .fetch_one(pool)
+                        .await
+                }
+            };
+            held.map(|(key,)| key)
+                .map_err(|error| Retry::Again(error.to_string()))
+        })
+        .await
+    }
+
+    async fn charge(state: &Debits, key: &str, new: &NewDebit) -> Result<String, String> {
+        let body = serde_json::json!({"amount": new.amount, "currency": new.currency});
+        tried(|| async {
+            let answer = state
+                .psp
+                .post(&state.charges)
+                .header("idempotency-key", key)
+                .json(&body)
+                .send()
+                .await
+                .map_err(|error| Retry::Again(error.to_string()))?;
+            let status = answer.status();
+            let text = answer
+                .text()
+                .await
+                .map_err(|error| Retry::Again(error.to_string()))?;
+            if status.is_server_error() {
+                return Err(Retry::Again(format!("the PSP answered {status}")));
+            }
+            if !status.is_success() {
+                return Err(Retry::Final(format!("the PSP answered {status}: {text}")));
+            }
+            let charge: serde_json::Value =
+                serde_json::from_str(&text).map_err(|error| Retry::Final(error.to_string()))?;
+            charge["id"]
+                .as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| Retry::Final("the PSP's charge has no id".to_owned()))
+        })
+        .await
+    }
+
+    async fn record(
+        db: &Db,
+        key: &str,
+        tenant: &str,
+        new: &NewDebit,
+        charge: &str,
+    ) -> Result<i64, String> {
+        tried(|| async {
+            let id: sqlx::Result<(i64,)> = match db {
+                Db::Postgres(pool) => {
+                    sqlx::query_as(RECORD_POSTGRES)
+                        .bind(key)
+                        .bind(tenant)
+                        .bind(new.amount)
+                        .bind(&new.currency)
+                        .bind(charge)
+                        .fetch_one(pool)
+                        .await
+                }
+                Db::Sqlite(pool) => {
+                    sqlx::query_as(RECORD_SQLITE)
+                        .bind(key)
+                        .bind(tenant)
+                        .bind(new.amount)
+                        .bind(&new.currency)
+                        .bind(charge)
+                        .fetch_one(pool)
+                        .await
+                }
+            };
+            id.map(|(id,)| id)
+                .map_err(|error| Retry::Again(error.to_string()))
+        })
+        .await
     }
 }

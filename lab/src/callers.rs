@@ -11,6 +11,26 @@ use crate::traffic::{Kind, Operation};
 const READ: &str = "read-payment";
 const WRITE: &str = "create-payment";
 
+/// Where a debit is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DebitRoute {
+    /// `POST /payments`: one handler, one write.
+    Payments,
+    /// `POST /debits`: the resumable route (steps `reserve`, `charge` at
+    /// the PSP, `record`), its abandoned runs resumed by the retry.
+    Resumable,
+}
+
+impl DebitRoute {
+    /// The route's path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Payments => "/payments",
+            Self::Resumable => "/debits",
+        }
+    }
+}
+
 /// How one logical operation ended, as its client saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallOutcome {
@@ -32,8 +52,14 @@ pub enum Caller {
         policy: NaivePolicy,
     },
     /// One retry client per client instance (each its own budget), with
-    /// its defaults, debits declared guarded, the status service set.
-    Guarded(Vec<RetryClient>),
+    /// its defaults, debits declared guarded, the status service set (not
+    /// on the resumable route: see [`Caller::resumable`]).
+    Guarded {
+        /// The instances.
+        clients: Vec<RetryClient>,
+        /// Where their debits go.
+        debits: DebitRoute,
+    },
 }
 
 impl Caller {
@@ -67,14 +93,54 @@ impl Caller {
                     .with_status_client(StatusClient::new(status_url, token)))
             })
             .collect::<reqwest::Result<_>>()?;
-        Ok(Self::Guarded(instances))
+        Ok(Self::Guarded {
+            clients: instances,
+            debits: DebitRoute::Payments,
+        })
+    }
+
+    /// `clients` retry clients whose debits go to the resumable route,
+    /// declared guarded with a deadline of `deadline` (past the lease of a
+    /// crashed run), and without the status service: it advises
+    /// `reconcile` for an abandoned key, on which the client stops, while
+    /// this route resumes the key on the retry. So the client resends
+    /// after a lost answer, and fetches while the key is in flight, until
+    /// the resumed run answers.
+    ///
+    /// # Errors
+    ///
+    /// When an HTTP client cannot be built.
+    pub fn resumable(clients: usize, deadline: std::time::Duration) -> reqwest::Result<Self> {
+        let instances = (0..clients.max(1))
+            .map(|_| {
+                let http = reqwest::Client::builder()
+                    .pool_max_idle_per_host(0)
+                    .build()?;
+                let policy = Policy::guarded_write()
+                    .with_deadline(deadline)
+                    .with_max_attempts(12);
+                Ok(RetryClient::new(http).with_endpoint(WRITE, policy))
+            })
+            .collect::<reqwest::Result<_>>()?;
+        Ok(Self::Guarded {
+            clients: instances,
+            debits: DebitRoute::Resumable,
+        })
+    }
+
+    /// Where this caller's debits go.
+    pub fn debit_route(&self) -> DebitRoute {
+        match self {
+            Self::Naive { .. } => DebitRoute::Payments,
+            Self::Guarded { debits, .. } => *debits,
+        }
     }
 
     /// Makes one logical operation against the API at `base` (the proxy).
     pub async fn call(&self, operation: &Operation, base: &str) -> CallOutcome {
         match self {
             Self::Naive { http, policy } => naive_call(http, policy, operation, base).await,
-            Self::Guarded(clients) => {
+            Self::Guarded { clients, debits } => {
                 let client = &clients[operation.client % clients.len()];
                 let sent = match operation.kind {
                     Kind::Read => {
@@ -86,7 +152,7 @@ impl Caller {
                             .await
                     }
                     Kind::Write => {
-                        let url = format!("{base}/payments");
+                        let url = format!("{base}{}", debits.path());
                         let body = debit(operation);
                         client
                             .send(WRITE, |http| {
@@ -119,9 +185,10 @@ pub fn debit(operation: &Operation) -> serde_json::Value {
     body
 }
 
-/// The fingerprint the guard gives a debit's request (the key's record
-/// holds it), so that an abandoned key can be traced to its debit.
-pub fn debit_fingerprint(operation: &Operation) -> Fingerprint {
+/// The fingerprint the guard gives a debit's request on `route` (the
+/// key's record holds it), so that an abandoned key can be traced to its
+/// debit.
+pub fn debit_fingerprint(operation: &Operation, route: DebitRoute) -> Fingerprint {
     use axum::http::{HeaderMap, HeaderValue, Method, header};
     let mut headers = HeaderMap::new();
     headers.insert(
@@ -129,7 +196,7 @@ pub fn debit_fingerprint(operation: &Operation) -> Fingerprint {
         HeaderValue::from_static("application/json"),
     );
     let body = debit(operation).to_string();
-    Fingerprint::of_request(&Method::POST, "/payments", &headers, body.as_bytes())
+    Fingerprint::of_request(&Method::POST, route.path(), &headers, body.as_bytes())
 }
 
 /// The story's SDK: every 5xx, timeout and connection error retried after

@@ -69,6 +69,15 @@ pub struct IncidentConfig {
     /// lease is [`CRASH_LEASE`], so the killed debit's key is abandoned
     /// before the run ends. Off by default.
     pub crash_at: Option<Duration>,
+    /// With [`crash_at`](Self::crash_at): the guarded run's debits go to
+    /// the payments example's resumable route (`POST /debits`: steps
+    /// `reserve`, `charge` at the lab's fake PSP with the step's derived
+    /// key, `record`; abandoned runs resumed), and the client's retry
+    /// resumes each crashed debit instead of being told `outcome-unknown`.
+    /// Off in [`IncidentConfig::new`] (the crashed debit is left to
+    /// reconcile, as before); on for `incident --crash-at` unless
+    /// `--no-resume`.
+    pub resume: bool,
     /// The overload scenario: the API has a capacity, and the offered load
     /// surges past it for the schedule's window. Off (the jitter scenario)
     /// by default.
@@ -119,6 +128,11 @@ impl Scenario {
     }
 }
 
+/// The guarded client's deadline for a debit on the resumable route: past
+/// the crashed run's lease ([`CRASH_LEASE`]), the app's restart and the
+/// resumed run, so that the client's own retry resumes the crashed debit.
+pub const RESUME_DEADLINE: Duration = Duration::from_secs(30);
+
 /// How long a debit's handler takes when the run has a crash (the
 /// example's `delay_ms`), so that one is running when the app is killed.
 pub const CRASH_HANDLER_TIME: Duration = Duration::from_millis(300);
@@ -140,6 +154,7 @@ impl IncidentConfig {
             schedule: FaultSchedule::new(seed),
             naive: NaivePolicy::default(),
             crash_at: None,
+            resume: false,
             overload: None,
         }
     }

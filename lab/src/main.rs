@@ -87,10 +87,16 @@ struct IncidentArgs {
     out: Option<PathBuf>,
     /// Kill the app (SIGKILL) this many seconds into the traffic, while a
     /// debit runs, and start it again (debits then take 300 ms in their
-    /// handler, and the lease is 5 s): the guarded run is left with an
-    /// abandoned key to reconcile.
+    /// handler, and the lease is 5 s). The guarded run's debits go to the
+    /// resumable route (`POST /debits`: reserve, charge at a fake PSP,
+    /// record), and the client's retry resumes each crashed debit.
     #[arg(long)]
     crash_at: Option<f64>,
+    /// With `--crash-at`: the guarded run's debits stay on `POST
+    /// /payments`, and the crashed debit is left abandoned, a key to
+    /// reconcile.
+    #[arg(long)]
+    no_resume: bool,
     /// Leave the guarded run's SQLite file (`guarded.db`) in this
     /// directory, for the status service and its console.
     #[arg(long)]
@@ -132,6 +138,7 @@ impl IncidentArgs {
             .crash_at
             .map(|at| seconds("crash-at", at))
             .transpose()?;
+        config.resume = config.crash_at.is_some() && !self.no_resume;
         config.check()?;
         Ok(config)
     }

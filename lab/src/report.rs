@@ -64,6 +64,10 @@ pub fn table(naive: &Summary, guarded: &Summary) -> String {
         format!("{} / {}", s.extra_executions, s.most_executions)
     });
     row("debits never executed", &|s| s.not_executed.to_string());
+    row(
+        "**debits lost** (charged but not in the ledger, or never executed and given up)",
+        &|s| format!("**{}**", s.lost),
+    );
     row("calls given up by the client (reads / writes)", &|s| {
         pair(s.reads.gave_up, s.writes.gave_up)
     });
@@ -103,6 +107,19 @@ pub fn table(naive: &Summary, guarded: &Summary) -> String {
             ),
         },
     );
+    // The resumable route's PSP, when either run has one (a crash run).
+    if naive.psp.is_some() || guarded.psp.is_some() {
+        row(
+            "**PSP charges per debit** (charges / most of one debit / repeated charge requests absorbed by the derived key)",
+            &|s| match (s.charges_per_debit(), s.psp) {
+                (Some(per_debit), Some(psp)) => format!(
+                    "**{per_debit:.3}** ({} / {} / {})",
+                    psp.charges, psp.most_charges, psp.absorbed
+                ),
+                _ => "no PSP (`POST /payments`)".to_owned(),
+            },
+        );
+    }
     row("answers delayed / dropped / reset by the proxy", &|s| {
         format!("{} / {} / {}", s.delayed, s.dropped, s.reset)
     });
@@ -276,14 +293,22 @@ fn jitter_page(config: &IncidentConfig, naive: &Summary, guarded: &Summary, plot
             .crash_at
             .map(|at| format!(
                 " The app was killed (SIGKILL) {} s into the traffic, while a debit ran, \
-                 and started again (debits took {} ms in their handler, the lease was {} s).",
+                 and started again (debits took {} ms in their handler, the lease was {} s).{}",
                 at.as_secs_f64(),
                 crate::config::CRASH_HANDLER_TIME.as_millis(),
-                crate::config::CRASH_LEASE.as_secs()
+                crate::config::CRASH_LEASE.as_secs(),
+                if config.resume { RESUMABLE } else { "" }
             ))
             .unwrap_or_default(),
     )
 }
+
+/// What the jitter page says of a crash run on the resumable route.
+const RESUMABLE: &str = " The guarded run's debits went to the resumable route \
+     (`POST /debits`: steps `reserve`, `charge` at a fake PSP with the step's derived key \
+     as its `Idempotency-Key`, `record`; abandoned runs resumed), its client without the \
+     status service (which advises `reconcile` for an abandoned key) and with a 30 s \
+     deadline, so that its own retry resumes each crashed debit.";
 
 /// The guarded run's abandoned keys and the debit each was claimed for:
 /// the list finance needs (empty when there is none).

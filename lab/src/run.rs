@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use idempotency_tests::Process;
+use idempotency_tests::{FakePsp, Process};
 use tokio::task::JoinSet;
 
-use crate::callers::{CallOutcome, Caller};
+use crate::callers::{CallOutcome, Caller, DebitRoute};
 use crate::capacity::Capacity;
-use crate::config::{CRASH_HANDLER_TIME, CRASH_LEASE, IncidentConfig, Mode};
+use crate::config::{CRASH_HANDLER_TIME, CRASH_LEASE, IncidentConfig, Mode, RESUME_DEADLINE};
 use crate::programs::Programs;
 use crate::proxy::{Exchange, FaultProxy};
 use crate::schedule::FaultSchedule;
@@ -67,9 +67,17 @@ pub struct RunRecord {
     pub exchanges: Vec<Exchange>,
     /// When each status look-up was made (guarded only).
     pub lookups: Vec<Duration>,
-    /// Rows in `payments` per debit amount (debits that never ran are
-    /// absent).
+    /// Rows in the ledger per debit amount (`payments`, or `debits` on the
+    /// resumable route; debits that never ran are absent).
     pub ledger: HashMap<i64, u64>,
+    /// Where the debits went.
+    pub route: DebitRoute,
+    /// Charges the fake PSP made per debit amount, on the resumable route
+    /// (`None` elsewhere: `/payments` charges no PSP).
+    pub psp_charges: Option<HashMap<i64, u64>>,
+    /// Requests the fake PSP got (a charge step run again sends its
+    /// charge a second time, under the same derived key).
+    pub psp_requests: u64,
     /// The records left to reconcile (guarded only: the naive run has no
     /// keys to ask about).
     pub unsettled: Option<Unsettled>,
@@ -112,12 +120,25 @@ pub async fn run(
     }
     .as_secs()
     .to_string();
-    let app_env = [
+    // The resumable route, for the guarded run of a crash: its PSP lives
+    // here, across the app's restart.
+    let route = match mode {
+        Mode::Guarded if config.crash_at.is_some() && config.resume => DebitRoute::Resumable,
+        _ => DebitRoute::Payments,
+    };
+    let psp = match route {
+        DebitRoute::Resumable => Some(FakePsp::start().await),
+        DebitRoute::Payments => None,
+    };
+    let mut app_env = vec![
         ("DATABASE_URL", url.clone()),
         ("IDEMPOTENCY_GUARD", guard.to_owned()),
         ("LEASE_SECS", lease),
         ("RUST_LOG", "off".to_owned()),
     ];
+    if let Some(psp) = &psp {
+        app_env.push(("PSP_URL", psp.url()));
+    }
     let app = start_app(&programs.payments, None, &app_env).await;
     seed_payments(app.address).await?;
     let service = match mode {
@@ -206,9 +227,10 @@ pub async fn run(
             (None, Some(crash))
         }
     };
-    let caller = match &status_proxy {
-        None => Caller::naive(config.naive.clone())?,
-        Some(status) => {
+    let caller = match (&status_proxy, route) {
+        (None, _) => Caller::naive(config.naive.clone())?,
+        (Some(_), DebitRoute::Resumable) => Caller::resumable(config.clients, RESUME_DEADLINE)?,
+        (Some(status), DebitRoute::Payments) => {
             Caller::guarded(config.clients, &format!("http://{}", status.address), TOKEN)?
         }
     };
@@ -243,10 +265,19 @@ pub async fn run(
     // ones a moment.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let ledger = ledger(&url).await?;
+    let ledger = ledger(&url, route).await?;
+    let charges = psp.map(|psp| psp.charges()).unwrap_or_default();
+    let psp_requests = charges.iter().map(|charge| charge.requests).sum();
+    let psp_charges = (route == DebitRoute::Resumable).then(|| {
+        let mut by_amount: HashMap<i64, u64> = HashMap::new();
+        for charge in &charges {
+            *by_amount.entry(charge.amount).or_default() += 1;
+        }
+        by_amount
+    });
     let (unsettled, abandoned) = match &service {
         Some(service) => {
-            let (unsettled, abandoned) = unsettled(service.address, &debits).await?;
+            let (unsettled, abandoned) = unsettled(service.address, &debits, route).await?;
             (Some(unsettled), abandoned)
         }
         None => (None, Vec::new()),
@@ -260,6 +291,9 @@ pub async fn run(
         exchanges: proxy.exchanges(),
         lookups,
         ledger,
+        route,
+        psp_charges,
+        psp_requests,
         unsettled,
         abandoned,
         elapsed,
@@ -322,17 +356,25 @@ async fn seed_payments(app: std::net::SocketAddr) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Rows of `payments` per debit amount.
-async fn ledger(url: &str) -> anyhow::Result<HashMap<i64, u64>> {
+/// Rows of the ledger (`payments`, or `debits` on the resumable route)
+/// per debit amount.
+async fn ledger(url: &str, route: DebitRoute) -> anyhow::Result<HashMap<i64, u64>> {
     let pool = sqlx::SqlitePool::connect(url)
         .await
         .context("open the ledger")?;
-    let rows: Vec<(i64, i64)> =
-        sqlx::query_as("select amount, count(*) from payments where amount < ?1 group by amount")
-            .bind(SEEDED_AMOUNT)
-            .fetch_all(&pool)
-            .await
-            .context("count the ledger's rows")?;
+    let query = match route {
+        DebitRoute::Payments => {
+            "select amount, count(*) from payments where amount < ?1 group by amount"
+        }
+        DebitRoute::Resumable => {
+            "select amount, count(*) from debits where amount < ?1 group by amount"
+        }
+    };
+    let rows: Vec<(i64, i64)> = sqlx::query_as(query)
+        .bind(SEEDED_AMOUNT)
+        .fetch_all(&pool)
+        .await
+        .context("count the ledger's rows")?;
     pool.close().await;
     Ok(rows
         .into_iter()
@@ -345,12 +387,18 @@ async fn ledger(url: &str) -> anyhow::Result<HashMap<i64, u64>> {
 async fn unsettled(
     service: std::net::SocketAddr,
     debits: &[Operation],
+    route: DebitRoute,
 ) -> anyhow::Result<(Unsettled, Vec<AbandonedKey>)> {
     let http = reqwest::Client::new();
     let now = time::OffsetDateTime::now_utc();
     let by_fingerprint: HashMap<String, Operation> = debits
         .iter()
-        .map(|debit| (crate::callers::debit_fingerprint(debit).to_string(), *debit))
+        .map(|debit| {
+            (
+                crate::callers::debit_fingerprint(debit, route).to_string(),
+                *debit,
+            )
+        })
         .collect();
     let mut found = Unsettled::default();
     let mut abandoned = Vec::new();

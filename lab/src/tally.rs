@@ -101,6 +101,21 @@ pub struct GaveUp {
     pub writes: u64,
 }
 
+/// What the fake PSP charged, on the resumable route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PspFigures {
+    /// Charges made, all debits together.
+    pub charges: u64,
+    /// Debits charged more than once (each under another key: the
+    /// derived key makes a repeated charge step charge once).
+    pub double_charged: u64,
+    /// The most charges of one debit.
+    pub most_charges: u64,
+    /// Charge requests that made no charge: a charge step run again after
+    /// the crash, its derived key absorbing it.
+    pub absorbed: u64,
+}
+
 /// The totals of one run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
@@ -122,6 +137,11 @@ pub struct Summary {
     pub most_executions: u64,
     /// Debits never executed.
     pub not_executed: u64,
+    /// Debits lost: charged at the PSP but not in the ledger, or never
+    /// executed while their client was given no answer (it gave up).
+    pub lost: u64,
+    /// The PSP's charges (resumable route only).
+    pub psp: Option<PspFigures>,
     /// Questions asked of the status service.
     pub lookups: u64,
     /// Answers the proxy held, dropped and reset.
@@ -156,6 +176,11 @@ impl Summary {
         ratio(self.executions, self.debits)
     }
 
+    /// PSP charges per logical debit (resumable route only).
+    pub fn charges_per_debit(&self) -> Option<f64> {
+        self.psp.map(|psp| ratio(psp.charges, self.debits))
+    }
+
     /// Counts a run's record.
     pub fn of(record: &RunRecord) -> Self {
         let traffic = |kind: Kind| {
@@ -174,6 +199,29 @@ impl Summary {
         };
         let debits: Vec<i64> = record.debits().map(|c| c.operation.amount()).collect();
         let runs = |amount: &i64| record.ledger.get(amount).copied().unwrap_or(0);
+        let charged = |amount: &i64| {
+            record
+                .psp_charges
+                .as_ref()
+                .and_then(|charges| charges.get(amount).copied())
+                .unwrap_or(0)
+        };
+        let lost = record
+            .debits()
+            .filter(|call| {
+                let amount = call.operation.amount();
+                runs(&amount) == 0
+                    && (charged(&amount) > 0 || matches!(call.outcome, CallOutcome::GaveUp(_)))
+            })
+            .count() as u64;
+        let psp = record.psp_charges.as_ref().map(|_| PspFigures {
+            charges: debits.iter().map(charged).sum(),
+            double_charged: debits.iter().filter(|a| charged(a) > 1).count() as u64,
+            most_charges: debits.iter().map(charged).max().unwrap_or(0),
+            absorbed: record
+                .psp_requests
+                .saturating_sub(debits.iter().map(charged).sum()),
+        });
         let fates = |test: fn(&Fate) -> bool| {
             record.exchanges.iter().filter(|e| test(&e.fate)).count() as u64
         };
@@ -210,10 +258,16 @@ impl Summary {
             writes: traffic(Kind::Write),
             debits: debits.len() as u64,
             executions: debits.iter().map(runs).sum(),
-            double_charged: debits.iter().filter(|a| runs(a) > 1).count() as u64,
+            // In the ledger, or at the PSP (the resumable route).
+            double_charged: debits
+                .iter()
+                .filter(|a| runs(a) > 1 || charged(a) > 1)
+                .count() as u64,
             extra_executions: debits.iter().map(|a| runs(a).saturating_sub(1)).sum(),
             most_executions: debits.iter().map(runs).max().unwrap_or(0),
             not_executed: debits.iter().filter(|a| runs(a) == 0).count() as u64,
+            lost,
+            psp,
             lookups: record.lookups.len() as u64,
             delayed: fates(|f| matches!(f, Fate::Delay(_))),
             dropped: fates(|f| *f == Fate::Drop),
@@ -419,6 +473,9 @@ mod tests {
             ],
             lookups: vec![],
             ledger: HashMap::from([(2, 2), (3, 1)]),
+            route: crate::callers::DebitRoute::Payments,
+            psp_charges: None,
+            psp_requests: 0,
             unsettled: None,
             abandoned: vec![],
             elapsed: Duration::from_secs(3),
@@ -448,5 +505,51 @@ mod tests {
         // Seconds 0 to 2: 3 write requests for 2 writes started.
         assert_eq!(series.write_amplification[2], Some(1.5));
         assert_eq!(series.read_amplification[0], Some(1.0));
+        assert_eq!((summary.lost, summary.psp), (0, None));
+    }
+
+    #[test]
+    fn on_the_resumable_route_the_psp_charges_are_counted_and_a_charge_without_a_row_is_lost() {
+        let record = RunRecord {
+            mode: Mode::Guarded,
+            calls: vec![
+                call(1, Kind::Write, CallOutcome::Answered(201)),
+                call(2, Kind::Write, CallOutcome::Answered(201)),
+                call(
+                    3,
+                    Kind::Write,
+                    CallOutcome::GaveUp("deadline-exceeded".into()),
+                ),
+                call(
+                    4,
+                    Kind::Write,
+                    CallOutcome::GaveUp("deadline-exceeded".into()),
+                ),
+            ],
+            exchanges: vec![],
+            lookups: vec![],
+            // By amount (index + 1): 3 charged twice, 4 charged and never
+            // recorded (lost), 5 neither (its client gave up: lost too).
+            ledger: HashMap::from([(2, 1), (3, 1)]),
+            route: crate::callers::DebitRoute::Resumable,
+            psp_charges: Some(HashMap::from([(2, 1), (3, 2), (4, 1)])),
+            psp_requests: 6,
+            unsettled: None,
+            abandoned: vec![],
+            elapsed: Duration::from_secs(3),
+            window: Duration::ZERO..Duration::from_secs(3),
+        };
+        let summary = Summary::of(&record);
+        assert_eq!(summary.lost, 2);
+        assert_eq!(
+            summary.psp,
+            Some(PspFigures {
+                charges: 4,
+                double_charged: 1,
+                most_charges: 2,
+                absorbed: 2
+            })
+        );
+        assert_eq!(summary.charges_per_debit(), Some(1.0));
     }
 }

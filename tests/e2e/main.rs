@@ -10,6 +10,7 @@ mod crash;
 mod deploy_files;
 mod hostile_input;
 mod lost_response;
+mod resume_crash;
 mod retry_client;
 mod sealed;
 mod startup;

@@ -2,7 +2,7 @@
 //! runs; the naive one double-charges, the guarded one never does, and
 //! the crash leaves it keys to reconcile, each traced to its debit.
 
-use crate::lab_run::{lab_run, overload_run};
+use crate::lab_run::{lab_run, overload_run, resume_run};
 
 #[test]
 fn through_the_same_faults_the_naive_run_double_charges_and_the_guarded_run_does_not() {
@@ -138,4 +138,41 @@ fn past_its_capacity_the_naive_client_storms_and_the_guarded_one_does_not() {
     let page = std::fs::read_to_string(&incident.table).expect("the table");
     assert!(page.starts_with("# The overload lab"), "{page}");
     assert!(incident.plot.ends_with("overload.svg"));
+}
+
+/// Issue 52: the crash on the resumable route leaves nothing to
+/// reconcile. The guarded run's debits go to `POST /debits` (reserve,
+/// charge at the fake PSP with the step's derived key, record); the app is
+/// killed mid-debit and started again; the client's retry resumes the
+/// crashed debit. No key is left to reconcile, no debit is charged twice
+/// or lost, and the PSP charged each debit exactly once.
+#[test]
+fn a_crash_on_the_resumable_route_leaves_no_key_to_reconcile_and_charges_each_debit_once() {
+    let incident = &resume_run().incident;
+    let (naive, guarded) = (&incident.naive, &incident.guarded);
+    assert!(guarded.writes.operations > 20, "{guarded:?}");
+    let unsettled = guarded.unsettled.expect("the guarded run asks the store");
+    assert_eq!(
+        (unsettled.abandoned, unsettled.in_flight_past_lease),
+        (0, 0),
+        "no key left to reconcile: {guarded:?}"
+    );
+    assert!(guarded.abandoned.is_empty(), "{guarded:?}");
+    assert_eq!(guarded.double_charged, 0, "{guarded:?}");
+    assert_eq!(guarded.lost, 0, "{guarded:?}");
+    assert_eq!(
+        guarded.writes.gave_up, 0,
+        "every debit answered: {guarded:?}"
+    );
+    assert_eq!(guarded.not_executed, 0, "{guarded:?}");
+    let psp = guarded.psp.expect("the resumable route charges the PSP");
+    assert_eq!(psp.charges, guarded.debits, "{guarded:?}");
+    assert_eq!(psp.most_charges, 1, "{guarded:?}");
+    assert_eq!(guarded.charges_per_debit(), Some(1.0));
+    // The naive run stays on `POST /payments`: no PSP.
+    assert_eq!(naive.psp, None);
+    let page = std::fs::read_to_string(&incident.table).expect("the table");
+    assert!(page.contains("| **PSP charges per debit**"), "{page}");
+    assert!(page.contains("| **debits lost**"), "{page}");
+    assert!(page.contains("resumable route"), "{page}");
 }

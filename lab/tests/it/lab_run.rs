@@ -22,7 +22,8 @@ pub(crate) struct LabRun {
     _dir: tempfile::TempDir,
 }
 
-/// The overload run and the directory its page is in.
+/// A run without a kept store (the overload run, the resume run) and the
+/// directory its page is in.
 pub(crate) struct OverloadRun {
     /// Its figures, page and plot.
     pub(crate) incident: Incident,
@@ -62,6 +63,56 @@ fn overload_once() -> Result<OverloadRun, String> {
     // before its overload limiter trips stay a small share of the window.
     config.schedule.window = Duration::from_secs(12);
     config.overload = Some(Overload::for_rate(config.rate));
+    let dir = tempfile::tempdir().map_err(|error| format!("a temporary directory: {error}"))?;
+    let incident = runtime()?
+        .block_on(idempotency_lab::incident(
+            &config,
+            &programs(),
+            dir.path(),
+            None,
+        ))
+        .map_err(|error| format!("{error:#}"))?;
+    println!(
+        "{}",
+        idempotency_lab::report::table(&incident.naive, &incident.guarded)
+    );
+    Ok(OverloadRun {
+        incident,
+        _dir: dir,
+    })
+}
+
+/// The crash run on the resumable route at CI size: the jitter run's
+/// traffic and faults, the app killed once mid-debit, the guarded run's
+/// debits on `POST /debits` (reserve, charge at the lab's fake PSP,
+/// record), resumed by the client's retry.
+///
+/// # Panics
+///
+/// When the run failed.
+pub(crate) fn resume_run() -> &'static OverloadRun {
+    static RUN: OnceLock<Result<OverloadRun, String>> = OnceLock::new();
+    let run = RUN.get_or_init(|| {
+        std::thread::spawn(resume_once)
+            .join()
+            .unwrap_or_else(|_| Err("the resume run panicked (its message is above)".to_owned()))
+    });
+    run.as_ref()
+        .unwrap_or_else(|error| panic!("the resume run: {error}"))
+}
+
+fn resume_once() -> Result<OverloadRun, String> {
+    let _alone = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut config = IncidentConfig::new(7);
+    config.rate = 12.0;
+    config.writes = 0.4;
+    config.duration = Duration::from_secs(12);
+    config.schedule.start = Duration::from_secs(2);
+    config.schedule.window = Duration::from_secs(8);
+    config.crash_at = Some(Duration::from_secs(1));
+    config.resume = true;
     let dir = tempfile::tempdir().map_err(|error| format!("a temporary directory: {error}"))?;
     let incident = runtime()?
         .block_on(idempotency_lab::incident(
