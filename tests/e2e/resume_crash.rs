@@ -2,7 +2,7 @@
 //! route (`POST /debits`: steps `reserve`, `charge` at a fake PSP that
 //! honours `Idempotency-Key`, `record`) killed at each step boundary and
 //! inside each step (`CRASH_POINTS=true` and `X-Crash-At`: the process
-//! sends itself SIGKILL there), on PostgreSQL, SQLite and Redis. After a
+//! sends itself SIGKILL there), on PostgreSQL, SQLite, Redis and NATS. After a
 //! restart, the client's retry resumes each crashed debit and gets the
 //! real answer; another retry gets it stored. Each local step ran once, or
 //! twice when the crash cut it between its write and its record (the write
@@ -43,6 +43,7 @@ enum Records {
     Postgres,
     Sqlite,
     Redis,
+    Nats,
 }
 
 /// One crashed debit: its key, its amount, where it was killed.
@@ -132,7 +133,7 @@ async fn every_crashed_debit_resumes_once(records: Records) {
     );
     let postgres = match records {
         Records::Postgres => Some(idempotency_tests::postgres_database().await),
-        Records::Sqlite | Records::Redis => None,
+        Records::Sqlite | Records::Redis | Records::Nats => None,
     };
     let database_url = postgres.as_ref().map_or(sqlite_url, |db| db.url.clone());
     let prefix = format!("e2e-resume-{}", uuid::Uuid::new_v4().simple());
@@ -147,6 +148,21 @@ async fn every_crashed_debit_resumes_once(records: Records) {
         env.push(("STORE", "redis".to_owned()));
         env.push(("REDIS_URL", idempotency_tests::fixtures::redis_url()));
         env.push(("REDIS_PREFIX", prefix.clone()));
+    }
+    // The NATS store needs a server of 2.11 or later: the tests' own.
+    let nats_url = match records {
+        Records::Nats => {
+            tokio::task::spawn_blocking(idempotency_tests::nats_server::nats_store_url)
+                .await
+                .expect("find the NATS server")
+        }
+        _ => String::new(),
+    };
+    if let Records::Nats = records {
+        // A bucket of its own (the prefix), deleted below.
+        env.push(("STORE", "nats".to_owned()));
+        env.push(("NATS_URL", nats_url.clone()));
+        env.push(("NATS_BUCKET", prefix.clone()));
     }
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let program = programs::path(Program::Payments);
@@ -268,6 +284,12 @@ async fn every_crashed_debit_resumes_once(records: Records) {
         let _ =
             idempotency_tests::fixtures::delete_redis_keys(&mut connection, &format!("{prefix}:*"));
     }
+    if let Records::Nats = records {
+        let client = async_nats::connect(nats_url.as_str()).await.unwrap();
+        let _ = async_nats::jetstream::new(client)
+            .delete_stream(format!("KV_{prefix}"))
+            .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,4 +305,9 @@ async fn resume_crash_on_sqlite_every_crashed_debit_completes_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_crash_on_redis_every_crashed_debit_completes_once() {
     every_crashed_debit_resumes_once(Records::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_crash_on_nats_every_crashed_debit_completes_once() {
+    every_crashed_debit_resumes_once(Records::Nats).await;
 }
