@@ -114,6 +114,7 @@ mod tests {
             expires_at: now + secs(3600),
             observed_at: now,
             steps: Vec::new(),
+            request: None,
         }
     }
 

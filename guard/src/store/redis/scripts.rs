@@ -35,6 +35,8 @@ pub(super) static TAKE_OVER: LazyLock<Script> = script!(
 );
 pub(super) static RECORD_STEPS: LazyLock<Script> =
     script!("fence.lua", "steps.lua", "record_steps.lua");
+pub(super) static RECORD_REQUEST: LazyLock<Script> =
+    script!("fence.lua", "steps.lua", "record_request.lua");
 pub(super) static ADMIN_FORGET: LazyLock<Script> =
     script!("legacy_pack.lua", "legacy.lua", "admin_forget.lua");
 
