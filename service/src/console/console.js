@@ -149,7 +149,10 @@ function keyLink(record) {
 }
 
 function stateBadge(record) {
-  const name = record.reconciled ? "reconciled" : record.state;
+  const name = record.reconciled ? "reconciled"
+    : record.will_complete ? "will_complete"
+    : record.completer && record.completer.gave_up && record.state === "abandoned" ? "gave_up"
+    : record.state;
   return el("span", { class: `state state-${name}`, text: name.replace("_", " ") });
 }
 
@@ -317,7 +320,9 @@ async function showKey(scope, key) {
   current = detail.record;
   const record = detail.record;
   $("k-badge").append(stateBadge(record),
-    " ", el("span", { class: "hint", text: record.needs_decision
+    " ", el("span", { class: "hint", text: record.will_complete
+      ? "Will complete: the completer (or the client's retry) resumes its run from its recorded steps. No decision needed; you may still release or forget it."
+      : record.needs_decision
       ? "Outcome unknown: its handler may or may not have had effects. Check, then decide."
       : record.reconciled ? `Reconciled by ${record.reconciled.by}: ${record.reconciled.reason}` : "" }));
   for (const step of detail.life) {
@@ -328,6 +333,15 @@ async function showKey(scope, key) {
   pair(request, "Path", el("code", { text: record.path }));
   pair(request, "Fingerprint", el("code", { text: record.fingerprint }));
   pair(request, "Transactional", record.transactional ? "yes" : "no");
+  const steps = record.steps || [];
+  pair(request, "Steps recorded", steps.length
+    ? el("ol", { class: "steps" }, ...steps.map((name) => el("li", {}, el("code", { text: name }))))
+    : "none");
+  if (record.completer) {
+    pair(request, "Completer", record.completer.gave_up
+      ? `gave up after ${record.completer.attempts} attempts`
+      : `${record.completer.attempts} attempts so far`);
+  }
   const response = $("k-response");
   const stored = detail.response;
   if (!stored) {
