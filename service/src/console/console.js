@@ -148,6 +148,10 @@ function keyLink(record) {
   return link;
 }
 
+function attempts(n) {
+  return `${n} ${n === 1 ? "attempt" : "attempts"}`;
+}
+
 function stateBadge(record) {
   const name = record.reconciled ? "reconciled"
     : record.will_complete ? "will_complete"
@@ -339,8 +343,8 @@ async function showKey(scope, key) {
     : "none");
   if (record.completer) {
     pair(request, "Completer", record.completer.gave_up
-      ? `gave up after ${record.completer.attempts} attempts`
-      : `${record.completer.attempts} attempts so far`);
+      ? `gave up after ${attempts(record.completer.attempts)}`
+      : `${attempts(record.completer.attempts)} so far`);
   }
   const response = $("k-response");
   const stored = detail.response;
