@@ -140,6 +140,7 @@ try {
     seen.resuming.request = await page.textContent("#k-request");
     seen.resuming.releaseEnabled = await page.isEnabled("#act-release");
     seen.resuming.reconcileEnabled = await page.isEnabled("#act-reconcile");
+    seen.resuming.giveUpEnabled = await page.isEnabled("#act-give-up");
     await page.click("#back");
     await listed();
   }
@@ -155,6 +156,7 @@ try {
     request: await page.textContent("#k-request"),
     response: await page.textContent("#k-response"),
     releaseEnabled: await page.isEnabled("#act-release"),
+    giveUpEnabled: await page.isEnabled("#act-give-up"),
   };
   if (shots) await page.screenshot({ path: `${shots}/console-key.png`, fullPage: true });
 

@@ -41,6 +41,7 @@ use crate::problem::Problem;
         admin::list_keys,
         admin::forget_key,
         admin::release_key,
+        admin::give_up_key,
         export::export_keys,
         record::show_key,
         record::reconcile_key,

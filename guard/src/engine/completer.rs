@@ -441,14 +441,8 @@ impl<S: AdminStore> Completer<S> {
 
     /// Takes `record` over once more to mark its stored request given up,
     /// and ends that lease at once: the key stays abandoned, for a person.
-    async fn give_up(&self, record: &Record, mut request: StoredRequest) -> Outcome {
-        request.gave_up = true;
-        let job = job_of(record, request);
-        let answer = self
-            .engine
-            .run(job, |_context| async { Settle::Abandon { reply: () } })
-            .await;
-        match answer {
+    async fn give_up(&self, record: &Record, request: StoredRequest) -> Outcome {
+        match self.engine.mark_given_up(record, request).await {
             Answer::Ran { .. } => {
                 tracing::warn!(
                     scope = %record.scope,
@@ -459,6 +453,78 @@ impl<S: AdminStore> Completer<S> {
             }
             _ => Outcome::Skipped,
         }
+    }
+}
+
+/// What [`Engine::give_up_completion`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GiveUp {
+    /// The key's kept request is marked given up: no completer takes the
+    /// key again; it is abandoned, for a person to decide.
+    GaveUp,
+    /// There is no record of the key.
+    Missing,
+    /// The key is not one a completer would finish: in this state, or
+    /// abandoned without a kept request (or given up already). Nothing
+    /// was written.
+    NotResuming(RecordState),
+    /// The take-over was refused (the store failed, or a client's retry
+    /// holds the key): nothing was written.
+    Refused(Refusal),
+}
+
+impl<S: crate::store::Store> Engine<S> {
+    /// Gives up on completing `(scope, key)`: the operator's way to stop
+    /// completers from finishing a key that will complete
+    /// ([`Completer`]). The key is taken over (fenced, as any take-over),
+    /// its kept request marked given up, and the lease ended at once: it
+    /// stays abandoned, with its steps, for a person to decide (release,
+    /// forget). Runs nothing of the key's work.
+    ///
+    /// # Errors
+    ///
+    /// The store's, when reading the record fails.
+    pub async fn give_up_completion(
+        &self,
+        scope: &Scope,
+        key: &crate::key::IdempotencyKey,
+    ) -> Result<GiveUp, crate::store::StoreError> {
+        let Some(record) = self.timed("get", self.inner.store.get(scope, key)).await? else {
+            return Ok(GiveUp::Missing);
+        };
+        let state = record.state();
+        let resuming = state == RecordState::Abandoned
+            && !record.transactional
+            && !record.is_expired()
+            && record
+                .request
+                .as_deref()
+                .is_some_and(|request| !request.gave_up);
+        let Some(request) = record.request.as_deref().filter(|_| resuming) else {
+            return Ok(GiveUp::NotResuming(state));
+        };
+        Ok(match self.mark_given_up(&record, request.clone()).await {
+            Answer::Ran { .. } => GiveUp::GaveUp,
+            Answer::Refused(refusal) => GiveUp::Refused(refusal),
+            Answer::Replay(_) => GiveUp::NotResuming(RecordState::Completed),
+        })
+    }
+
+    /// Takes `record` over (resuming, whatever this engine's policy) to
+    /// keep `request` marked given up, and ends the lease at once.
+    async fn mark_given_up(&self, record: &Record, mut request: StoredRequest) -> Answer<()> {
+        request.gave_up = true;
+        let engine = if self.inner.config.policy.abandoned == AbandonedPolicy::Resume {
+            self.clone()
+        } else {
+            self.clone().with_abandoned(AbandonedPolicy::Resume)
+        };
+        engine
+            .run(job_of(record, request), |_context| async {
+                Settle::Abandon { reply: () }
+            })
+            .await
     }
 }
 

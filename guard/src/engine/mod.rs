@@ -97,7 +97,7 @@ use tokio_util::task::TaskTracker;
 
 pub use answer::{Answer, Refusal, Settle, Settled};
 pub(crate) use completer::CompleterAttempt;
-pub use completer::{Completer, CompleterHandle, CompleterRound};
+pub use completer::{Completer, CompleterHandle, CompleterRound, GiveUp};
 pub(crate) use config::EngineConfig;
 pub use config::FailureMode;
 pub(crate) use config::engine_settings;

@@ -142,8 +142,8 @@ pub(crate) struct AdminAction {
     pub scope: String,
     /// The key.
     pub key: String,
-    /// `forget` or `release`.
-    #[schema(pattern = "^(forget|release)$")]
+    /// `forget`, `release` or `give-up`.
+    #[schema(pattern = "^(forget|release|give-up)$")]
     pub action: String,
     /// The state the record was in when it was deleted.
     #[schema(pattern = "^(completed|abandoned)$")]

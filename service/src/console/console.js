@@ -367,6 +367,7 @@ async function showKey(scope, key) {
   $("actions").hidden = false;
   $("act-release").disabled = record.state !== "abandoned";
   $("act-reconcile").disabled = !record.needs_decision;
+  $("act-give-up").disabled = !record.will_complete;
   $("act-forget").disabled = record.state === "in_flight";
   await trailShown;
 }
@@ -412,6 +413,9 @@ async function act(action) {
   if (action === "release") {
     await api("POST", `${path}/release`, { reason });
     done = `Released ${key}: the client's retry runs.`;
+  } else if (action === "give-up") {
+    await api("POST", `${path}/give-up`, { reason });
+    done = `Gave up completing ${key}: it is abandoned, for a decision.`;
   } else if (action === "reconcile") {
     await api("POST", `${path}/reconcile`, { reason });
     done = `Marked ${key} reconciled: kept, no longer needing a decision.`;
@@ -420,7 +424,7 @@ async function act(action) {
     done = `Forgot ${key}.`;
   }
   $("reason").value = "";
-  if (action === "reconcile") await showKey(scope, key);
+  if (action === "reconcile" || action === "give-up") await showKey(scope, key);
   else {
     current = null;
     $("actions").hidden = true;
@@ -481,7 +485,7 @@ document.addEventListener("DOMContentLoaded", () => {
     event.preventDefault();
     location.hash = "";
   });
-  for (const action of ["release", "reconcile", "forget"]) {
+  for (const action of ["release", "give-up", "reconcile", "forget"]) {
     $(`act-${action}`).addEventListener("click", () => act(action).catch(fail));
   }
   window.addEventListener("hashchange", () => route().catch(fail));

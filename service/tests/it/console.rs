@@ -673,8 +673,12 @@ async fn releases_in_a_browser(store: AnyStore, store_env: &[(&str, &str)]) {
             "{page}"
         );
         assert_eq!(
-            (&page["releaseEnabled"], &page["reconcileEnabled"]),
-            (&Value::Bool(true), &Value::Bool(false)),
+            (
+                &page["releaseEnabled"],
+                &page["reconcileEnabled"],
+                &page["giveUpEnabled"]
+            ),
+            (&Value::Bool(true), &Value::Bool(false), &Value::Bool(true)),
             "{page}"
         );
     }
@@ -691,6 +695,8 @@ async fn releases_in_a_browser(store: AnyStore, store_env: &[(&str, &str)]) {
     // The key's page: its life and its request.
     let key_page = &seen["keyPage"];
     assert_eq!(key_page["key"], KEY);
+    // An abandoned key no completer finishes: nothing to give up.
+    assert_eq!(key_page["giveUpEnabled"], false, "{key_page}");
     let life = strings(&key_page["life"]);
     assert!(life[0].starts_with("claimed"), "{life:?}");
     assert!(

@@ -147,6 +147,54 @@ pub(crate) async fn a_resumable_key_is_resuming_and_will_complete<S: Store + Int
         .collect();
     assert_eq!(keys, ["given-up"]);
 
+    // An operator may give up completing it: abandoned again, for a
+    // decision; giving up again changes nothing; a missing key is a 404.
+    let give_up = "/v1/admin/keys/{scope}/{key}/give-up";
+    let path = "/v1/admin/keys/tenant-a/resumable/give-up?reason=psp%20ticket%2042";
+    let answer = call(&router, give_up, admin(Method::POST, path)).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_eq!(answer.json()["action"], "give-up");
+    let status = call(
+        &router,
+        "/v1/keys/{key}",
+        get("/v1/keys/resumable", Some(TOKEN_A)),
+    )
+    .await;
+    assert_eq!(status.json()["state"], "abandoned");
+    let answer = call(
+        &router,
+        show,
+        admin(Method::GET, "/v1/admin/keys/tenant-a/resumable"),
+    )
+    .await;
+    let record = &answer.json()["record"];
+    assert_eq!(
+        (
+            record["will_complete"].as_bool(),
+            record["needs_decision"].as_bool()
+        ),
+        (Some(false), Some(true))
+    );
+    assert_eq!(
+        record["completer"],
+        serde_json::json!({"attempts": 2, "gave_up": true})
+    );
+    assert_eq!(
+        record["steps"],
+        serde_json::json!(["reserve"]),
+        "the steps are kept"
+    );
+    let answer = call(&router, give_up, admin(Method::POST, path)).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let missing = "/v1/admin/keys/tenant-a/no-such-key/give-up?reason=x";
+    let answer = call(&router, give_up, admin(Method::POST, missing)).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+
     // An operator may still release it.
     let release = "/v1/admin/keys/{scope}/{key}/release";
     let answer = call(
