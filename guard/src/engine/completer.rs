@@ -12,8 +12,8 @@
 //! # A round
 //!
 //! 1. **Find.** For each scope it was given ([`Completer::with_scopes`];
-//!    `default` unless told), the completer pages through the store's
-//!    admin listing of abandoned records
+//!    `default` unless told), up to 1000 keys a round, the completer pages
+//!    through the store's admin listing of abandoned records
 //!    ([`AdminStore::list`] with [`StateFilter::Abandoned`]: not
 //!    transactional, not expired) and keeps those that hold a stored request
 //!    the completer has not given up on, whose lease ended at least the
@@ -70,6 +70,9 @@ pub(crate) struct CompleterAttempt(pub(crate) u32);
 
 /// The records one listing page holds while the completer looks for work.
 const PAGE: u32 = 200;
+/// The most keys one round drives (the rest wait for the next round), so a
+/// round's memory stays bounded however many keys an incident left.
+const MAX_PER_ROUND: usize = 1000;
 
 /// What the completer does with a stored request: run the work it stands
 /// for, through the engine (a [`Job`] for `Engine::run`) or through a
@@ -343,6 +346,10 @@ impl<S: AdminStore> Completer<S> {
                         .into_iter()
                         .filter(|record| self.is_due(record)),
                 );
+                if due.len() >= MAX_PER_ROUND {
+                    due.truncate(MAX_PER_ROUND);
+                    return due;
+                }
                 match page.next {
                     Some(next) => after = Some(next),
                     None => break,
