@@ -33,6 +33,11 @@ pub enum KeyState {
     Completed,
     /// The handler started but never finished: its outcome is unknown.
     Abandoned,
+    /// The handler started and never finished, but its run resumes: the
+    /// route keeps its request for the completer, which finishes it from
+    /// its recorded steps (so does the client's retry). Ask again after
+    /// `retry_after_seconds`; `steps` says how far it got.
+    Resuming,
 }
 
 /// What a client that lost its answer should do next.
@@ -114,6 +119,10 @@ pub struct KeyStatus {
     /// `true` in lookup results; absent in `GET /v1/keys/{key}` answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub found: Option<bool>,
+    /// The names of the steps its run recorded, in order (absent when it
+    /// recorded none): the last is the step it reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Vec<String>>,
 }
 
 /// The body of `POST /v1/keys/lookup`: 1 to 1000 keys.
@@ -210,7 +219,7 @@ impl From<&KeyStatus> for Status {
                 Self::RanNotStored(status.response_status.unwrap_or(0))
             }
             KeyState::Completed => Self::Ran(status.response_status.unwrap_or(0)),
-            KeyState::InFlight => {
+            KeyState::InFlight | KeyState::Resuming => {
                 Self::Running(Duration::from_secs(status.retry_after_seconds.unwrap_or(1)))
             }
             KeyState::Abandoned => Self::Unknown,

@@ -172,6 +172,7 @@ mod tests {
             },
             observed_at: now,
             steps: Vec::new(),
+            request: None,
         }
     }
 

@@ -210,6 +210,7 @@ mod response;
 #[cfg_attr(docsrs, doc(cfg(feature = "server")))]
 pub mod server;
 pub mod store;
+mod stored_request;
 pub mod telemetry;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -235,6 +236,7 @@ pub use record::{CorruptRecord, Record, RecordState, Step, StoredResponse};
 pub use replay::{RedactFn, ReplayPolicy};
 pub use response::{IDEMPOTENT_REPLAYED, default_stored_status};
 pub use store::{AnyStore, Purge, Store, StoreError};
+pub use stored_request::StoredRequest;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use transaction::Tx;

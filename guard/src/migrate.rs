@@ -59,6 +59,11 @@ const POSTGRES_MIGRATIONS: &[MigrationFile] = &[
         description: "recorded steps",
         sql: include_str!("../migrations/postgres/0002_recorded_steps.sql"),
     },
+    MigrationFile {
+        version: 3,
+        description: "stored requests",
+        sql: include_str!("../migrations/postgres/0003_stored_requests.sql"),
+    },
 ];
 
 /// The files of `migrations/sqlite`, in order.
@@ -73,6 +78,11 @@ const SQLITE_MIGRATIONS: &[MigrationFile] = &[
         version: 2,
         description: "recorded steps",
         sql: include_str!("../migrations/sqlite/0002_recorded_steps.sql"),
+    },
+    MigrationFile {
+        version: 3,
+        description: "stored requests",
+        sql: include_str!("../migrations/sqlite/0003_stored_requests.sql"),
     },
 ];
 

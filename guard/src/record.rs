@@ -101,6 +101,10 @@ pub struct Record {
     /// The steps its run recorded, in order (empty for a run that records
     /// none): what a resumed run gets back without running them.
     pub steps: Vec<Step>,
+    /// The request kept with the claim of a resumable run, for the
+    /// completer ([`crate::engine::Completer`]); `None` when the route
+    /// keeps none.
+    pub request: Option<Box<crate::stored_request::StoredRequest>>,
 }
 
 impl Record {
@@ -301,6 +305,7 @@ mod tests {
             expires_at: now + Duration::days(1),
             observed_at: now,
             steps: Vec::new(),
+            request: None,
         }
     }
 

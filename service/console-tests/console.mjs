@@ -27,6 +27,8 @@ const shots = process.env.SCREENSHOTS;
 const tokenA = env("TOKEN_A");
 const scanScope = env("SCAN_SCOPE");
 const scanPath = env("SCAN_PATH");
+// A key the completer will finish (empty on a store that keeps no steps).
+const resumingKey = process.env.RESUMING_KEY || "";
 const COOKIE = "idempotency-console";
 
 // A plain HTTP request, outside the browser: the status, content type
@@ -126,6 +128,23 @@ try {
   seen.pwned = await page.evaluate(() => window.__pwned ?? null);
   if (shots) await page.screenshot({ path: `${shots}/console-list.png` });
 
+  // A key that will complete: listed apart with its badge; its page shows
+  // its steps, and it may still be released.
+  if (resumingKey) {
+    const row = `#rest tbody tr[data-key="${resumingKey}"]`;
+    seen.resuming = { listBadge: await page.textContent(`${row} td[data-label="State"]`) };
+    await page.click(`${row} td.key a`);
+    await page.waitForFunction((text) => document.getElementById("k-key").textContent === text && !document.getElementById("actions").hidden, resumingKey);
+    seen.resuming.badge = await page.textContent("#k-badge");
+    seen.resuming.steps = await page.$$eval("#k-request ol.steps li", (items) => items.map((item) => item.textContent));
+    seen.resuming.request = await page.textContent("#k-request");
+    seen.resuming.releaseEnabled = await page.isEnabled("#act-release");
+    seen.resuming.reconcileEnabled = await page.isEnabled("#act-reconcile");
+    seen.resuming.giveUpEnabled = await page.isEnabled("#act-give-up");
+    await page.click("#back");
+    await listed();
+  }
+
   // Open the abandoned key.
   await page.click(`#needs tbody tr[data-key="${key}"] td.key a`);
   await page.waitForFunction((text) => document.getElementById("k-key").textContent === text && !document.getElementById("actions").hidden, key);
@@ -137,6 +156,7 @@ try {
     request: await page.textContent("#k-request"),
     response: await page.textContent("#k-response"),
     releaseEnabled: await page.isEnabled("#act-release"),
+    giveUpEnabled: await page.isEnabled("#act-give-up"),
   };
   if (shots) await page.screenshot({ path: `${shots}/console-key.png`, fullPage: true });
 

@@ -58,6 +58,7 @@ fn count_state(state: Option<idempotency_client::status::KeyState>) {
         Some(KeyState::InFlight) => "in_flight",
         Some(KeyState::Completed) => "completed",
         Some(KeyState::Abandoned) => "abandoned",
+        Some(KeyState::Resuming) => "resuming",
         None => "absent",
     };
     metrics::counter!(KEY_STATES_TOTAL, "state" => label).increment(1);

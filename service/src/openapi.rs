@@ -13,7 +13,7 @@ use utoipa::{Modify, OpenApi};
 
 use crate::admin::dto::{
     AdminAction, AdminBody, AdminDecision, AdminEvent, AdminHeader, AdminIdentity, AdminPage,
-    AdminRecord, AdminRecordDetail, AdminResponse, AdminTrail,
+    AdminRecord, AdminRecordDetail, AdminResponse, AdminTrail, CompleterAccount,
 };
 use crate::admin::reconciled::Reconciliation;
 use crate::admin::{export, handlers as admin, record, sign_in};
@@ -41,6 +41,7 @@ use crate::problem::Problem;
         admin::list_keys,
         admin::forget_key,
         admin::release_key,
+        admin::give_up_key,
         export::export_keys,
         record::show_key,
         record::reconcile_key,
@@ -49,7 +50,7 @@ use crate::problem::Problem;
         sign_in::sign_in,
         sign_in::sign_out
     ),
-    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, AdminRecord, AdminPage, AdminAction, Reconciliation, AdminRecordDetail, AdminResponse, AdminHeader, AdminBody, AdminEvent, AdminIdentity, AdminDecision, AdminTrail)),
+    components(schemas(KeyStatus, KeyState, Advice, LookupRequest, LookupResponse, LookupResult, MissingKey, Problem, Health, AdminRecord, AdminPage, AdminAction, Reconciliation, AdminRecordDetail, AdminResponse, AdminHeader, AdminBody, AdminEvent, AdminIdentity, AdminDecision, AdminTrail, CompleterAccount)),
     modifiers(&BearerAuth),
     tags(
         (name = "keys", description = "What became of a key"),

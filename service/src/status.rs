@@ -29,12 +29,21 @@ pub fn key_status(
             (KeyState::Completed, Advice::Reconcile)
         }
         RecordState::Completed => (KeyState::Completed, Advice::Replay),
+        // The route keeps its request for the completer, which has not
+        // given up on it: it will complete (or the client's retry resumes it).
+        RecordState::Abandoned if resumes(record) => (KeyState::Resuming, Advice::Wait),
         RecordState::Abandoned => (KeyState::Abandoned, Advice::Reconcile),
     };
-    let retry_after_seconds = (state == KeyState::InFlight).then(|| {
-        let wait = retry_after.min(record.lease_remaining());
-        (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
-    });
+    let retry_after_seconds = match state {
+        KeyState::InFlight => {
+            let wait = retry_after.min(record.lease_remaining());
+            Some((wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1))
+        }
+        KeyState::Resuming => {
+            Some((retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0)).max(1))
+        }
+        _ => None,
+    };
     Some(KeyStatus {
         key: record.key.as_str().to_owned(),
         state,
@@ -50,7 +59,20 @@ pub fn key_status(
         retry_after_seconds,
         fingerprint_matches: fingerprint.map(|f| *f == record.fingerprint),
         found: None,
+        steps: (!record.steps.is_empty())
+            .then(|| record.steps.iter().map(|step| step.name.clone()).collect()),
     })
+}
+
+/// Whether the abandoned `record` will complete by itself: its route keeps
+/// its request for the completer ([`Record::request`]), which has not given
+/// up on it. Shared with the admin API's "will complete".
+pub(crate) fn resumes(record: &Record) -> bool {
+    !record.transactional
+        && record
+            .request
+            .as_deref()
+            .is_some_and(|request| !request.gave_up)
 }
 
 /// The status of a key with no committed record that a single-commit run
@@ -73,6 +95,7 @@ pub(crate) fn held_status(key: &str, retry_after: Duration) -> KeyStatus {
         retry_after_seconds: Some(wait.as_secs() + u64::from(wait.subsec_nanos() > 0)),
         fingerprint_matches: None,
         found: None,
+        steps: None,
     }
 }
 
@@ -114,6 +137,7 @@ mod tests {
             expires_at: now + secs(3600),
             observed_at: now,
             steps: Vec::new(),
+            request: None,
         }
     }
 
@@ -145,6 +169,48 @@ mod tests {
             (lost.state, lost.advice),
             (KeyState::Abandoned, Advice::Reconcile)
         );
+    }
+
+    #[test]
+    fn a_key_the_completer_will_finish_is_resuming_with_its_steps() {
+        let second = Duration::from_secs(1);
+        let mut resumable = record(RecordState::Abandoned, false);
+        resumable.steps = vec![idempotency_guard::Step {
+            name: "reserve".into(),
+            input: None,
+            value: serde_json::json!(1),
+        }];
+        // Steps alone do not say the run resumes: outcome unknown.
+        let lost = key_status(&resumable, None, second).unwrap();
+        assert_eq!(
+            (lost.state, lost.advice, lost.retry_after_seconds),
+            (KeyState::Abandoned, Advice::Reconcile, None)
+        );
+        assert_eq!(lost.steps, Some(vec!["reserve".to_owned()]));
+        // Its request kept for the completer: it will complete.
+        let mut request =
+            idempotency_guard::StoredRequest::new("POST", "/p", HeaderMap::new(), "b");
+        resumable.request = Some(Box::new(request.clone()));
+        let resuming = key_status(&resumable, None, second).unwrap();
+        assert_eq!(
+            (
+                resuming.state,
+                resuming.advice,
+                resuming.retry_after_seconds
+            ),
+            (KeyState::Resuming, Advice::Wait, Some(1))
+        );
+        assert_eq!(resuming.steps, Some(vec!["reserve".to_owned()]));
+        // Given up: back to a person's decision.
+        request.gave_up = true;
+        resumable.request = Some(Box::new(request));
+        let given_up = key_status(&resumable, None, second).unwrap();
+        assert_eq!(
+            (given_up.state, given_up.advice),
+            (KeyState::Abandoned, Advice::Reconcile)
+        );
+        let none = key_status(&record(RecordState::Completed, false), None, second).unwrap();
+        assert_eq!(none.steps, None);
     }
 
     #[test]

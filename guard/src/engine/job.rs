@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
+use crate::stored_request::StoredRequest;
 
 /// One request to run some work once: the key it runs under and what
 /// identifies the request (so a reuse of the key for another request is
@@ -30,6 +31,9 @@ pub struct Job {
     /// A name of few values for metrics (a route template, a queue); empty
     /// by default. Shared (an adapter's tally of the request holds it too).
     pub route: Arc<str>,
+    /// The request to keep with the claim, for the completer
+    /// ([`Job::with_stored_request`]); `None` by default.
+    pub stored_request: Option<Box<StoredRequest>>,
 }
 
 impl Job {
@@ -44,6 +48,7 @@ impl Job {
             method: Cow::Borrowed("RUN"),
             path: String::new(),
             route: Arc::default(),
+            stored_request: None,
         }
     }
 
@@ -56,6 +61,16 @@ impl Job {
     ) -> Self {
         self.method = method.into();
         self.path = path.into();
+        self
+    }
+
+    /// Keeps `request` with the claim (before the work runs, fenced by the
+    /// lease), so that a [`Completer`](super::Completer) can finish the run
+    /// if it is abandoned: the completer hands it back to the function it
+    /// was given, which rebuilds the work from it. Only useful on an engine
+    /// that resumes ([`AbandonedPolicy::Resume`](crate::AbandonedPolicy::Resume)).
+    pub fn with_stored_request(mut self, request: StoredRequest) -> Self {
+        self.stored_request = Some(Box::new(request));
         self
     }
 

@@ -77,6 +77,7 @@
 mod answer;
 mod cache;
 mod claim;
+mod completer;
 mod config;
 mod drain;
 mod handoff;
@@ -98,6 +99,8 @@ use futures_util::FutureExt;
 use tokio_util::task::TaskTracker;
 
 pub use answer::{Answer, Refusal, Settle, Settled};
+pub(crate) use completer::CompleterAttempt;
+pub use completer::{Completer, CompleterHandle, CompleterRound, GiveUp};
 pub(crate) use config::EngineConfig;
 pub use config::FailureMode;
 pub(crate) use config::engine_settings;
@@ -110,6 +113,7 @@ pub(crate) use transaction::transactional_settings;
 
 use crate::record::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
+use crate::stored_request::StoredRequest;
 use crate::telemetry::MetricHandles;
 
 use transaction::Held;
@@ -445,6 +449,10 @@ impl<S: Store> Engine<S> {
         // One allocation shared by the work, the supervision and its
         // renewals, where each had its copy of the scope and key.
         let lease = Arc::new(lease);
+        if let Some(request) = &job.stored_request {
+            // Boxed: the cold path of the routes that keep their request.
+            Box::pin(self.keep_request(&lease, request)).await;
+        }
         let slot = transaction::TransactionSlot::for_run(
             held,
             self.inner.config.transactions.as_ref(),
@@ -496,6 +504,22 @@ impl<S: Store> Engine<S> {
         // work is pinned inside it (one allocation less per request).
         self.supervise_and_settle(&job, lease, transaction, claim_sent, work)
             .await
+    }
+
+    /// Keeps the run's request with its claim, for the completer, before
+    /// the work runs. A failure is logged, not fatal: the run goes on (a
+    /// lost lease shows at its next write), and the completer finds no
+    /// request to finish it from (the client's retry still resumes it).
+    async fn keep_request(&self, lease: &Lease, request: &StoredRequest) {
+        let kept = self
+            .timed(
+                "record_request",
+                self.inner.store.record_request(lease, Some(request)),
+            )
+            .await;
+        if let Err(error) = kept {
+            tracing::warn!(error = %error, "the request was not kept for the completer");
+        }
     }
 
     /// Fails closed (refuses) or open (runs the work unguarded).

@@ -40,6 +40,9 @@ pub(crate) struct Config {
     pub(crate) excluded_headers: Vec<HeaderName>,
     /// Everything is stored and replayed (see [`ReplayPolicy`]).
     pub(crate) replay: ReplayPolicy,
+    /// The headers kept with the request for the completer (beyond the
+    /// key and the content type); `None`: no request is kept.
+    pub(crate) stored_request: Option<Vec<HeaderName>>,
 }
 
 impl Default for Config {
@@ -55,6 +58,7 @@ impl Default for Config {
             mismatch_status: StatusCode::CONFLICT,
             excluded_headers: crate::headers::EXCLUDED_BY_DEFAULT.to_vec(),
             replay: ReplayPolicy::new(),
+            stored_request: None,
         }
     }
 }

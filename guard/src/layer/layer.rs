@@ -258,6 +258,21 @@ impl<S: Store> IdempotencyLayer<S> {
         self
     }
 
+    /// Keeps each request with its claim (method, path and query, the
+    /// `Idempotency-Key` and `Content-Type` headers and those named here,
+    /// and the body, which the body limit bounds; sealed when the store
+    /// is an encrypted one), so that a
+    /// [`Completer`](crate::engine::Completer) can finish a run abandoned
+    /// mid-way without waiting for its client. Off by default; for routes
+    /// that resume ([`AbandonedPolicy::Resume`](crate::AbandonedPolicy::Resume)).
+    /// Name the headers the route (and the scope function) reads: the
+    /// completer sends only those. Costs one store write per request,
+    /// before the handler runs.
+    pub fn with_stored_request(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config_mut().stored_request = Some(headers.into_iter().collect());
+        self
+    }
+
     /// Sets the response headers left out of stored responses, beside the
     /// hop-by-hop headers, which are never stored.
     ///

@@ -14,7 +14,8 @@ use axum::extract::{MatchedPath, OriginalUri};
 use axum::response::IntoResponse;
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{Method, Request, Response, request::Parts};
+use http::header::CONTENT_TYPE;
+use http::{HeaderName, Method, Request, Response, request::Parts};
 use http_body::Body as HttpBody;
 use tower::{Service, ServiceExt};
 
@@ -22,12 +23,13 @@ use super::classify::classify;
 use super::config::Config;
 use super::future::ResponseFuture;
 use crate::adapter::{capture_response, read_body};
-use crate::engine::{Answer, Engine, Job, Refusal, RunContext, Settle};
+use crate::engine::{Answer, CompleterAttempt, Engine, Job, Refusal, RunContext, Settle};
 use crate::fingerprint::Fingerprint;
-use crate::key::{IdempotencyKey, KeyError, Scope};
+use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, Scope};
 use crate::record::StoredResponse;
 use crate::response::{BoxError, headers_to_store};
 use crate::store::Store;
+use crate::stored_request::StoredRequest;
 use crate::telemetry::{Outcome, Tally, attempt_label};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a route.
@@ -191,6 +193,11 @@ where
         let path = path_and_query(&parts);
         let fingerprint = Fingerprint::of_request(&parts.method, &path, &parts.headers, &body);
         // The key's text is shared by the job, the work and the answer.
+        let stored_request = self
+            .config
+            .stored_request
+            .as_deref()
+            .map(|names| Box::new(stored_request(&parts, &path, names, &body)));
         let job = Job {
             scope,
             key: key.clone(),
@@ -198,6 +205,7 @@ where
             method: method_name(&parts.method),
             path,
             route,
+            stored_request,
         };
         let request = Request::from_parts(parts, Body::from(body));
         let (inner, config) = (self.inner, Arc::clone(&self.config));
@@ -235,6 +243,18 @@ where
     B::Error: Into<BoxError>,
 {
     let mut request = request;
+    if context.lease().is_none() && request.extensions().get::<CompleterAttempt>().is_some() {
+        // The completer never runs a key unguarded (a fail-open engine
+        // whose store failed): it tries again later.
+        return Settle::Release {
+            reply: Ok(Refusal::StoreUnavailable {
+                key: Some(key),
+                retry_after: std::time::Duration::from_secs(1),
+            }
+            .into_response()),
+            keep_writes: false,
+        };
+    }
     #[cfg(feature = "postgres")]
     if let Some(slot) = context.slot() {
         request.extensions_mut().insert(slot.clone());
@@ -284,6 +304,27 @@ where
         response,
         reply: Ok(Response::from_parts(parts, sent_body)),
     }
+}
+
+/// The request kept for the completer: method, path, the key, the
+/// content type and the headers the route names, the body; the attempt it
+/// is when the completer sent it.
+fn stored_request(parts: &Parts, path: &str, names: &[HeaderName], body: &Bytes) -> StoredRequest {
+    let mut headers = http::HeaderMap::new();
+    let kept = [&IDEMPOTENCY_KEY, &CONTENT_TYPE].into_iter().chain(names);
+    for name in kept {
+        if headers.contains_key(name) {
+            continue;
+        }
+        for value in parts.headers.get_all(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    let mut request = StoredRequest::new(parts.method.as_str(), path, headers, body.clone());
+    if let Some(CompleterAttempt(attempt)) = parts.extensions.get::<CompleterAttempt>() {
+        request.attempts = *attempt;
+    }
+    request
 }
 
 /// Calls the route without the guard.

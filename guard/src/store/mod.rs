@@ -63,6 +63,7 @@ use crate::events::RecordEvents;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
 use crate::record::{Record, Step, StoredResponse};
+use crate::stored_request::StoredRequest;
 
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
@@ -310,6 +311,32 @@ pub trait Store: Clone + Send + Sync + 'static {
         lease: &Lease,
         steps: &[Step],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Keeps `request` in the record held by `lease` (`None` clears it):
+    /// the request of a resumable run, for the completer
+    /// ([`Completer`](crate::engine::Completer)). Read back in
+    /// [`Record::request`]. Fenced like [`Store::record_steps`], and kept
+    /// like the steps: by a take-over within the retention and by the
+    /// completion.
+    ///
+    /// The default answers [`StoreError::Unsupported`] (NATS, for now, and
+    /// stores outside this crate): the engine then runs as before, and the
+    /// completer finds nothing to complete for that key.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record no longer holds `lease`, is
+    /// no longer in flight, or its lease has ended.
+    fn record_request(
+        &self,
+        lease: &Lease,
+        request: Option<&StoredRequest>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (lease, request);
+        std::future::ready(Err(StoreError::Unsupported(
+            "stored requests (the completer; not on this store yet)",
+        )))
+    }
 
     /// Deletes the in-flight record held by `lease`, so the key may run again.
     ///

@@ -41,6 +41,7 @@ use crate::store::redis::RedisStore;
 use crate::store::{
     AdminStore, Claim, Lease, NewRecord, Purge, Store, StoreError, TransactionalStore,
 };
+use crate::stored_request::StoredRequest;
 
 /// Redis calls that fell back to PostgreSQL, by operation.
 pub const FALLBACKS_TOTAL: &str = "idempotency_tiered_fallbacks_total";
@@ -194,6 +195,14 @@ impl<C: RecordCache> Store for TieredStore<C> {
         // In flight: only PostgreSQL holds it (the cache keeps completed
         // records alone).
         self.postgres.record_steps(lease, steps).await
+    }
+
+    async fn record_request(
+        &self,
+        lease: &Lease,
+        request: Option<&StoredRequest>,
+    ) -> Result<(), StoreError> {
+        self.postgres.record_request(lease, request).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

@@ -41,6 +41,8 @@ mod redis_faults;
 mod redis_upgrade;
 mod slow_store;
 #[macro_use]
+mod completer;
+#[macro_use]
 mod steps;
 mod transactional;
 mod transactional_steps;
@@ -96,6 +98,13 @@ steps_suite!(redis_cluster_steps, idempotency_tests::redis_cluster);
 steps_suite!(valkey_steps, idempotency_tests::valkey);
 steps_suite!(tiered_steps, idempotency_tests::tiered);
 steps_suite!(nats_steps, idempotency_tests::nats);
+
+// The completer (SPEC §12): the stores that keep stored requests.
+completer_suite!(sqlite_completer, idempotency_tests::sqlite);
+completer_suite!(postgres_completer, idempotency_tests::postgres);
+completer_suite!(redis_completer, idempotency_tests::redis);
+completer_suite!(valkey_completer, idempotency_tests::valkey);
+completer_suite!(tiered_completer, idempotency_tests::tiered);
 
 guard_suite!(postgres_guard, idempotency_tests::postgres);
 guard_suite!(sqlite_guard, idempotency_tests::sqlite);

@@ -51,9 +51,31 @@ pub(crate) struct AdminRecord {
     /// unknown) and not marked reconciled.
     #[serde(default)]
     pub needs_decision: bool,
+    /// Whether it will complete by itself: abandoned, but its route keeps
+    /// its request for the completer, which has not given up on it (the
+    /// client's retry resumes it too). Such a key needs no decision; an
+    /// operator may still release or forget it.
+    #[serde(default)]
+    pub will_complete: bool,
+    /// The names of the steps its run recorded, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<String>,
+    /// The completer's account of it, when its route keeps its request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completer: Option<CompleterAccount>,
     /// The operator's mark, when it was reconciled and kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reconciled: Option<Reconciliation>,
+}
+
+/// What the completer did with a key whose route keeps its request.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub(crate) struct CompleterAccount {
+    /// How many times it took the run over.
+    pub attempts: u32,
+    /// Whether it gave up (its attempts ran out): the key then needs a
+    /// decision.
+    pub gave_up: bool,
 }
 
 pub(super) fn rfc3339(at: OffsetDateTime) -> String {
@@ -69,6 +91,8 @@ impl From<&Record> for AdminRecord {
 impl AdminRecord {
     /// The record as the admin API shows it, with its reconciled mark.
     pub(crate) fn new(record: &Record, reconciled: Option<Reconciliation>) -> Self {
+        let will_complete =
+            StateFilter::Abandoned.accepts(record) && crate::status::resumes(record);
         Self {
             scope: record.scope.as_str().to_owned(),
             key: record.key.as_str().to_owned(),
@@ -82,7 +106,15 @@ impl AdminRecord {
             completed_at: record.completed_at.map(rfc3339),
             lease_expires_at: rfc3339(record.lease_expires_at),
             expires_at: rfc3339(record.expires_at),
-            needs_decision: StateFilter::Abandoned.accepts(record) && reconciled.is_none(),
+            needs_decision: StateFilter::Abandoned.accepts(record)
+                && !will_complete
+                && reconciled.is_none(),
+            will_complete,
+            steps: record.steps.iter().map(|step| step.name.clone()).collect(),
+            completer: record.request.as_deref().map(|request| CompleterAccount {
+                attempts: request.attempts,
+                gave_up: request.gave_up,
+            }),
             reconciled,
         }
     }
@@ -110,8 +142,8 @@ pub(crate) struct AdminAction {
     pub scope: String,
     /// The key.
     pub key: String,
-    /// `forget` or `release`.
-    #[schema(pattern = "^(forget|release)$")]
+    /// `forget`, `release` or `give-up`.
+    #[schema(pattern = "^(forget|release|give-up)$")]
     pub action: String,
     /// The state the record was in when it was deleted.
     #[schema(pattern = "^(completed|abandoned)$")]

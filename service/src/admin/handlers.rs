@@ -279,3 +279,71 @@ pub(crate) async fn release_key(
     })
     .await
 }
+
+/// Gives up on completing a key that will complete (its route keeps its
+/// request for the completer, SPEC §12): no completer takes it again, and
+/// it stays abandoned, with its steps, for a person to decide (release,
+/// forget). Runs nothing of its work. A key no completer would finish
+/// (abandoned without a kept request, or given up already) is left as it
+/// is, and answers the same.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/keys/{scope}/{key}/give-up",
+    tag = "admin",
+    params(
+        ("scope" = String, Path, description = "The scope (1 to 255 bytes, no control characters), percent-encoded", min_length = 1, max_length = 255, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"),
+        ("key" = String, Path, description = "The idempotency key, percent-encoded", min_length = 1, max_length = 255, pattern = "^[!-~]+$"),
+        ReasonQuery,
+    ),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "No completer takes the key again: it is abandoned, for a person", body = AdminAction),
+        (status = 400, description = "Invalid scope or key, or a scope of the audit trail", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No admin token (a scope token is not one)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The admin token may not act on this scope", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No record of this key in this scope", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "In flight (`request-in-flight`: a completer or a client's retry runs it) or completed (`record-completed`)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "No reason, or one that is empty, over 500 characters or holds a control character (`reason-required`): nothing was done", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store is unavailable, or could not take the decision's audit entry: nothing was done", body = crate::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn give_up_key(
+    State(state): State<AdminState>,
+    Extension(admin): Extension<Admin>,
+    target: AdminTarget,
+    AdminQuery(query): AdminQuery<ReasonQuery>,
+) -> Result<Json<AdminAction>, AdminProblem> {
+    use idempotency_guard::AbandonedPolicy;
+    use idempotency_guard::engine::{Engine, GiveUp, Refusal};
+    let reason = required_reason(query.reason.as_deref())?;
+    decided(&state, &admin, "give-up", &target, reason, async {
+        let engine = Engine::new(state.store.clone()).with_abandoned(AbandonedPolicy::Resume);
+        let given = store_call(engine.give_up_completion(&target.scope, &target.key)).await?;
+        let key = || target.key.as_str().to_owned();
+        let answer = |result| {
+            Ok((
+                Json(AdminAction {
+                    scope: target.scope.as_str().to_owned(),
+                    key: key(),
+                    action: "give-up".to_owned(),
+                    previous_state: RecordState::Abandoned.as_str().to_owned(),
+                }),
+                result,
+            ))
+        };
+        match given {
+            GiveUp::GaveUp => answer("gave-up"),
+            GiveUp::NotResuming(RecordState::Abandoned) => answer("not-resuming"),
+            GiveUp::Missing => Err(AdminProblem::KeyNotFound { key: key() }),
+            GiveUp::NotResuming(RecordState::Completed) => {
+                Err(AdminProblem::Completed { key: key() })
+            }
+            GiveUp::Refused(Refusal::RequestInFlight { .. })
+            | GiveUp::NotResuming(RecordState::InFlight) => {
+                Err(AdminProblem::InFlight { key: key() })
+            }
+            _ => Err(AdminProblem::StoreUnavailable),
+        }
+    })
+    .await
+}

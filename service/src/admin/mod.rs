@@ -7,6 +7,7 @@
 //! | `DELETE /v1/admin/keys/{scope}/{key}` | forgets a completed record: its replay is gone, the next request with the key runs |
 //! | `DELETE /v1/admin/keys/{scope}/{key}?force=true` | forgets a completed **or abandoned** record |
 //! | `POST /v1/admin/keys/{scope}/{key}/release` | frees an abandoned key, so a retry runs (after you reconciled its unknown outcome) |
+//! | `POST /v1/admin/keys/{scope}/{key}/give-up` | stops completers from finishing a key that will complete (its kept request marked given up): it stays abandoned, for a decision |
 //! | `GET /v1/admin/keys/{scope}/{key}` | one record: its life, its request, a redacted preview of its stored response (sealed ones show their status only) |
 //! | `POST /v1/admin/keys/{scope}/{key}/reconcile?reason=` | marks an abandoned record reconciled: kept, no longer listed as needing a decision |
 //! | `GET /v1/admin/keys/{scope}/{key}/decisions` | the key's audit trail: every decision taken on it (who, when, why, result), kept after the record is gone |
@@ -18,7 +19,7 @@
 //! (abandoned and not marked reconciled: the outcome-unknown runs, in
 //! flight past their lease, a person must decide on), `method`,
 //! `path_prefix`, `created_after` and `created_before`. The actions
-//! (`release`, `forget`, `reconcile`: every call that changes something)
+//! (`release`, `forget`, `reconcile`, `give-up`: every call that changes something)
 //! require `?reason=` (1 to 500 characters, no control characters;
 //! otherwise 422 `reason-required` and nothing is done), written to the
 //! audit line and the audit trail. The reconciled marks are kept by the
@@ -47,7 +48,7 @@
 //! Every admin action, allowed or refused, writes one `INFO` line on the
 //! `idempotency::audit` target with `who` (the token's name), `action`
 //! (`list`, `show`, `decisions`, `export`, `forget`, `release`,
-//! `reconcile`, `sign-in`, `sign-out`), `scope`, `key` (`-` for a
+//! `reconcile`, `give-up`, `sign-in`, `sign-out`), `scope`, `key` (`-` for a
 //! listing, an export, a sign-in or a sign-out), `reason` (`-` for a
 //! read), `result` and `at` (RFC 3339, UTC), and is counted in
 //! `idempotency_admin_actions_total{action, result}`. A malformed call
@@ -55,7 +56,7 @@
 //! names an action (no token, an ended session, a foreign `Origin`) is
 //! counted with `action="any"`.
 //!
-//! The decisions (`forget`, `release`, `reconcile`), allowed or refused
+//! The decisions (`forget`, `release`, `reconcile`, `give-up`), allowed or refused
 //! (403 included), are also kept with the store, in the audit trail
 //! (`trail`): records of a reserved scope, `idempotency.audit:<scope>`,
 //! written through the store's own operations, so the trail is kept on
@@ -125,7 +126,7 @@ mod trail;
 use audit::ADMIN_ACTIONS_TOTAL;
 pub use audit::AUDIT_TARGET;
 use export::export_keys;
-use handlers::{forget_key, list_keys, release_key};
+use handlers::{forget_key, give_up_key, list_keys, release_key};
 use problem::AdminProblem;
 pub use reconciled::{Reconciled, ReconciledError};
 use record::{key_decisions, reconcile_key, show_key, whoami};
@@ -165,6 +166,7 @@ pub(crate) fn router<S: Clone + Send + Sync + 'static>(state: AdminState) -> Rou
             get(show_key).delete(forget_key),
         )
         .route("/v1/admin/keys/{scope}/{key}/release", post(release_key))
+        .route("/v1/admin/keys/{scope}/{key}/give-up", post(give_up_key))
         .route(
             "/v1/admin/keys/{scope}/{key}/reconcile",
             post(reconcile_key),

@@ -339,6 +339,7 @@ mod tests {
             response: None,
             transactional: false,
             steps: Vec::new(),
+            request: None,
         };
         assert_eq!(retention_for(Some(&record)), TRAIL_RETENTION);
         record.expires_at = now + time::Duration::days(800);

@@ -148,8 +148,15 @@ function keyLink(record) {
   return link;
 }
 
+function attempts(n) {
+  return `${n} ${n === 1 ? "attempt" : "attempts"}`;
+}
+
 function stateBadge(record) {
-  const name = record.reconciled ? "reconciled" : record.state;
+  const name = record.reconciled ? "reconciled"
+    : record.will_complete ? "will_complete"
+    : record.completer && record.completer.gave_up && record.state === "abandoned" ? "gave_up"
+    : record.state;
   return el("span", { class: `state state-${name}`, text: name.replace("_", " ") });
 }
 
@@ -317,7 +324,9 @@ async function showKey(scope, key) {
   current = detail.record;
   const record = detail.record;
   $("k-badge").append(stateBadge(record),
-    " ", el("span", { class: "hint", text: record.needs_decision
+    " ", el("span", { class: "hint", text: record.will_complete
+      ? "Will complete: the completer (or the client's retry) resumes its run from its recorded steps. No decision needed; you may still release or forget it."
+      : record.needs_decision
       ? "Outcome unknown: its handler may or may not have had effects. Check, then decide."
       : record.reconciled ? `Reconciled by ${record.reconciled.by}: ${record.reconciled.reason}` : "" }));
   for (const step of detail.life) {
@@ -328,6 +337,15 @@ async function showKey(scope, key) {
   pair(request, "Path", el("code", { text: record.path }));
   pair(request, "Fingerprint", el("code", { text: record.fingerprint }));
   pair(request, "Transactional", record.transactional ? "yes" : "no");
+  const steps = record.steps || [];
+  pair(request, "Steps recorded", steps.length
+    ? el("ol", { class: "steps" }, ...steps.map((name) => el("li", {}, el("code", { text: name }))))
+    : "none");
+  if (record.completer) {
+    pair(request, "Completer", record.completer.gave_up
+      ? `gave up after ${attempts(record.completer.attempts)}`
+      : `${attempts(record.completer.attempts)} so far`);
+  }
   const response = $("k-response");
   const stored = detail.response;
   if (!stored) {
@@ -349,6 +367,7 @@ async function showKey(scope, key) {
   $("actions").hidden = false;
   $("act-release").disabled = record.state !== "abandoned";
   $("act-reconcile").disabled = !record.needs_decision;
+  $("act-give-up").disabled = !record.will_complete;
   $("act-forget").disabled = record.state === "in_flight";
   await trailShown;
 }
@@ -394,6 +413,9 @@ async function act(action) {
   if (action === "release") {
     await api("POST", `${path}/release`, { reason });
     done = `Released ${key}: the client's retry runs.`;
+  } else if (action === "give-up") {
+    await api("POST", `${path}/give-up`, { reason });
+    done = `Gave up completing ${key}: it is abandoned, for a decision.`;
   } else if (action === "reconcile") {
     await api("POST", `${path}/reconcile`, { reason });
     done = `Marked ${key} reconciled: kept, no longer needing a decision.`;
@@ -402,7 +424,7 @@ async function act(action) {
     done = `Forgot ${key}.`;
   }
   $("reason").value = "";
-  if (action === "reconcile") await showKey(scope, key);
+  if (action === "reconcile" || action === "give-up") await showKey(scope, key);
   else {
     current = null;
     $("actions").hidden = true;
@@ -463,7 +485,7 @@ document.addEventListener("DOMContentLoaded", () => {
     event.preventDefault();
     location.hash = "";
   });
-  for (const action of ["release", "reconcile", "forget"]) {
+  for (const action of ["release", "give-up", "reconcile", "forget"]) {
     $(`act-${action}`).addEventListener("click", () => act(action).catch(fail));
   }
   window.addEventListener("hashchange", () => route().catch(fail));

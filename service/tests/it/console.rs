@@ -422,6 +422,39 @@ async fn abandon(store: &AnyStore, scope: &str, key: &str, path: &str) {
     store.renew(&lease, Duration::ZERO).await.unwrap();
 }
 
+/// The key a completer will finish, in the console's list.
+const RESUMING_KEY: &str = "debit-resuming";
+
+/// Leaves `key` of `scope` abandoned with two recorded steps and its
+/// request kept for the completer (one attempt made): a key that will
+/// complete. `false` on a store that keeps no steps (NATS, for now).
+async fn seed_resumable(store: &AnyStore, scope: &str, key: &str) -> bool {
+    use idempotency_guard::store::StoreError;
+    use idempotency_guard::{Step, StoredRequest};
+    let lease = seed(store, scope, key, Seed::InFlight).await;
+    let steps: Vec<Step> = ["reserve", "charge"]
+        .into_iter()
+        .map(|name| Step {
+            name: name.into(),
+            input: None,
+            value: serde_json::json!(1),
+        })
+        .collect();
+    match store.record_steps(&lease, &steps).await {
+        Ok(()) => {}
+        Err(StoreError::Unsupported(_)) => {
+            store.release(&lease).await.unwrap();
+            return false;
+        }
+        Err(error) => panic!("{error}"),
+    }
+    let mut request = StoredRequest::new("POST", "/debits", http::HeaderMap::new(), "{}");
+    request.attempts = 1;
+    store.record_request(&lease, Some(&request)).await.unwrap();
+    store.renew(&lease, Duration::ZERO).await.unwrap();
+    true
+}
+
 /// A scope whose records on [`SCAN_PATH`] come after 600 others: more
 /// than one listing request of the console's page (50) reads (500).
 const SCAN_SCOPE: &str = "tenant-scan";
@@ -515,6 +548,8 @@ async fn releases_in_a_browser(store: AnyStore, store_env: &[(&str, &str)]) {
     seed(&store, "default", "debit-0002", Seed::InFlight).await;
     seed(&store, "tenant-b", "debit-b-0001", Seed::Abandoned).await;
     complete_with_a_card(&store, "debit-0003").await;
+    // A debit the completer will finish (where the store keeps steps).
+    let resuming = seed_resumable(&store, "default", RESUMING_KEY).await;
     let before = idempotency_tests::call(&app, debit()).await;
     assert_eq!(
         before.status,
@@ -577,6 +612,7 @@ async fn releases_in_a_browser(store: AnyStore, store_env: &[(&str, &str)]) {
         .env("REASON", REASON)
         .env("SCAN_SCOPE", SCAN_SCOPE)
         .env("SCAN_PATH", SCAN_PATH)
+        .env("RESUMING_KEY", if resuming { RESUMING_KEY } else { "" })
         .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
         .kill_on_drop(true);
     if let Ok(shots) = std::env::var("CONSOLE_SCREENSHOTS") {
@@ -614,10 +650,38 @@ async fn releases_in_a_browser(store: AnyStore, store_env: &[(&str, &str)]) {
     );
     assert_eq!(seen["scope"], "default");
     assert_eq!(strings(&seen["needsBefore"]), [XSS_KEY, KEY]);
-    assert_eq!(
-        strings(&seen["restBefore"]),
-        ["debit-0001", "debit-0002", "debit-0003"]
-    );
+    let mut rest = vec!["debit-0001", "debit-0002", "debit-0003"];
+    if resuming {
+        rest.push(RESUMING_KEY);
+    }
+    assert_eq!(strings(&seen["restBefore"]), rest);
+    // A key that will complete: not among those needing a decision, its
+    // badge says so, its page shows its steps; it may still be released.
+    if resuming {
+        let page = &seen["resuming"];
+        assert_eq!(page["listBadge"], "will complete", "{page}");
+        assert!(
+            page["badge"].as_str().unwrap().starts_with("will complete"),
+            "{page}"
+        );
+        assert_eq!(strings(&page["steps"]), ["reserve", "charge"], "{page}");
+        assert!(
+            page["request"]
+                .as_str()
+                .unwrap()
+                .contains("1 attempt so far"),
+            "{page}"
+        );
+        assert_eq!(
+            (
+                &page["releaseEnabled"],
+                &page["reconcileEnabled"],
+                &page["giveUpEnabled"]
+            ),
+            (&Value::Bool(true), &Value::Bool(false), &Value::Bool(true)),
+            "{page}"
+        );
+    }
     // The key holding markup rendered as text, and ran nothing.
     assert_eq!(seen["xssRendered"], true, "{seen}");
     assert_eq!(seen["injectedElements"], 0);
@@ -631,6 +695,8 @@ async fn releases_in_a_browser(store: AnyStore, store_env: &[(&str, &str)]) {
     // The key's page: its life and its request.
     let key_page = &seen["keyPage"];
     assert_eq!(key_page["key"], KEY);
+    // An abandoned key no completer finishes: nothing to give up.
+    assert_eq!(key_page["giveUpEnabled"], false, "{key_page}");
     let life = strings(&key_page["life"]);
     assert!(life[0].starts_with("claimed"), "{life:?}");
     assert!(
@@ -722,10 +788,11 @@ async fn releases_in_a_browser(store: AnyStore, store_env: &[(&str, &str)]) {
             .contains("Nothing needs a decision"),
         "{seen}"
     );
-    assert_eq!(
-        strings(&seen["restReconciled"]),
-        [XSS_KEY, "debit-0001", "debit-0002", "debit-0003"]
-    );
+    let mut rest = vec![XSS_KEY, "debit-0001", "debit-0002", "debit-0003"];
+    if resuming {
+        rest.push(RESUMING_KEY);
+    }
+    assert_eq!(strings(&seen["restReconciled"]), rest);
     assert!(
         seen["forgot"]
             .as_str()

@@ -13,6 +13,8 @@ mod api_suite;
 mod console;
 mod hostile_clients;
 mod openapi;
+#[macro_use]
+mod resuming;
 mod single_commit;
 mod socket;
 mod startup;
@@ -22,6 +24,11 @@ api_suite!(sqlite_api, idempotency_tests::sqlite);
 api_suite!(redis_api, idempotency_tests::redis);
 api_suite!(tiered_api, idempotency_tests::tiered);
 api_suite!(nats_api, idempotency_tests::nats);
+
+// A key the completer will finish: the stores that keep steps and requests.
+resuming_suite!(sqlite_resuming, idempotency_tests::sqlite);
+resuming_suite!(postgres_resuming, idempotency_tests::postgres);
+resuming_suite!(redis_resuming, idempotency_tests::redis);
 
 admin_api!(postgres_admin, idempotency_tests::postgres);
 admin_api!(sqlite_admin, idempotency_tests::sqlite);

@@ -36,6 +36,7 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
             "/v1/admin/keys.csv",
             "/v1/admin/keys/{scope}/{key}",
             "/v1/admin/keys/{scope}/{key}/decisions",
+            "/v1/admin/keys/{scope}/{key}/give-up",
             "/v1/admin/keys/{scope}/{key}/reconcile",
             "/v1/admin/keys/{scope}/{key}/release",
             "/v1/admin/session",
@@ -73,6 +74,10 @@ fn every_endpoint_schema_and_problem_answer_is_documented() {
     );
     assert_eq!(
         statuses("/v1/admin/keys/{scope}/{key}/release", "post"),
+        ["200", "400", "401", "403", "404", "409", "422", "503"]
+    );
+    assert_eq!(
+        statuses("/v1/admin/keys/{scope}/{key}/give-up", "post"),
         ["200", "400", "401", "403", "404", "409", "422", "503"]
     );
     assert_eq!(

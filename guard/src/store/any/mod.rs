@@ -9,6 +9,7 @@ use crate::record::{LeaseToken, Record, Step, StoredResponse};
 use crate::store::TransactionalStore;
 use crate::store::encrypted::{EncryptedStore, EncryptionKeys};
 use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError};
+use crate::stored_request::StoredRequest;
 
 /// One of the stores, chosen at run time (an enum that delegates, so the
 /// layer stays monomorphic and nothing is boxed): a [`Backend`], its
@@ -555,6 +556,14 @@ impl Store for Backend {
         on_backend!(self, store => Box::pin(store.record_steps(lease, steps)).await)
     }
 
+    async fn record_request(
+        &self,
+        lease: &Lease,
+        request: Option<&StoredRequest>,
+    ) -> Result<(), StoreError> {
+        on_backend!(self, store => Box::pin(store.record_request(lease, request)).await)
+    }
+
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         on_backend!(self, store => Box::pin(store.get(scope, key)).await)
     }
@@ -603,6 +612,14 @@ impl Store for AnyStore {
 
     async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
         on_store!(self, store => store.record_steps(lease, steps).await)
+    }
+
+    async fn record_request(
+        &self,
+        lease: &Lease,
+        request: Option<&StoredRequest>,
+    ) -> Result<(), StoreError> {
+        on_store!(self, store => store.record_request(lease, request).await)
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {

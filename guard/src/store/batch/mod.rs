@@ -54,6 +54,7 @@ use crate::store::{AdminStore, Claim, Lease, NewRecord, Purge, Store, StoreError
 /// The contract of a store that can be batched, and its claims in a batch
 /// (declared with the other contracts, in `store/mod.rs`).
 use crate::store::{BatchedStore, ClaimItem};
+use crate::stored_request::StoredRequest;
 
 /// The batchers of one store's claims and completions.
 struct Batches<C> {
@@ -257,6 +258,14 @@ impl<S: BatchedStore> Store for Batched<S> {
 
     async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
         self.direct.record_steps(lease, steps).await
+    }
+
+    async fn record_request(
+        &self,
+        lease: &Lease,
+        request: Option<&StoredRequest>,
+    ) -> Result<(), StoreError> {
+        self.direct.record_request(lease, request).await
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {

@@ -18,7 +18,9 @@
 //!
 //! A run's recorded steps (SPEC §12) are sealed one by one, each result a
 //! JSON string `v1 <key id> <base64>` (`steps.rs`); their names stay in
-//! clear, as the status API shows how far a run got.
+//! clear, as the status API shows how far a run got. The request a
+//! resumable run keeps for the completer is sealed whole (method, path,
+//! headers, body; `request.rs`), its attempts and give-up in clear.
 //!
 //! The fingerprint, method and path stay in clear: the status API shows
 //! them, and the guard compares fingerprints. A path whose query holds a
@@ -61,8 +63,10 @@ use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
 use crate::record::{CorruptRecord, LeaseToken, Record, Step, StoredResponse};
 use crate::store::{Claim, Lease, NewRecord, Store, StoreError};
+use crate::stored_request::StoredRequest;
 
 mod keys;
+mod request;
 mod steps;
 
 pub use keys::{
@@ -227,6 +231,10 @@ impl<S> EncryptedStore<S> {
             let steps = std::mem::take(&mut record.steps);
             record.steps = self.open_steps(record.scope.as_str(), record.key.as_str(), steps)?;
         }
+        if let Some(request) = record.request.take() {
+            let opened = self.open_request(record.scope.as_str(), record.key.as_str(), &request)?;
+            record.request = Some(Box::new(opened));
+        }
         let Some(response) = record.response.take() else {
             return Ok(record);
         };
@@ -338,6 +346,17 @@ impl<S: Store> Store for EncryptedStore<S> {
     async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
         let sealed = self.seal_steps(lease.scope.as_str(), lease.key.as_str(), steps)?;
         self.inner.record_steps(lease, &sealed).await
+    }
+
+    async fn record_request(
+        &self,
+        lease: &Lease,
+        request: Option<&StoredRequest>,
+    ) -> Result<(), StoreError> {
+        let sealed = request
+            .map(|request| self.seal_request(lease.scope.as_str(), lease.key.as_str(), request))
+            .transpose()?;
+        self.inner.record_request(lease, sealed.as_ref()).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {

@@ -23,7 +23,7 @@ const CLAIM_BATCH: &str = "with input as (
     ), existing as (
         select input.n, r.fingerprint, r.method, r.path, r.lease_token, r.lease_expires_at,
                r.transactional, r.response_status, r.response_headers, r.response_body,
-               r.created_at, r.completed_at, r.expires_at, r.steps
+               r.created_at, r.completed_at, r.expires_at, r.steps, r.request
         from input join idempotency_records r on r.scope = input.scope and r.key = input.key
     ), inserted as (
         insert into idempotency_records
@@ -43,7 +43,8 @@ const CLAIM_BATCH: &str = "with input as (
            existing.fingerprint, existing.method, existing.path, existing.lease_token,
            existing.lease_expires_at, existing.transactional, existing.response_status,
            existing.response_headers, existing.response_body, existing.created_at,
-           existing.completed_at, existing.expires_at, existing.steps, now() as observed_at
+           existing.completed_at, existing.expires_at, existing.steps, existing.request,
+           now() as observed_at
     from input left join existing on existing.n = input.n
     order by input.n";
 

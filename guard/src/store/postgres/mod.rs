@@ -33,13 +33,14 @@ use crate::record::{CorruptRecord, LeaseToken, Record, Step, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
 use crate::store::sql::{CLAIM_ATTEMPTS, fenced, millis};
 use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError, TransactionalStore};
+use crate::stored_request::StoredRequest;
 
 /// The columns every read returns, `observed_at` being the database's clock.
 macro_rules! record_columns {
     () => {
         "fingerprint, method, path, lease_token, lease_expires_at, transactional, \
          response_status, response_headers, response_body, created_at, completed_at, \
-         expires_at, steps, now() as observed_at"
+         expires_at, steps, request, now() as observed_at"
     };
 }
 
@@ -79,7 +80,8 @@ const TAKE_OVER: &str = "update idempotency_records set
         response_status = null, response_headers = null, response_body = null,
         created_at = now(), completed_at = null,
         expires_at = now() + $10 * interval '1 millisecond',
-        steps = case when expires_at <= now() then null else steps end
+        steps = case when expires_at <= now() then null else steps end,
+        request = case when expires_at <= now() then null else request end
     where scope = $1 and key = $2 and lease_token = $3
       and (expires_at <= now() or (state = 'in_flight' and lease_expires_at <= now()))";
 
@@ -105,6 +107,11 @@ const RECORD_STEPS: &str = "update idempotency_records set steps = $4
 /// renewed there, and nobody else can take the key while it is held).
 const RECORD_STEPS_LOCKED: &str = "update idempotency_records set steps = $4
     where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'";
+
+/// Fenced as a renewal: a lease that has ended keeps no request.
+const RECORD_REQUEST: &str = "update idempotency_records set request = $4
+    where scope = $1 and key = $2 and lease_token = $3 and state = 'in_flight'
+      and lease_expires_at > clock_timestamp()";
 
 /// Marks the record transactional when the run begins its transaction.
 const MARK_TRANSACTIONAL: &str = "update idempotency_records set transactional = true
@@ -444,6 +451,9 @@ fn record_from_row(row: &PgRow, scope: &Scope, key: &IdempotencyKey) -> Result<R
         expires_at: row.try_get("expires_at")?,
         observed_at: row.try_get("observed_at")?,
         steps: Step::decode_all(row.try_get::<Option<Vec<u8>>, _>("steps")?.as_deref())?,
+        request: StoredRequest::decode_optional(
+            row.try_get::<Option<Vec<u8>>, _>("request")?.as_deref(),
+        )?,
     })
 }
 
@@ -520,6 +530,18 @@ impl Store for PostgresRecords {
     async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
         let result = lease_query(RECORD_STEPS, lease)
             .bind(Step::encode_all(steps))
+            .execute(&self.pool)
+            .await?;
+        fenced(result.rows_affected())
+    }
+
+    async fn record_request(
+        &self,
+        lease: &Lease,
+        request: Option<&StoredRequest>,
+    ) -> Result<(), StoreError> {
+        let result = lease_query(RECORD_REQUEST, lease)
+            .bind(request.map(StoredRequest::encode))
             .execute(&self.pool)
             .await?;
         fenced(result.rows_affected())

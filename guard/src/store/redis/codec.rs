@@ -30,6 +30,12 @@
 //! steps as the end of the path: it decides on the fingerprint as always,
 //! and only shows a longer path (a rolling upgrade needs nothing more).
 //!
+//! The request a resumable run keeps for the completer rides the same way,
+//! behind [`HAS_REQUEST`]: after the path come a NUL, the steps (if any),
+//! another NUL and the stored request ([`StoredRequest::encode`]);
+//! `lua/record_request.lua` writes it, `lua/take_over.lua` and
+//! `lua/record_steps.lua` keep it. Release 1 reads it as the path's end.
+//!
 //! # Times: durations on the server's clock
 //!
 //! The claim is one native command, `SET key <in flight> NX PX <retention>
@@ -72,6 +78,7 @@ use crate::record::CorruptRecord;
 use crate::record::LeaseToken;
 use crate::record::{Record, Step, StoredResponse};
 use crate::store::NewRecord;
+use crate::stored_request::StoredRequest;
 
 /// The layout's mark, the value's first bytes.
 pub(super) const MARK: &[u8; 2] = b"I2";
@@ -109,7 +116,7 @@ pub(super) fn lua_layout() -> String {
          local STATE, WATCHED, TOKEN, TOKEN_END = {state}, {watched}, {token}, {token_end}\n\
          local RETENTION, LEASE_END, COMPLETION = {retention}, {lease_end}, {completion}\n\
          local REQUEST_LEN, HEADER = {request_len}, {header}\n\
-         local HAS_STEPS = {has_steps}\n",
+         local HAS_STEPS, HAS_REQUEST = {has_steps}, {has_request}\n",
         mark = std::str::from_utf8(MARK).unwrap_or("I2"),
         in_flight = char::from(IN_FLIGHT),
         completed = char::from(COMPLETED),
@@ -123,6 +130,7 @@ pub(super) fn lua_layout() -> String {
         request_len = REQUEST_LEN_AT + 1,
         header = HEADER_LEN,
         has_steps = HAS_STEPS,
+        has_request = HAS_REQUEST,
     )
 }
 
@@ -350,7 +358,7 @@ pub(super) fn decode(
             + time::Duration::milliseconds(offset)
     };
     let (fingerprint, transactional, method, path) = decode_request(view.request)?;
-    let steps = decode_steps(view.request)?;
+    let (steps, request) = decode_tail(view.request)?;
     let completed = view.state == COMPLETED;
     Ok(Record {
         scope: scope.clone(),
@@ -369,6 +377,7 @@ pub(super) fn decode(
         expires_at: at(view.retention),
         observed_at,
         steps,
+        request,
     })
 }
 
@@ -417,29 +426,54 @@ const TRANSACTIONAL: u8 = 1;
 /// decides as it always did (the fingerprint is what it compares).
 const HAS_STEPS: u8 = 2;
 
-/// The path, and the encoded steps after it when `flags` says so.
-fn path_and_steps(rest: &[u8], flags: u8) -> (&[u8], Option<&[u8]>) {
-    if flags & HAS_STEPS == 0 {
-        return (rest, None);
+/// The flag byte's bit of a record with a stored request (the completer's,
+/// [`StoredRequest::encode`]): after the path come a NUL, the steps (none
+/// when [`HAS_STEPS`] is clear; JSON holds no NUL), another NUL and the
+/// stored request, to the end.
+const HAS_REQUEST: u8 = 4;
+
+/// The path, the encoded steps and the encoded stored request after it,
+/// as `flags` says.
+fn path_and_tail(rest: &[u8], flags: u8) -> (&[u8], Option<&[u8]>, Option<&[u8]>) {
+    if flags & (HAS_STEPS | HAS_REQUEST) == 0 {
+        return (rest, None, None);
     }
-    match rest.iter().position(|&b| b == 0) {
-        Some(nul) => (&rest[..nul], Some(&rest[nul + 1..])),
-        None => (rest, None),
+    let Some(nul) = rest.iter().position(|&b| b == 0) else {
+        return (rest, None, None);
+    };
+    let (path, tail) = (&rest[..nul], &rest[nul + 1..]);
+    if flags & HAS_REQUEST == 0 {
+        return (path, Some(tail), None);
+    }
+    match tail.iter().position(|&b| b == 0) {
+        Some(second) => (
+            path,
+            (flags & HAS_STEPS != 0).then_some(&tail[..second]),
+            Some(&tail[second + 1..]),
+        ),
+        None => (path, Some(tail), None),
     }
 }
 
 /// The steps recorded in a packed request ([`Step::encode_all`], behind
-/// [`HAS_STEPS`]; written by `lua/record_steps.lua`).
+/// [`HAS_STEPS`]; written by `lua/record_steps.lua`) and the request it
+/// keeps (behind [`HAS_REQUEST`]; written by `lua/record_request.lua`).
 ///
 /// # Errors
 ///
-/// [`CorruptRecord`] when the request or its steps do not decode.
-pub(super) fn decode_steps(packed: &[u8]) -> Result<Vec<Step>, CorruptRecord> {
+/// [`CorruptRecord`] when the request, its steps or the stored request do
+/// not decode.
+pub(super) fn decode_tail(
+    packed: &[u8],
+) -> Result<(Vec<Step>, Option<Box<StoredRequest>>), CorruptRecord> {
     let corrupt = CorruptRecord("the packed request is invalid");
     let flags = *packed.get(32).ok_or(corrupt)?;
     let method_len = usize::from(*packed.get(33).ok_or(corrupt)?);
-    let (_, steps) = path_and_steps(packed.get(34 + method_len..).ok_or(corrupt)?, flags);
-    Step::decode_all(steps)
+    let (_, steps, request) = path_and_tail(packed.get(34 + method_len..).ok_or(corrupt)?, flags);
+    Ok((
+        Step::decode_all(steps)?,
+        StoredRequest::decode_optional(request)?,
+    ))
 }
 
 /// The fingerprint, transactional flag, method and path of a packed request.
@@ -455,7 +489,7 @@ pub(super) fn decode_request(
     let transactional = flags & TRANSACTIONAL == TRANSACTIONAL;
     let method_len = usize::from(*packed.get(33).ok_or(corrupt)?);
     let method = packed.get(34..34 + method_len).ok_or(corrupt)?;
-    let (path, _) = path_and_steps(packed.get(34 + method_len..).ok_or(corrupt)?, flags);
+    let (path, _, _) = path_and_tail(packed.get(34 + method_len..).ok_or(corrupt)?, flags);
     let text = |bytes: &[u8]| String::from_utf8(bytes.to_vec()).map_err(|_| corrupt);
     Ok((
         Fingerprint::from_bytes(fingerprint),

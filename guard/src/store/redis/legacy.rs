@@ -124,6 +124,7 @@ fn record_from(
         expires_at: from_millis(number("e")?)?,
         observed_at: from_millis(now)?,
         steps: Vec::new(),
+        request: None,
     }))
 }
 

@@ -87,7 +87,7 @@ use call::{RecordKey, ScriptCall};
 use claimed::ClaimedValues;
 use connection::{CONNECTION_TIMEOUT, Connection, RESPONSE_TIMEOUT, Subscriber, forward_events};
 use replicas::ReplicaAcks;
-use scripts::{GET, RECORD_STEPS, RELEASE, RENEW, TAKE_OVER};
+use scripts::{GET, RECORD_REQUEST, RECORD_STEPS, RELEASE, RENEW, TAKE_OVER};
 use slots::SlotMap;
 
 use crate::events::RecordEvents;
@@ -95,6 +95,7 @@ use crate::key::{IdempotencyKey, Scope};
 use crate::record::{CorruptRecord, LeaseToken, Record, Step, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
 use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError};
+use crate::stored_request::StoredRequest;
 
 /// The default batching on Redis: none. Each claim and completion goes
 /// from the caller's task onto the multiplexed connection, which pipelines
@@ -393,6 +394,26 @@ impl Store for RedisRecords {
         let at = self.key_arg(RECORDS, lease.scope.as_str(), lease.key.as_str());
         let encoded = Step::encode_all(steps).unwrap_or_default();
         let mut call = ScriptCall::new(&RECORD_STEPS, 1, 80 + encoded.len());
+        call.arg(&at)
+            .arg(lease.token.as_uuid().as_bytes().as_slice())
+            .arg(encoded.as_slice());
+        let (answer, acked) = self.invoke_acked(&call, &at).await?;
+        if !matches!(answer, Value::Int(1)) {
+            return Err(StoreError::LeaseLost);
+        }
+        acked.replicated()
+    }
+
+    async fn record_request(
+        &self,
+        lease: &Lease,
+        request: Option<&StoredRequest>,
+    ) -> Result<(), StoreError> {
+        // The value changes (its packed request): completions go by script.
+        self.claimed.take(lease.token);
+        let at = self.key_arg(RECORDS, lease.scope.as_str(), lease.key.as_str());
+        let encoded = request.map(StoredRequest::encode).unwrap_or_default();
+        let mut call = ScriptCall::new(&RECORD_REQUEST, 1, 80 + encoded.len());
         call.arg(&at)
             .arg(lease.token.as_uuid().as_bytes().as_slice())
             .arg(encoded.as_slice());

@@ -35,6 +35,8 @@ pub(super) static TAKE_OVER: LazyLock<Script> = script!(
 );
 pub(super) static RECORD_STEPS: LazyLock<Script> =
     script!("fence.lua", "steps.lua", "record_steps.lua");
+pub(super) static RECORD_REQUEST: LazyLock<Script> =
+    script!("fence.lua", "steps.lua", "record_request.lua");
 pub(super) static ADMIN_FORGET: LazyLock<Script> =
     script!("legacy_pack.lua", "legacy.lua", "admin_forget.lua");
 
@@ -200,6 +202,97 @@ mod tests {
         assert_eq!(record.state(), RecordState::Completed);
         assert_eq!(record.steps, steps);
         assert_eq!(record.response, Some(StoredResponse::from_bytes("done")));
+        let mut del = redis::cmd("DEL");
+        del.arg(store.direct().key_arg(RECORDS, "s", "k"));
+        store.direct().query(&del).await.unwrap();
+    }
+
+    /// A stored request rides after the steps (or alone), behind its own
+    /// flag bit: release 1 reads the record's path as its start; this one
+    /// reads the path, the steps and the request apart; a steps rewrite,
+    /// a take-over and a completion keep it; clearing it keeps the steps.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stored_request_rides_beside_the_steps_and_survives_their_rewrites() {
+        use crate::record::Step;
+        use crate::stored_request::StoredRequest;
+        let url = idempotency_tests::fixtures::redis_url();
+        let prefix = format!("test-request-{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect(&url, &prefix).await.unwrap();
+        let fingerprint = Fingerprint::from_bytes([0; 32]);
+        let mut new = NewRecord {
+            scope: Scope::leaked("s"),
+            key: IdempotencyKey::leaked("k"),
+            fingerprint: &fingerprint,
+            method: "POST",
+            path: "/debits?x=1",
+            token: LeaseToken::new(),
+            lease: Duration::from_millis(300),
+            retention: Duration::from_secs(3600),
+            transactional: false,
+        };
+        let Claim::Acquired(lease) = store.claim(&new).await.unwrap() else {
+            panic!("a fresh key is acquired");
+        };
+        let mut headers = http::HeaderMap::new();
+        headers.insert("idempotency-key", "k".parse().unwrap());
+        // A body with NULs: the request is the value's last part.
+        let request = StoredRequest::new("POST", "/debits?x=1", headers, &b"a\0b\0"[..]);
+        store.record_request(&lease, Some(&request)).await.unwrap();
+        let record = store.get(new.scope, new.key).await.unwrap().unwrap();
+        assert_eq!(record.request.as_deref(), Some(&request));
+        assert!(record.steps.is_empty());
+        assert_eq!(record.path, "/debits?x=1");
+        let steps = [Step {
+            name: "charge".into(),
+            input: None,
+            value: serde_json::json!({"id": "ch_1"}),
+        }];
+        store.record_steps(&lease, &steps).await.unwrap();
+        let value = raw(&store, "s", "k").await;
+        let view = codec::View::parse(&value).unwrap();
+        // Release 1: `== 1` for transactional, the rest as the path.
+        assert_ne!(view.request[32], 1);
+        let method_len = usize::from(view.request[33]);
+        assert!(view.request[34 + method_len..].starts_with(b"/debits?x=1"));
+        let record = store.get(new.scope, new.key).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                record.steps.as_slice(),
+                record.request.as_deref(),
+                record.path.as_str()
+            ),
+            (&steps[..], Some(&request), "/debits?x=1")
+        );
+
+        // Lapsed: nothing kept; taken over: both stay; completed: both stay.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(store.record_request(&lease, None).await.is_err());
+        new.token = LeaseToken::new();
+        new.lease = Duration::from_secs(30);
+        let fresh = store.take_over(lease.token, &new).await.unwrap().unwrap();
+        let record = store.get(new.scope, new.key).await.unwrap().unwrap();
+        assert_eq!(record.state(), RecordState::InFlight);
+        assert_eq!(
+            (record.steps.as_slice(), record.request.as_deref()),
+            (&steps[..], Some(&request))
+        );
+        store.record_request(&fresh, None).await.unwrap();
+        let record = store.get(new.scope, new.key).await.unwrap().unwrap();
+        assert_eq!(
+            (record.steps.as_slice(), record.request),
+            (&steps[..], None)
+        );
+        store.record_request(&fresh, Some(&request)).await.unwrap();
+        store
+            .complete(&fresh, &StoredResponse::from_bytes("done"))
+            .await
+            .unwrap();
+        let record = store.get(new.scope, new.key).await.unwrap().unwrap();
+        assert_eq!(record.state(), RecordState::Completed);
+        assert_eq!(
+            (record.steps.as_slice(), record.request.as_deref()),
+            (&steps[..], Some(&request))
+        );
         let mut del = redis::cmd("DEL");
         del.arg(store.direct().key_arg(RECORDS, "s", "k"));
         store.direct().query(&del).await.unwrap();

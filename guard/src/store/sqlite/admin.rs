@@ -15,7 +15,7 @@ use crate::store::{AdminStore, StoreError};
 /// text bytewise). `?3` is the state filter's name, `?5` the clock.
 const ADMIN_LIST: &str = "select key, fingerprint, method, path, lease_token, lease_expires_at, \
     transactional, response_status, response_headers, response_body, created_at, completed_at, \
-    expires_at, steps from idempotency_records
+    expires_at, steps, request from idempotency_records
     where scope = ?1 and key > ?2 and expires_at > ?5
       and (?3 = 'any'
         or (?3 = 'completed' and state = 'completed')

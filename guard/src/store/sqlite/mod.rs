@@ -38,6 +38,7 @@ use crate::record::{CorruptRecord, LeaseToken, Record, Step, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
 use crate::store::sql::{CLAIM_ATTEMPTS, fenced, millis};
 use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError};
+use crate::stored_request::StoredRequest;
 
 const INSERT: &str = "insert into idempotency_records
         (scope, key, fingerprint, method, path, state, lease_token, lease_expires_at,
@@ -46,15 +47,16 @@ const INSERT: &str = "insert into idempotency_records
     on conflict (scope, key) do nothing";
 
 const GET: &str = "select fingerprint, method, path, lease_token, lease_expires_at, transactional, \
-    response_status, response_headers, response_body, created_at, completed_at, expires_at, steps \
-    from idempotency_records where scope = ?1 and key = ?2";
+    response_status, response_headers, response_body, created_at, completed_at, expires_at, steps, \
+    request from idempotency_records where scope = ?1 and key = ?2";
 
 const TAKE_OVER: &str = "update idempotency_records set
         fingerprint = ?4, method = ?5, path = ?6, state = 'in_flight', lease_token = ?7,
         lease_expires_at = ?11 + ?8, transactional = ?9,
         response_status = null, response_headers = null, response_body = null,
         created_at = ?11, completed_at = null, expires_at = ?11 + ?10,
-        steps = case when expires_at <= ?11 then null else steps end
+        steps = case when expires_at <= ?11 then null else steps end,
+        request = case when expires_at <= ?11 then null else request end
     where scope = ?1 and key = ?2 and lease_token = ?3
       and (expires_at <= ?11 or (state = 'in_flight' and lease_expires_at <= ?11))";
 
@@ -71,6 +73,11 @@ const RENEW: &str = "update idempotency_records set lease_expires_at = ?4 + ?5
 
 /// Fenced as a renewal: a lease that has ended records nothing.
 const RECORD_STEPS: &str = "update idempotency_records set steps = ?5
+    where scope = ?1 and key = ?2 and lease_token = ?3 and state = 'in_flight'
+      and lease_expires_at > ?4";
+
+/// Fenced as a renewal: a lease that has ended keeps no request.
+const RECORD_REQUEST: &str = "update idempotency_records set request = ?5
     where scope = ?1 and key = ?2 and lease_token = ?3 and state = 'in_flight'
       and lease_expires_at > ?4";
 
@@ -286,6 +293,9 @@ fn record_from_row(
         expires_at: from_millis(row.try_get("expires_at")?)?,
         observed_at,
         steps: Step::decode_all(row.try_get::<Option<Vec<u8>>, _>("steps")?.as_deref())?,
+        request: StoredRequest::decode_optional(
+            row.try_get::<Option<Vec<u8>>, _>("request")?.as_deref(),
+        )?,
     })
 }
 
@@ -380,6 +390,22 @@ impl Store for SqliteRecords {
             .bind(token_bytes(lease.token))
             .bind(now_millis())
             .bind(Step::encode_all(steps))
+            .execute(&self.pool)
+            .await?;
+        fenced(result.rows_affected())
+    }
+
+    async fn record_request(
+        &self,
+        lease: &Lease,
+        request: Option<&StoredRequest>,
+    ) -> Result<(), StoreError> {
+        let result = sqlx::query(RECORD_REQUEST)
+            .bind(lease.scope.as_str())
+            .bind(lease.key.as_str())
+            .bind(token_bytes(lease.token))
+            .bind(now_millis())
+            .bind(request.map(StoredRequest::encode))
             .execute(&self.pool)
             .await?;
         fenced(result.rows_affected())

@@ -23,6 +23,7 @@ fn record(key: &str) -> Record {
         expires_at: now + time::Duration::hours(1),
         observed_at: now,
         steps: Vec::new(),
+        request: None,
     }
 }
 

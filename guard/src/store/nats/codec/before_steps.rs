@@ -149,6 +149,7 @@ pub(crate) fn decode(
         expires_at: from_unix_ms(created_ms.saturating_add(retention_ms))?,
         observed_at,
         steps: Vec::new(),
+        request: None,
     };
     Ok(Stored {
         record,

@@ -3,9 +3,10 @@
 -- with the in-flight value ARGV[2], expiring ARGV[3] ms from now. A
 -- version 2 record expires natively, so one that exists is within its
 -- retention.
--- The steps of a version 2 record are kept (a resumed run gets them back).
+-- The steps and stored request of a version 2 record are kept (a resumed
+-- run gets them back).
 local kind = redis.call('TYPE', KEYS[1]).ok
-local steps = ''
+local steps, stored = '', ''
 if kind == 'string' then
   local v = redis.call('GET', KEYS[1])
   if string.sub(v, 1, STATE) ~= MARK .. IN_FLIGHT
@@ -18,7 +19,7 @@ if kind == 'string' then
     return 0
   end
   local _
-  _, steps = split_steps(v)
+  _, steps, stored = split_steps(v)
 elseif kind == 'hash' then
   local old = redis.call('HMGET', KEYS[1], 't', 's', 'l', 'e')
   local now = legacy_now()
@@ -30,8 +31,8 @@ else
   return 0
 end
 local new = ARGV[2]
-if steps ~= '' then
-  local request = with_steps(string.sub(new, HEADER + 1), steps)
+if steps ~= '' or stored ~= '' then
+  local request = with_steps(string.sub(new, HEADER + 1), steps, stored)
   new = string.sub(new, 1, REQUEST_LEN - 1) .. struct.pack('>I4', #request) .. request
 end
 redis.call('SET', KEYS[1], new, 'PX', ARGV[3])
