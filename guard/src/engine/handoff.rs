@@ -6,6 +6,27 @@
 //!
 //! While it runs in the caller's task, the run holds a token of the
 //! engine's task tracker, so [`super::Drain`] waits for it as for any task.
+//!
+//! # The box's shape (issue 56, item 1)
+//!
+//! A request that the layer guards costs two boxes: the layer's request
+//! future (`layer/service.rs`, `call`) and, from the hand-off on, the run
+//! ([`HandOff`]: `Engine::run_acquired`'s future, steps 4 to 6, the
+//! recorded steps' [`super::Run`] made inside it). Both are made *in* their
+//! box ([`boxed_in_place`]: the box allocated first, the future written
+//! into it), not on the stack and copied in: the run is about 9.6 kB in
+//! the bench's build, and `Box::pin(run)` copied all of it per request.
+//! Code that adds to the run (a completer, a request kept with the claim)
+//! adds to what `make` captures and to `run_acquired`'s state; it stays in
+//! the one box that moves into a task when the caller goes away.
+//!
+//! Measured and left out: the run *inline* in the layer's box, moved into
+//! a task with the whole box only when the caller goes away (one box per
+//! request). Every `.await` of a future copies all of its bytes into the
+//! awaiting future's state, so a run three awaits deep in the layer's
+//! future was copied three times: 118.7k instructions per fresh request
+//! against 88.6k (callgrind, `scripts/profile-guard`; docs/BENCHMARKS.md,
+//! issue 56).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -34,18 +55,37 @@ pub(super) struct HandOff<T: Send + 'static> {
 }
 
 impl<T: Send + 'static> HandOff<T> {
-    /// Takes `run` of `key` over for the caller; `tracker` is the engine's.
-    pub(super) fn new(
-        run: impl Future<Output = Answer<T>> + Send + 'static,
+    /// Takes the run of `key` that `make` makes over for the caller, made
+    /// in its box (see [`boxed_in_place`]); `tracker` is the engine's.
+    pub(super) fn new<F>(
+        make: impl FnOnce() -> F,
         tracker: &TaskTracker,
         key: IdempotencyKey,
-    ) -> Self {
+    ) -> Self
+    where
+        F: Future<Output = Answer<T>> + Send + 'static,
+    {
         Self {
-            run: Some(Box::pin(run)),
+            run: Some(boxed_in_place(make)),
             token: tracker.token(),
             key,
         }
     }
+}
+
+/// The future `make` makes, in a box allocated first: made where it then
+/// lives, not on the stack and copied in (a request's run is several
+/// kilobytes, and `Box::pin(make())` copies all of them, used or not).
+/// The layer's request future is boxed the same way.
+pub(crate) fn boxed_in_place<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    Box::into_pin(Box::write(Box::new_uninit(), made_by(make)))
+}
+
+/// Calls `make` out of line, so that its result is written straight to
+/// the place the caller gives (the box) instead of a copy on the stack.
+#[inline(never)]
+fn made_by<F>(make: impl FnOnce() -> F) -> F {
+    make()
 }
 
 impl<T: Send + 'static> Future for HandOff<T> {

@@ -105,6 +105,7 @@ pub(crate) use config::EngineConfig;
 pub use config::FailureMode;
 pub(crate) use config::engine_settings;
 pub use drain::Drain;
+pub(crate) use handoff::boxed_in_place;
 pub use job::Job;
 pub use steps::{Run, StepError};
 pub(crate) use timed::timed;
@@ -377,14 +378,14 @@ impl<S: Store> Engine<S> {
         // on the run goes on to its end, whatever becomes of the caller.
         let engine = self.clone();
         let key = job.key.clone();
-        let run = async move {
-            engine
-                .run_acquired(job, lease, held, recorded, claim_sent, work)
-                .await
+        // The run is made in its box (not made here and copied in), and
+        // stays inside the caller's span, in a task of its own too.
+        let run = move || {
+            let run = engine.run_acquired(job, lease, held, recorded, claim_sent, work);
+            #[cfg(feature = "otel")]
+            let run = tracing::Instrument::in_current_span(run);
+            run
         };
-        // The run stays inside the caller's span, in a task of its own too.
-        #[cfg(feature = "otel")]
-        let run = tracing::Instrument::in_current_span(run);
         handoff::HandOff::new(run, &self.inner.tracker, key).await
     }
 

@@ -156,3 +156,61 @@ async fn a_caller_that_goes_away_is_counted_as_caller_gone() {
     assert_eq!(count("replayed"), 1);
     assert_eq!(all(), 2);
 }
+
+/// From its hand-off on, the layer's run is the drain's: while its caller
+/// waits (the run inline in the caller's box) and after the caller went
+/// away (the whole box moved into a task); the drain waits for it, and its
+/// record ends completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_holds_a_run_while_its_caller_waits_and_after_it_left() {
+    use tower::ServiceExt;
+
+    let db = idempotency_tests::sqlite().await;
+    let layer = IdempotencyLayer::new(db.store.clone());
+    let drain = layer.drain();
+    let (router, runs) = app(layer);
+    assert_eq!(drain.running(), 0);
+    let request = http::Request::post("/things")
+        .header("idempotency-key", "drained")
+        .header("content-type", "application/json")
+        .header("x-delay-ms", "700")
+        .body(axum::body::Body::from("{}"))
+        .unwrap();
+    let mut answer = Box::pin(router.clone().oneshot(request));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while runs.get() == 0 {
+        tokio::select! {
+            _ = &mut answer => panic!("answered before the handler ended"),
+            () = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the handler started within 10 s"
+        );
+    }
+    assert!(
+        drain.running() >= 1,
+        "the run its caller waits for is the drain's"
+    );
+    drop(answer);
+    assert!(
+        drain.running() >= 1,
+        "the run whose caller left is the drain's"
+    );
+    assert!(drain.clone().wait().await, "the run ended within the bound");
+    assert_eq!(drain.running(), 0);
+    let state = db
+        .store
+        .get(names::scope("default"), names::key("drained"))
+        .await
+        .unwrap()
+        .map(|record| record.state());
+    assert_eq!(
+        state,
+        Some(RecordState::Completed),
+        "the drain waited for the completion"
+    );
+    let retry = send(&router, "drained", "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert_eq!(runs.get(), 1, "the handler ran {} times", runs.get());
+}

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
+use async_nats::header::{self, HeaderValue};
 use async_nats::jetstream::context::PublishErrorKind;
 use bytes::Bytes;
 use time::OffsetDateTime;
@@ -127,12 +128,14 @@ impl NatsStore {
     ) -> Result<Written, StoreError> {
         let mut pause = Duration::from_millis(50);
         loop {
+            // The names as the client's constants (no parse); the
+            // revision written once (one allocation, not a string copied).
             let mut headers = HeaderMap::new();
             headers.insert(
-                "Nats-Expected-Last-Subject-Sequence",
-                expected.to_string().as_str(),
+                header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                HeaderValue::from(expected),
             );
-            headers.insert("Nats-TTL", ttl);
+            headers.insert(header::NATS_MESSAGE_TTL, ttl);
             if delete {
                 headers.insert("KV-Operation", "DEL");
             }

@@ -204,14 +204,25 @@ impl RedisRecords {
             .flatten()
         {
             let done = codec::completed(&claimed.value, claimed.at.elapsed(), &response)?;
-            let mut pipe = redis::pipe();
-            pipe.add_command(Self::ifeq_command(&at, &done, &claimed.value));
-            let acked = self.send(pipe, &at, true).await?;
-            match acked.values.first() {
-                Some(Value::Okay) => return acked.replicated(),
+            let set = Self::ifeq_command(&at, &done, &claimed.value);
+            let (answer, acked) = if self.replica_acks.is_none() {
+                // No `WAIT` to send behind it: the command goes on its
+                // own, as the script call does, not in a pipeline of one.
+                (self.query(&set).await?, Acked::unacked())
+            } else {
+                let mut pipe = redis::pipe();
+                pipe.add_command(set);
+                let mut acked = self.send(pipe, &at, true).await?;
+                match std::mem::take(&mut acked.values).into_iter().next() {
+                    Some(Value::ServerError(error)) => return Err(server_error(&error)),
+                    Some(answer) => (answer, acked),
+                    None => return Err(CorruptRecord("SET IFEQ answered nothing").into()),
+                }
+            };
+            match answer {
+                Value::Okay => return acked.replicated(),
                 // Another value: watched, renewed, or another's lease.
-                Some(Value::Nil) => {}
-                Some(Value::ServerError(error)) => return Err(server_error(error)),
+                Value::Nil => {}
                 _ => return Err(CorruptRecord("SET IFEQ answered an unexpected shape").into()),
             }
         }
