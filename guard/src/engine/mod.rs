@@ -182,6 +182,24 @@ impl RunContext {
         self.run.derived_key(step)
     }
 
+    /// [`Run::try_step`] on this run: only a success is recorded.
+    ///
+    /// # Errors
+    ///
+    /// See [`Run::try_step`].
+    pub async fn try_step<T, E, F, Fut>(
+        &self,
+        name: &str,
+        work: F,
+    ) -> Result<Result<T, E>, StepError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.run.try_step(name, work).await
+    }
+
     /// [`Run::step_tx`] on this run: a step whose writes through its
     /// [`Tx`](crate::Tx) commit with its recorded result.
     ///

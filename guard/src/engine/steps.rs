@@ -329,14 +329,62 @@ impl Run {
                     name: name.to_owned(),
                     source,
                 })?;
-            Ok((result, steps))
+            Ok((result, Some(steps)))
         })
         .await
     }
 
+    /// [`Run::step`] for work that can fail: only a success is recorded.
+    /// `Ok(value)` is recorded and returned as a step's result is (a
+    /// resumed run gets it back without running `work`); `Err(error)` is
+    /// returned and **not** recorded, so the step is not taken: the run
+    /// may try it again (in a loop, or on the client's retry, which
+    /// resumes from the steps before it). For a call to another system
+    /// whose failures are passing (a PSP answering 503), with the step's
+    /// [`Run::derived_key`] sent along so that a try that did land runs
+    /// once there.
+    ///
+    /// The outer `Result` is the step's own error, as for [`Run::step`];
+    /// the inner one is `work`'s.
+    ///
+    /// # Errors
+    ///
+    /// As [`Run::step`].
+    pub async fn try_step<T, E, F, Fut>(
+        &self,
+        name: &str,
+        work: F,
+    ) -> Result<Result<T, E>, StepError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let tried: Tried<T, E> = self
+            .take_step(name, None, |steps| async move {
+                match work().await {
+                    Ok(value) => {
+                        let steps = steps.with(&value)?;
+                        self.inner.record(steps.clone()).await.map_err(|source| {
+                            StepError::Record {
+                                name: name.to_owned(),
+                                source,
+                            }
+                        })?;
+                        Ok((Tried(Ok(value)), Some(steps)))
+                    }
+                    Err(error) => Ok((Tried(Err(error)), None)),
+                }
+            })
+            .await?;
+        Ok(tried.0)
+    }
+
     /// Takes the step `name` in order: its recorded result, when the run
     /// being resumed recorded it, else what `execute` returns (the result,
-    /// and the steps it recorded, given what to append to).
+    /// and the steps it recorded, given what to append to; `None` when it
+    /// recorded nothing: the step is not taken, the next one asked for
+    /// takes its place).
     pub(super) async fn take_step<T, E, Fut>(
         &self,
         name: &str,
@@ -346,7 +394,7 @@ impl Run {
     where
         T: DeserializeOwned,
         E: FnOnce(NextStep) -> Fut,
-        Fut: Future<Output = Result<(T, Vec<Step>), StepError>>,
+        Fut: Future<Output = Result<(T, Option<Vec<Step>>), StepError>>,
     {
         let Ok(mut log) = self.inner.log().try_lock() else {
             return Err(StepError::Overlapping {
@@ -375,10 +423,12 @@ impl Run {
             input,
         };
         let (result, steps) = execute(next).await?;
-        log.steps = steps;
-        log.next += 1;
-        if let Some(slot) = self.inner.slot() {
-            slot.note_steps();
+        if let Some(steps) = steps {
+            log.steps = steps;
+            log.next += 1;
+            if let Some(slot) = self.inner.slot() {
+                slot.note_steps();
+            }
         }
         Ok(result)
     }
@@ -457,7 +507,7 @@ impl Run {
             slot.commit_step(lease, &steps)
                 .await
                 .map_err(|source| StepError::Record { name, source })?;
-            Ok((result, steps))
+            Ok((result, Some(steps)))
         })
         .await
     }
@@ -489,6 +539,16 @@ impl Run {
     pub fn derived_key(&self, step: &str) -> IdempotencyKey {
         let (scope, key) = self.inner.names();
         derived_key(scope, key, step)
+    }
+}
+
+/// A tried step's outcome ([`Run::try_step`]): only a success is ever
+/// recorded, so a recorded one reads back as `Ok`.
+struct Tried<T, E>(Result<T, E>);
+
+impl<'de, T: serde::Deserialize<'de>, E> serde::Deserialize<'de> for Tried<T, E> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        T::deserialize(deserializer).map(|value| Self(Ok(value)))
     }
 }
 

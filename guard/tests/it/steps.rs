@@ -43,6 +43,7 @@ macro_rules! steps_suite {
                 a_step_inside_a_step_is_refused,
                 a_run_that_fails_after_a_step_keeps_it_instead_of_releasing,
                 a_run_that_panics_after_a_step_keeps_it_instead_of_releasing,
+                a_tried_step_records_only_its_success,
             );
         }
     };
@@ -773,4 +774,63 @@ pub(crate) async fn a_run_that_panics_after_a_step_keeps_it_instead_of_releasing
         .await;
     assert!(matches!(answer, Answer::Ran { reply: 9, .. }), "{answer:?}");
     assert_eq!(ran.count(0), 1, "the recorded step never ran again");
+}
+
+/// `try_step` records a success only: a failed try is not recorded (the
+/// step is not taken), a second try in the same run runs and records its
+/// success, and a resumed run gets that success back without running.
+pub(crate) async fn a_tried_step_records_only_its_success<S: Store>(db: TestDb<S>) {
+    let engine = Engine::new(db.store.clone()).with_abandoned(AbandonedPolicy::Resume);
+    let job = Job::new(scope(), key("tried"), Fingerprint::of_bytes(b"debit 10"));
+    let ran = Ran::default();
+    let first = ran.clone();
+    let answer = engine
+        .run(job.clone(), move |run| async move {
+            let failed: Result<u32, &str> = run
+                .try_step("charge", || async {
+                    first.hit(0);
+                    Err("psp 503")
+                })
+                .await
+                .unwrap();
+            assert_eq!(failed, Err("psp 503"));
+            let charged: Result<u32, &str> = run
+                .try_step("charge", || async {
+                    first.hit(0);
+                    Ok(42)
+                })
+                .await
+                .unwrap();
+            assert_eq!(charged, Ok(42));
+            Settle::Abandon { reply: () }
+        })
+        .await;
+    assert!(matches!(answer, Answer::Ran { .. }), "{answer:?}");
+    let record = db.store.get(&job.scope, &job.key).await.unwrap().unwrap();
+    assert_eq!(record.steps.len(), 1, "the failed try left no step");
+    assert_eq!(record.steps[0].value, serde_json::json!(42));
+    assert_eq!(ran.count(0), 2);
+
+    let second = ran.clone();
+    let answer = engine
+        .run(job.clone(), move |run| async move {
+            let charged: Result<u32, &str> = run
+                .try_step("charge", || async {
+                    second.hit(0);
+                    Ok(0)
+                })
+                .await
+                .unwrap();
+            let charged = charged.unwrap();
+            Settle::Complete {
+                response: StoredResponse::from_bytes(charged.to_string()),
+                reply: charged,
+            }
+        })
+        .await;
+    assert!(
+        matches!(answer, Answer::Ran { reply: 42, .. }),
+        "{answer:?}"
+    );
+    assert_eq!(ran.count(0), 2, "the recorded success never ran again");
 }
