@@ -210,7 +210,6 @@ mod response;
 #[cfg_attr(docsrs, doc(cfg(feature = "server")))]
 pub mod server;
 pub mod store;
-mod stored_request;
 pub mod telemetry;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -232,11 +231,10 @@ pub use key::{
 pub use layer::{FinalResponse, IdempotencyLayer, IdempotencyService, OutcomeUnknown};
 pub use migrate::{MIGRATIONS_TABLE, MigrationError};
 pub use purge::{purge_expired, purge_periodically};
-pub use record::{CorruptRecord, Record, RecordState, Step, StoredResponse};
+pub use record::{CorruptRecord, Record, RecordState, Step, StoredRequest, StoredResponse};
 pub use replay::{RedactFn, ReplayPolicy};
 pub use response::{IDEMPOTENT_REPLAYED, default_stored_status};
 pub use store::{AnyStore, Purge, Store, StoreError};
-pub use stored_request::StoredRequest;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use transaction::Tx;

@@ -55,11 +55,11 @@ use tower::{Service, ServiceExt};
 use super::{Answer, Engine, Job, RunContext, Settle};
 use crate::decision::AbandonedPolicy;
 use crate::key::Scope;
+use crate::record::StoredRequest;
 use crate::record::{Record, RecordState};
 use crate::refusal::Refusal;
 use crate::store::AdminStore;
 use crate::store::admin::{PageRequest, StateFilter};
-use crate::stored_request::StoredRequest;
 
 /// The mark of a request the completer sends through a service: the
 /// attempt it is. Only this crate can set it (a client's header cannot);

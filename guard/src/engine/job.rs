@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
-use crate::stored_request::StoredRequest;
+use crate::record::StoredRequest;
 
 /// One request to run some work once: the key it runs under and what
 /// identifies the request (so a reuse of the key for another request is

@@ -112,9 +112,9 @@ pub(crate) use timed::timed;
 #[cfg_attr(not(feature = "postgres"), allow(unused_imports))]
 pub(crate) use transaction::transactional_settings;
 
+use crate::record::StoredRequest;
 use crate::record::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
-use crate::stored_request::StoredRequest;
 use crate::telemetry::MetricHandles;
 
 use transaction::Held;

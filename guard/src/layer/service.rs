@@ -28,10 +28,10 @@ use crate::engine::{
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, Scope};
+use crate::record::StoredRequest;
 use crate::record::StoredResponse;
 use crate::response::{BoxError, headers_to_store};
 use crate::store::Store;
-use crate::stored_request::StoredRequest;
 use crate::telemetry::{Outcome, Tally, attempt_label};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a route.

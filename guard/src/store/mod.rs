@@ -62,8 +62,8 @@ use std::time::Duration;
 use crate::events::RecordEvents;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
+use crate::record::StoredRequest;
 use crate::record::{Record, Step, StoredResponse};
-use crate::stored_request::StoredRequest;
 
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]

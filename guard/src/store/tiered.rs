@@ -31,6 +31,7 @@ use time::OffsetDateTime;
 
 use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
+use crate::record::StoredRequest;
 use crate::record::{LeaseToken, Record, RecordState, Step, StoredResponse};
 /// What the tiered store asks of its cache (declared with the store's
 /// other contracts, in `store/mod.rs`).
@@ -41,7 +42,6 @@ use crate::store::redis::RedisStore;
 use crate::store::{
     AdminStore, Claim, Lease, NewRecord, Purge, Store, StoreError, TransactionalStore,
 };
-use crate::stored_request::StoredRequest;
 
 /// Redis calls that fell back to PostgreSQL, by operation.
 pub const FALLBACKS_TOTAL: &str = "idempotency_tiered_fallbacks_total";

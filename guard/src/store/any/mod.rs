@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
+use crate::record::StoredRequest;
 use crate::record::{LeaseToken, Record, Step, StoredResponse};
 #[cfg(feature = "postgres")]
 use crate::store::TransactionalStore;
 use crate::store::encrypted::{EncryptedStore, EncryptionKeys};
 use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError};
-use crate::stored_request::StoredRequest;
 
 /// One of the stores, chosen at run time (an enum that delegates, so the
 /// layer stays monomorphic and nothing is boxed): a [`Backend`], its

@@ -48,13 +48,13 @@ use queue::BatchFuture;
 
 use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
+use crate::record::StoredRequest;
 use crate::record::{LeaseToken, Record, Step, StoredResponse};
 use crate::store::admin::{ForgetRule, Forgotten, Page, PageRequest, StateFilter};
 use crate::store::{AdminStore, Claim, Lease, NewRecord, Purge, Store, StoreError};
 /// The contract of a store that can be batched, and its claims in a batch
 /// (declared with the other contracts, in `store/mod.rs`).
 use crate::store::{BatchedStore, ClaimItem};
-use crate::stored_request::StoredRequest;
 
 /// The batchers of one store's claims and completions.
 struct Batches<C> {

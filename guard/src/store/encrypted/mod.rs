@@ -61,9 +61,9 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
+use crate::record::StoredRequest;
 use crate::record::{CorruptRecord, LeaseToken, Record, Step, StoredResponse};
 use crate::store::{Claim, Lease, NewRecord, Store, StoreError};
-use crate::stored_request::StoredRequest;
 
 mod keys;
 mod request;

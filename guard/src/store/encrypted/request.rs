@@ -10,8 +10,8 @@ use aes_gcm::aead::{Aead, OsRng, Payload};
 use aes_gcm::{AeadCore, Aes256Gcm};
 
 use super::{EncryptedStore, NONCE_LEN, failure};
+use crate::record::StoredRequest;
 use crate::store::StoreError;
-use crate::stored_request::StoredRequest;
 
 /// The associated data of the request of `(scope, key)`.
 fn associated_data(scope: &str, key: &str) -> Vec<u8> {

@@ -29,11 +29,11 @@ use crate::events::RecordEvents;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
 use crate::migrate::MigrationError;
+use crate::record::StoredRequest;
 use crate::record::{CorruptRecord, LeaseToken, Record, Step, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
 use crate::store::sql::{CLAIM_ATTEMPTS, fenced, millis};
 use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError, TransactionalStore};
-use crate::stored_request::StoredRequest;
 
 /// The columns every read returns, `observed_at` being the database's clock.
 macro_rules! record_columns {
@@ -554,7 +554,7 @@ impl Store for PostgresRecords {
     }
 
     /// Waits behind a claim or takeover of the key still in progress (see
-    /// [`SETTLE`]), for at most `wait` (`lock_timeout`).
+    /// `SETTLE`), for at most `wait` (`lock_timeout`).
     async fn settle(&self, lease: &Lease, wait: Duration) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("select set_config('lock_timeout', $1, true)")

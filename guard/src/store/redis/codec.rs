@@ -76,9 +76,9 @@ use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
 use crate::record::CorruptRecord;
 use crate::record::LeaseToken;
+use crate::record::StoredRequest;
 use crate::record::{Record, Step, StoredResponse};
 use crate::store::NewRecord;
-use crate::stored_request::StoredRequest;
 
 /// The layout's mark, the value's first bytes.
 pub(super) const MARK: &[u8; 2] = b"I2";

@@ -92,10 +92,10 @@ use slots::SlotMap;
 
 use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
+use crate::record::StoredRequest;
 use crate::record::{CorruptRecord, LeaseToken, Record, Step, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
 use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError};
-use crate::stored_request::StoredRequest;
 
 /// The default batching on Redis: none. Each claim and completion goes
 /// from the caller's task onto the multiplexed connection, which pipelines

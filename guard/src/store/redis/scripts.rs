@@ -214,7 +214,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stored_request_rides_beside_the_steps_and_survives_their_rewrites() {
         use crate::record::Step;
-        use crate::stored_request::StoredRequest;
+        use crate::record::StoredRequest;
         let url = idempotency_tests::fixtures::redis_url();
         let prefix = format!("test-request-{}", uuid::Uuid::new_v4().simple());
         let store = RedisStore::connect(&url, &prefix).await.unwrap();

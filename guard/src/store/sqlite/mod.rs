@@ -34,11 +34,11 @@ use crate::events::RecordEvents;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
 use crate::migrate::MigrationError;
+use crate::record::StoredRequest;
 use crate::record::{CorruptRecord, LeaseToken, Record, Step, StoredResponse};
 use crate::store::batch::{BatchLimits, Batched};
 use crate::store::sql::{CLAIM_ATTEMPTS, fenced, millis};
 use crate::store::{Claim, Lease, NewRecord, Purge, Store, StoreError};
-use crate::stored_request::StoredRequest;
 
 const INSERT: &str = "insert into idempotency_records
         (scope, key, fingerprint, method, path, state, lease_token, lease_expires_at,

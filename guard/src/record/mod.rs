@@ -1,6 +1,7 @@
 //! What a store holds for one `(scope, key)`: [`Record`], its [`RecordState`],
-//! the [`LeaseToken`] that fences its writes and the [`StoredResponse`]
-//! replayed to retries.
+//! the [`LeaseToken`] that fences its writes, the [`StoredResponse`]
+//! replayed to retries and the [`StoredRequest`] a completer runs again
+//! (`request.rs`).
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -10,6 +11,10 @@ use std::fmt;
 
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
+
+mod request;
+
+pub use request::StoredRequest;
 
 /// The random token that identifies one lease on a record.
 ///
@@ -104,7 +109,7 @@ pub struct Record {
     /// The request kept with the claim of a resumable run, for the
     /// completer ([`crate::engine::Completer`]); `None` when the route
     /// keeps none.
-    pub request: Option<Box<crate::stored_request::StoredRequest>>,
+    pub request: Option<Box<StoredRequest>>,
 }
 
 impl Record {

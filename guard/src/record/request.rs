@@ -12,7 +12,7 @@
 use bytes::Bytes;
 use http::HeaderMap;
 
-use crate::record::{CorruptRecord, StoredResponse};
+use super::{CorruptRecord, StoredResponse};
 
 /// The mark and version of the encoding.
 const MARK: &[u8; 3] = b"RQ1";
