@@ -25,7 +25,7 @@ use idempotency_guard::headers::{EXCLUDED_BY_DEFAULT, headers_to_store};
 use idempotency_guard::{IDEMPOTENT_REPLAYED, StoredResponse};
 use tonic::Code;
 
-use crate::outcome::FINAL_STATUS;
+use crate::outcome::{FINAL_STATUS, OUTCOME_UNKNOWN_STATUS};
 
 /// A boxed error from a body.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -46,6 +46,7 @@ static NOT_KEPT: LazyLock<Vec<HeaderName>> = LazyLock::new(|| {
     names.extend([
         header::CONTENT_LENGTH,
         HeaderName::from_static(FINAL_STATUS),
+        HeaderName::from_static(OUTCOME_UNKNOWN_STATUS),
         IDEMPOTENT_REPLAYED.clone(),
     ]);
     names
@@ -148,6 +149,17 @@ impl Exchange {
             .trailers
             .as_mut()
             .is_some_and(|trailers| trailers.remove(FINAL_STATUS).is_some());
+        in_headers || in_trailers
+    }
+
+    /// Removes the handler's outcome-unknown marker (see
+    /// [`crate::mark_outcome_unknown`]) from the answer; whether it was there.
+    pub(crate) fn take_outcome_unknown_marker(&mut self) -> bool {
+        let in_headers = self.headers.remove(OUTCOME_UNKNOWN_STATUS).is_some();
+        let in_trailers = self
+            .trailers
+            .as_mut()
+            .is_some_and(|trailers| trailers.remove(OUTCOME_UNKNOWN_STATUS).is_some());
         in_headers || in_trailers
     }
 

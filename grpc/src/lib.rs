@@ -16,6 +16,12 @@
 //!   Streaming methods pass through untouched.
 //! - [`run`]: for a key carried in the request message (Google's AIP-155
 //!   `request_id`), called by the typed handler, on the same engine.
+//! - Steps and resume: a guarded method reads the run's handle
+//!   ([`idempotency_guard::engine::Run`]) from its request's extensions
+//!   (`request.extensions().get::<Run>()`), records steps with it, and
+//!   answers a step that did not return with [`step_status`] (the key is
+//!   left abandoned with its steps); an engine set
+//!   `with_abandoned(AbandonedPolicy::Resume)` resumes the retry.
 //! - [`tx()`] (PostgreSQL, transactional mode): the method's writes commit
 //!   together with its stored answer, or roll back with a released key.
 //!
@@ -28,6 +34,7 @@
 //! | same key, another method or message | `FAILED_PRECONDITION` `key-reused` | no |
 //! | same key, first call still running | `UNAVAILABLE` `request-in-flight` + `RetryInfo` (or, with the engine set to wait, the replay once the first ends) | no |
 //! | same key, earlier run abandoned or cut off | `FAILED_PRECONDITION` `outcome-unknown`, no `RetryInfo` | no |
+//! | same key, earlier run abandoned, engine `with_abandoned(AbandonedPolicy::Resume)` | the method's answer; its recorded steps return without running | yes, resumed |
 //! | store unreachable | `UNAVAILABLE` `store-unavailable` + `RetryInfo` | no (fails closed) |
 //!
 //! The guard's own answers carry `google.rpc.ErrorInfo` (`domain`
@@ -71,7 +78,9 @@ pub use layer::{
     CallScope, GrpcIdempotencyLayer, GrpcIdempotencyService, IDEMPOTENCY_KEY_METADATA,
     ResponseFuture,
 };
-pub use outcome::{FINAL_STATUS, mark_final};
+pub use outcome::{
+    FINAL_STATUS, OUTCOME_UNKNOWN_STATUS, mark_final, mark_outcome_unknown, step_status,
+};
 pub use refusal::DOMAIN;
 pub use request_id::run;
 #[cfg(feature = "postgres")]

@@ -9,6 +9,7 @@
 //! | any code but `UNAVAILABLE` the handler marked final ([`mark_final`]) | stored | the handler says this answer is its decision |
 //! | `UNAVAILABLE` marked final | released | an outage is never a decision: gRPC clients retry it on their own (`retryPolicy`), and a stored one would answer every retry with the outage for the whole retention |
 //! | no `grpc-status` at all (a broken answer) | released | not an answer |
+//! | any status the handler marked outcome unknown ([`mark_outcome_unknown`], [`step_status`]) | abandoned | the handler lost track of its work (a step did not return): the key keeps its steps, and a retry resumes it under `AbandonedPolicy::Resume` (else `outcome-unknown`) |
 //!
 //! [`settle`] answers with the guard's engine's own [`Settle`] without
 //! payload: the one name every adapter uses for "keep, release or abandon".
@@ -18,13 +19,23 @@
 //! `FAILED_PRECONDITION` with reason `outcome-unknown` (see
 //! [`crate::refusal`]).
 
-use idempotency_guard::engine::Settle;
+use std::collections::HashMap;
+
+use idempotency_guard::engine::{Settle, StepError};
 use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::refusal::DOMAIN;
 
 /// The metadata entry with which a handler marks its status final (stored
 /// whatever its code). The layer removes it from the answer before it is
 /// sent or stored.
 pub const FINAL_STATUS: &str = "idempotency-final";
+
+/// The metadata entry with which a handler marks its status "outcome
+/// unknown": nothing is stored and the key is left abandoned (with the
+/// steps its run recorded). The layer removes it from the answer.
+pub const OUTCOME_UNKNOWN_STATUS: &str = "idempotency-outcome-unknown";
 
 /// The table of this module: what becomes of an answer with `code`
 /// (`None` when the answer carried no valid `grpc-status`), `marked_final`
@@ -113,6 +124,54 @@ pub fn mark_final(mut status: Status) -> Status {
     status
 }
 
+/// Marks `status` "outcome unknown": the layer stores nothing and leaves
+/// the key abandoned, with the steps the run recorded. The caller gets
+/// `status`; a retry with the key gets `FAILED_PRECONDITION`
+/// `outcome-unknown`, or, when the engine resumes abandoned runs
+/// (`with_abandoned(AbandonedPolicy::Resume)`), runs the method again with
+/// the recorded steps. For a method that lost track of its work.
+pub fn mark_outcome_unknown(mut status: Status) -> Status {
+    status.metadata_mut().insert(
+        OUTCOME_UNKNOWN_STATUS,
+        tonic::metadata::MetadataValue::from_static("true"),
+    );
+    status
+}
+
+/// The status of a step that did not return, marked outcome unknown
+/// ([`mark_outcome_unknown`]): the key is left abandoned with its steps.
+/// Its `ErrorInfo` reason is the adapter kit's problem for the error
+/// ([`step_problem`](idempotency_guard::adapter::step_problem)):
+/// `step-mismatch` and `handler-failed` are `INTERNAL`, `outcome-unknown`
+/// (the run lost its lease) `FAILED_PRECONDITION`, `store-unavailable`
+/// `UNAVAILABLE`.
+///
+/// ```
+/// use idempotency_guard::engine::Run;
+/// use tonic::{Request, Response, Status};
+///
+/// async fn charge(request: Request<()>) -> Result<Response<String>, Status> {
+///     let run = request.extensions().get::<Run>().cloned()
+///         .ok_or_else(|| Status::internal("not guarded"))?;
+///     let charge = run
+///         .step("charge", || async { String::from("ch_1") })
+///         .await
+///         .map_err(idempotency_grpc::step_status)?;
+///     Ok(Response::new(charge))
+/// }
+/// ```
+pub fn step_status(error: StepError) -> Status {
+    let problem = idempotency_guard::adapter::step_problem(&error);
+    let code = match problem.status.as_u16() {
+        409 => Code::FailedPrecondition,
+        503 => Code::Unavailable,
+        _ => Code::Internal,
+    };
+    tracing::error!(error = %error, "a step did not return; the key is left abandoned");
+    let details = ErrorDetails::with_error_info(problem.name, DOMAIN, HashMap::new());
+    mark_outcome_unknown(Status::with_error_details(code, error.to_string(), details))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,6 +230,17 @@ mod tests {
             }
         }
         assert_eq!(keep(None, true), Keep::Release);
+    }
+
+    #[test]
+    fn a_step_status_is_marked_outcome_unknown() {
+        let status = step_status(StepError::Overlapping { name: "a".into() });
+        assert_eq!(status.code(), Code::Internal);
+        assert!(status.metadata().get(OUTCOME_UNKNOWN_STATUS).is_some());
+        assert_eq!(
+            status.get_details_error_info().map(|info| info.reason),
+            Some(String::from("handler-failed"))
+        );
     }
 
     #[test]

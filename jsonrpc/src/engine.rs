@@ -7,7 +7,7 @@ use std::future::Future;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
-use idempotency_guard::engine::{Answer, Engine, Job, Settle};
+use idempotency_guard::engine::{Answer, Engine, Job, RunContext, Settle};
 use idempotency_guard::telemetry::Outcome;
 use idempotency_guard::{Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 
@@ -30,8 +30,10 @@ pub(crate) struct GuardedCall {
     pub(crate) target: String,
 }
 
-/// Runs `work` at most once for the call's key; answers with how it ended
-/// and the `outcome` label the call is counted under.
+/// Runs `work` at most once for the call's key, handing it the run's
+/// context (its [`Run`](idempotency_guard::engine::Run), for the server's
+/// handler); answers with how it ended and the `outcome` label the call is
+/// counted under.
 pub(crate) async fn run<S, F, Fut, T>(
     engine: &Engine<S>,
     call: GuardedCall,
@@ -39,7 +41,7 @@ pub(crate) async fn run<S, F, Fut, T>(
 ) -> (Answer<T>, Outcome)
 where
     S: Store,
-    F: FnOnce() -> Fut + Send + 'static,
+    F: FnOnce(RunContext) -> Fut + Send + 'static,
     Fut: Future<Output = Settle<T, KeptAnswer>> + Send + 'static,
     T: Send + 'static,
 {
@@ -47,8 +49,8 @@ where
         .with_request(call.method, call.target.clone())
         .with_route(call.target);
     let answer = engine
-        .run(job, move |_context| async move {
-            work().await.map_response(stored_response)
+        .run(job, move |context| async move {
+            work(context).await.map_response(stored_response)
         })
         .await;
     let counted = answer.outcome();

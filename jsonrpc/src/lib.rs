@@ -77,6 +77,21 @@
 //! | a JSON-RPC `error` (unknown tool, invalid arguments) | released |
 //! | a non-2xx HTTP status (no session, a server failure) | released |
 //! | an event stream that ends or breaks before the final response, or an answer over the stored-response limit | abandoned: `outcome-unknown`, never run again blindly |
+//! | a tool result whose `_meta` sets `"io.idempotency/outcome-unknown": true` ([`step_error_result`]), or an HTTP answer marked [`OutcomeUnknown`](idempotency_guard::OutcomeUnknown) | abandoned, with the run's recorded steps |
+//!
+//! # Steps and resume
+//!
+//! The server's handler gets the run's handle
+//! ([`idempotency_guard::engine::Run`]) in its HTTP request's extensions:
+//! an axum handler extracts `run: Run`; an `rmcp` tool takes
+//! `Extension(parts): Extension<http::request::Parts>` and reads
+//! `parts.extensions.get::<Run>()`. It records steps with it
+//! (`run.step(..)`, `run.derived_key(..)`); a step that did not return is
+//! answered with [`step_error_result`] (a tool) or the `StepError`'s own
+//! response (an axum handler), which leaves the key abandoned with its
+//! steps. With the engine set `with_abandoned(AbandonedPolicy::Resume)`,
+//! the agent's retry resumes the call: recorded steps return without
+//! running, and the agent gets the real answer.
 //!
 //! The server may answer as JSON or as an event stream (`text/event-stream`):
 //! from a stream, the final JSON-RPC response to the call is captured and
@@ -174,6 +189,6 @@ mod sse;
 pub use config::MissingKey;
 pub use envelope::{KeySource, KeySourceError, MESSAGE_SEND, TOOLS_CALL};
 pub use layer::JsonRpcLayer;
-pub use outcome::FINAL_META;
+pub use outcome::{FINAL_META, OUTCOME_UNKNOWN_META, step_error_result};
 pub use reply::REPLAYED_META;
 pub use service::{JsonRpcService, ResponseFuture};

@@ -205,29 +205,23 @@ where
     }
 }
 
-/// The request with the run in its extensions: the method's way to the
-/// run's transaction ([`crate::tx()`]).
-#[cfg(feature = "postgres")]
+/// The request with the run in its extensions: the method's run handle
+/// (`request.extensions().get::<Run>()`, put there by the adapter kit's
+/// [`hand_run`](idempotency_guard::adapter::hand_run)) and, with
+/// PostgreSQL, its way to the run's transaction ([`crate::tx()`]).
 fn with_run(
     mut request: Request<tonic::body::Body>,
     context: idempotency_guard::engine::RunContext,
     key: &IdempotencyKey,
     retry_after: std::time::Duration,
 ) -> Request<tonic::body::Body> {
+    idempotency_guard::adapter::hand_run(request.extensions_mut(), &context);
+    #[cfg(feature = "postgres")]
     request
         .extensions_mut()
         .insert(crate::tx::CallRun::new(context, key.clone(), retry_after));
-    request
-}
-
-/// Without PostgreSQL there is no transaction to hand on.
-#[cfg(not(feature = "postgres"))]
-fn with_run(
-    request: Request<tonic::body::Body>,
-    _context: idempotency_guard::engine::RunContext,
-    _key: &IdempotencyKey,
-    _retry_after: std::time::Duration,
-) -> Request<tonic::body::Body> {
+    #[cfg(not(feature = "postgres"))]
+    let _ = (context, key, retry_after);
     request
 }
 
@@ -268,6 +262,13 @@ where
     match read_answer(response, stored_limit).await {
         AnswerRead::Whole(mut exchange) => {
             let marked_final = exchange.take_final_marker();
+            // The handler lost track of its work (a step did not return):
+            // nothing is kept, the key is left abandoned with its steps.
+            if exchange.take_outcome_unknown_marker() {
+                return Settle::Abandon {
+                    reply: Ok(exchange.into_response(false)),
+                };
+            }
             settle(exchange.code(), marked_final)
                 .map_response(|()| Some(exchange.to_stored()))
                 .map_reply(|()| Ok(exchange.into_response(false)))

@@ -14,6 +14,7 @@ mod matrix;
 mod python;
 mod server;
 mod status;
+mod steps;
 mod transactional;
 
 /// Instantiates a generic test body once per store.
@@ -73,6 +74,14 @@ per_store!(
 per_store!(
     cut_off,
     crate::calls::a_run_cut_off_at_the_maximum_handler_time_is_outcome_unknown
+);
+per_store!(
+    resume,
+    crate::steps::an_abandoned_call_resumes_with_its_recorded_step
+);
+per_store!(
+    abandoned_refused,
+    crate::steps::without_resume_the_retry_is_refused_outcome_unknown
 );
 per_store!(
     status_service,

@@ -5,7 +5,11 @@
 //! with reason `handler-N` and the run's count in `x-run`), `final:N` the
 //! same marked final, `once:N` answers status N on its first run and the
 //! payment on later ones, `sleep:MS` sleeps that long first, `hold:NAME`
-//! waits until the test opens its gate ([`TestServer::open`]); every run
+//! waits until the test opens its gate ([`TestServer::open`]), `step:NAME`
+//! records the step `charge` through the run's handle from the request's
+//! extensions (counted at `NAME/charge` when it runs) and on its first run
+//! answers `FAILED_PRECONDITION` marked outcome unknown (it lost track: the key is
+//! left abandoned with the step), on later ones the payment; every run
 //! is counted per account (a held run when it starts).
 
 use std::collections::HashMap;
@@ -118,6 +122,38 @@ impl<S> Service<S> {
     }
 }
 
+impl<S> Service<S> {
+    /// `step:NAME`: the step `charge` (counted at `NAME/charge` when it
+    /// runs), then, on the first run, a status marked outcome unknown.
+    async fn with_step(
+        &self,
+        run: Option<idempotency_guard::engine::Run>,
+        message: CreatePaymentRequest,
+    ) -> Result<Response<Payment>, Status> {
+        let account = message.account.clone();
+        let executions = self.runs.bump(&account);
+        let run = run.ok_or_else(|| Status::internal("no run in the request's extensions"))?;
+        let (runs, charged) = (self.runs.clone(), format!("{account}/charge"));
+        let charge: u64 = run
+            .step("charge", || async move { runs.bump(&charged) })
+            .await
+            .map_err(idempotency_grpc::step_status)?;
+        if executions == 1 {
+            // A code the outcome table would store: the marker abandons it.
+            return Err(idempotency_grpc::mark_outcome_unknown(
+                Status::failed_precondition("lost track after the charge"),
+            ));
+        }
+        Ok(Response::new(Payment {
+            id: format!("pay-charge-{charge}-{}", run.derived_key("charge")),
+            account,
+            amount_cents: message.amount_cents,
+            currency: message.currency,
+            executions,
+        }))
+    }
+}
+
 #[tonic::async_trait]
 impl<S: Store> Payments for Service<S> {
     async fn create_payment(
@@ -131,8 +167,15 @@ impl<S: Store> Payments for Service<S> {
         } else {
             None
         };
+        let run = request
+            .extensions()
+            .get::<idempotency_guard::engine::Run>()
+            .cloned();
         let message = request.into_inner();
         let account = message.account.clone();
+        if account.starts_with("step:") {
+            return self.with_step(run, message).await;
+        }
         if let Some(tx) = tx {
             return self.write_in(tx, message).await;
         }

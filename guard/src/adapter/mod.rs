@@ -19,7 +19,11 @@
 //!    [`Settle::RELEASE`](crate::engine::Settle::RELEASE) and
 //!    [`Settle::ABANDON`](crate::engine::Settle::ABANDON). A kept answer's
 //!    body is captured under the stored-response limit with [`capture`]
-//!    (and sent on with [`resume`] when too large to keep).
+//!    (and sent on with [`resume`] when too large to keep). The code the
+//!    adapter calls gets the run's handle ([`Run`](crate::engine::Run):
+//!    steps, derived keys) in its request's extensions ([`hand_run`]); a
+//!    step that did not return is answered with [`step_problem`], marked
+//!    "outcome unknown" (the key is left abandoned, for a resume).
 //! 5. **The answer:** the engine's one [`Answer`](crate::engine::Answer):
 //!    ran, a replay, or a [`Refusal`](crate::engine::Refusal), the one
 //!    refusal vocabulary. Each adapter renders a refusal in one exhaustive
@@ -35,11 +39,13 @@
 //!    `caller-gone` when the request is dropped first.
 //!
 //! This module holds the parts of steps 2 and 4 that are not the engine's
-//! (the bodies); the others live with their concept and are linked above.
+//! (the bodies, the run's handle); the others live with their concept and are linked above.
 //! The kit is the cut along which the guard can split into a core crate
 //! and its axum layer.
 
 mod body;
+mod run;
 
 pub(crate) use body::capture_response;
 pub use body::{BodyBudget, BodyReadError, BodyReservation, Captured, capture, read_body, resume};
+pub use run::{hand_run, step_problem};

@@ -265,7 +265,7 @@ where
     if let Some(slot) = context.slot() {
         request.extensions_mut().insert(slot.clone());
     }
-    request.extensions_mut().insert(context.run().clone());
+    crate::adapter::hand_run(request.extensions_mut(), &context);
     let response = match inner.oneshot(request).await {
         Ok(response) => response,
         Err(error) => {

@@ -10,8 +10,6 @@ use http::request::Parts;
 use super::OutcomeUnknown;
 use crate::engine::Refusal;
 use crate::engine::{Run, StepError};
-use crate::problem::types;
-use crate::store::StoreError;
 
 impl<S: Send + Sync> FromRequestParts<S> for Run {
     type Rejection = Refusal;
@@ -33,25 +31,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Run {
 /// had effects), nothing is stored, and a retry under
 /// [`AbandonedPolicy::Resume`](crate::AbandonedPolicy::Resume) resumes it.
 ///
-/// | error | problem |
-/// |---|---|
-/// | [`StepError::Mismatch`], [`StepError::Decode`] | 500 `step-mismatch` |
-/// | [`StepError::Record`] with a lost lease | 409 `outcome-unknown` |
-/// | [`StepError::Record`] otherwise | 503 `store-unavailable` |
-/// | [`StepError::Encode`], [`StepError::Overlapping`], [`StepError::Unsupported`] | 500 `handler-failed` |
+/// The problem is the adapter kit's
+/// [`step_problem`](crate::adapter::step_problem), the same in every
+/// adapter (`step-mismatch`, `outcome-unknown`, `store-unavailable` or
+/// `handler-failed`).
 impl IntoResponse for StepError {
     fn into_response(self) -> Response {
-        let kind = match &self {
-            StepError::Mismatch { .. } | StepError::Decode { .. } => types::STEP_MISMATCH,
-            StepError::Record {
-                source: StoreError::LeaseLost,
-                ..
-            } => types::OUTCOME_UNKNOWN,
-            StepError::Record { .. } => types::STORE_UNAVAILABLE,
-            StepError::Encode { .. }
-            | StepError::Overlapping { .. }
-            | StepError::Unsupported(_) => types::HANDLER_FAILED,
-        };
+        let kind = crate::adapter::step_problem(&self);
         tracing::error!(error = %self, "a step did not return; the key is left abandoned");
         (OutcomeUnknown, kind.problem(self.to_string())).into_response()
     }

@@ -6,6 +6,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body as HttpBody;
+use idempotency_guard::adapter::hand_run;
 use idempotency_guard::engine::{Answer, Refusal};
 use idempotency_guard::telemetry::Outcome;
 use idempotency_guard::{KeyError, Scope, Store};
@@ -57,7 +58,7 @@ where
     // Known while it runs, so that the agent's `notifications/cancelled`
     // for it does not reach the server (see [`crate::running::Running`]).
     let running = config.running.enter(&parts.headers, &call.id);
-    let request = Request::from_parts(parts, body);
+    let mut request = Request::from_parts(parts, body);
     let guarded = GuardedCall {
         scope,
         key: key.clone(),
@@ -67,8 +68,11 @@ where
     };
     let call_key = key.clone();
     let (id, limit) = (call.id.clone(), config.stored_response_limit);
-    let (answer, counted) = engine::run(engine, guarded, move || async move {
+    let (answer, counted) = engine::run(engine, guarded, move |context| async move {
         let _running = running;
+        // The server's handler reads the run's handle from the request's
+        // extensions (an axum handler extracts `run: Run`).
+        hand_run(request.extensions_mut(), &context);
         let call = ServerCall {
             id,
             key: call_key,

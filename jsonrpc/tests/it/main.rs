@@ -9,4 +9,5 @@ mod email;
 mod readme;
 mod sdk_clients;
 mod sdk_edges;
+mod steps;
 mod tool_calls;
