@@ -121,8 +121,10 @@ pub(crate) async fn each_guarded_call_is_counted_once<S: Store>(store: S) {
         .unwrap_err();
     // The caller gives up while the method runs: counted when its call's
     // future is dropped; the run goes on to its end.
-    let mut slow = call("sleep:500", 5, Some(&format!("{run}-gone")));
-    slow.set_timeout(Duration::from_millis(100));
+    // (The method sleeps far longer than the caller waits, so that a
+    // loaded machine still delivers the call before the caller leaves.)
+    let mut slow = call("sleep:3000", 5, Some(&format!("{run}-gone")));
+    slow.set_timeout(Duration::from_millis(600));
     client.create_payment(slow).await.unwrap_err();
     tokio::time::timeout(Duration::from_secs(10), engine.drain().wait())
         .await
