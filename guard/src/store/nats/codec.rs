@@ -505,6 +505,16 @@ mod tests {
                 assert_eq!(before.record.transactional, transactional);
                 assert_eq!(before.record.path, "/things?x=1");
                 assert_eq!(before.retention_ms, here.retention_ms);
+                // The reader of steps (before the request) ignores the flag
+                // and stops after the steps: as this one, the flag cleared.
+                let mut unflagged = encoded.to_vec();
+                unflagged[2] &= !REQUEST;
+                let mut without_request = here.record.clone();
+                without_request.request = None;
+                assert_eq!(
+                    decode_at(&unflagged, stamp).unwrap().record,
+                    without_request
+                );
             }
             let here = decode_at(&encoded, 5_000).unwrap().record;
             assert_eq!(here.steps, steps);
