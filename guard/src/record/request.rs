@@ -6,7 +6,7 @@
 //!
 //! Stores keep it as one opaque value ([`StoredRequest::encode`]): a
 //! nullable column on SQLite and PostgreSQL (migration 0003), behind a flag
-//! bit in Redis's packed request. The encrypted store seals it (method,
+//! bit in Redis's packed request and in the NATS record's value. The encrypted store seals it (method,
 //! path, headers and body; the account stays in clear).
 
 use bytes::Bytes;

@@ -319,8 +319,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// like the steps: by a take-over within the retention and by the
     /// completion.
     ///
-    /// The default answers [`StoreError::Unsupported`] (NATS, for now, and
-    /// stores outside this crate): the engine then runs as before, and the
+    /// The default answers [`StoreError::Unsupported`] (stores outside
+    /// this crate): the engine then runs as before, and the
     /// completer finds nothing to complete for that key.
     ///
     /// # Errors

@@ -25,11 +25,11 @@ use idempotency_guard::Store as _;
 use idempotency_guard::engine::{
     Answer, Completer, CompleterRound, Engine, Job, Run, RunContext, Settle,
 };
-use idempotency_guard::store::AdminStore;
 use idempotency_guard::store::encrypted::{EncryptedStore, EncryptionKeys};
+use idempotency_guard::store::{AdminStore, Claim, LeaseToken, NewRecord, StoreError};
 use idempotency_guard::{
     AbandonedPolicy, Fingerprint, IdempotencyKey, IdempotencyLayer, OutcomeUnknown, RecordState,
-    Scope, StoredRequest, StoredResponse,
+    Scope, Step, StoredRequest, StoredResponse,
 };
 use tokio::sync::Semaphore;
 
@@ -48,6 +48,7 @@ macro_rules! completer_suite {
                 nothing_is_kept_or_completed_without_opting_in,
                 the_completer_and_a_client_retry_never_both_run_a_key,
                 a_stored_request_is_sealed_in_an_encrypted_store,
+                a_kept_request_is_fenced_and_survives_the_holders_writes,
             );
         }
     };
@@ -435,4 +436,95 @@ pub(crate) async fn a_stored_request_is_sealed_in_an_encrypted_store<S: AdminSto
     let completer = completer_of(engine, router.clone());
     assert_eq!(completer.run_once().await, round(1, 0, 0, 0));
     assert_eq!(debits.counts(), (1, 1));
+}
+
+/// A kept request is written like the steps: it survives the holder's
+/// other writes (renewal, steps, completion) and a take-over within the
+/// retention; a
+/// runner whose lease ended, or was taken over, keeps none.
+pub(crate) async fn a_kept_request_is_fenced_and_survives_the_holders_writes<S: AdminStore>(
+    db: TestDb<S>,
+) {
+    let store = &db.store;
+    let (scope, key) = (default_scope(), key("fenced"));
+    let fingerprint = Fingerprint::of_bytes(b"debit 100");
+    let new = |token| NewRecord {
+        scope: &scope,
+        key: &key,
+        fingerprint: &fingerprint,
+        method: "POST",
+        path: "/debits",
+        token,
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+        transactional: false,
+    };
+    let Claim::Acquired(stale) = store.claim(&new(LeaseToken::new())).await.unwrap() else {
+        panic!("a fresh key is acquired");
+    };
+    let kept = |attempts| {
+        let mut request =
+            StoredRequest::new("POST", "/debits", HeaderMap::new(), format!("{attempts}"));
+        request.attempts = attempts;
+        request
+    };
+    let request_of = || async {
+        let record = store.get(&scope, &key).await.unwrap().unwrap();
+        (record.request.map(|request| *request), record.steps.len())
+    };
+    let reserve = Step {
+        name: "reserve".into(),
+        input: None,
+        value: serde_json::json!({"hold": 7}),
+    };
+    store.record_request(&stale, Some(&kept(0))).await.unwrap();
+    store
+        .record_steps(&stale, std::slice::from_ref(&reserve))
+        .await
+        .unwrap();
+    store.renew(&stale, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(request_of().await, (Some(kept(0)), 1));
+    store.record_request(&stale, Some(&kept(1))).await.unwrap();
+    assert_eq!(request_of().await, (Some(kept(1)), 1), "the steps stay");
+
+    // Its lease ends: it can no longer keep a request.
+    store.renew(&stale, Duration::ZERO).await.unwrap();
+    assert!(matches!(
+        store.record_request(&stale, Some(&kept(2))).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert_eq!(request_of().await, (Some(kept(1)), 1));
+
+    // Taken over: the request stays for the new runner; the stale one
+    // still keeps nothing, the new one replaces or clears it.
+    let fresh = store
+        .take_over(stale.token, &new(LeaseToken::new()))
+        .await
+        .unwrap()
+        .expect("an abandoned record is taken over");
+    assert_eq!(request_of().await, (Some(kept(1)), 1));
+    assert!(matches!(
+        store.record_request(&stale, None).await,
+        Err(StoreError::LeaseLost)
+    ));
+    store.record_request(&fresh, Some(&kept(2))).await.unwrap();
+    assert_eq!(request_of().await, (Some(kept(2)), 1));
+    store.record_request(&fresh, None).await.unwrap();
+    assert_eq!(request_of().await, (None, 1));
+    store.record_request(&fresh, Some(&kept(3))).await.unwrap();
+
+    // Completed: nobody keeps one any more.
+    store
+        .complete(&fresh, &StoredResponse::from_bytes("done"))
+        .await
+        .unwrap();
+    assert_eq!(
+        request_of().await,
+        (Some(kept(3)), 1),
+        "kept by the completion"
+    );
+    assert!(matches!(
+        store.record_request(&fresh, Some(&kept(4))).await,
+        Err(StoreError::LeaseLost)
+    ));
 }

@@ -105,6 +105,7 @@ completer_suite!(postgres_completer, idempotency_tests::postgres);
 completer_suite!(redis_completer, idempotency_tests::redis);
 completer_suite!(valkey_completer, idempotency_tests::valkey);
 completer_suite!(tiered_completer, idempotency_tests::tiered);
+completer_suite!(nats_completer, idempotency_tests::nats);
 
 guard_suite!(postgres_guard, idempotency_tests::postgres);
 guard_suite!(sqlite_guard, idempotency_tests::sqlite);

@@ -29,6 +29,7 @@ api_suite!(nats_api, idempotency_tests::nats);
 resuming_suite!(sqlite_resuming, idempotency_tests::sqlite);
 resuming_suite!(postgres_resuming, idempotency_tests::postgres);
 resuming_suite!(redis_resuming, idempotency_tests::redis);
+resuming_suite!(nats_resuming, idempotency_tests::nats);
 
 admin_api!(postgres_admin, idempotency_tests::postgres);
 admin_api!(sqlite_admin, idempotency_tests::sqlite);

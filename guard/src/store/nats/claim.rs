@@ -30,6 +30,9 @@ fn claimed<'a>(new: &'a NewRecord<'_>) -> Packed<'a> {
         steps: &[],
         steps_cap: Time::Unset,
         steps_before: 0,
+        request: None,
+        request_cap: Time::Unset,
+        request_before: None,
     }
 }
 
@@ -71,8 +74,8 @@ impl NatsStore {
     }
 
     /// See [`Store::take_over`](crate::Store::take_over). The record's
-    /// steps stay for the run that resumes it, unless it is past its
-    /// retention (as on every store).
+    /// steps and stored request stay for the run that resumes it, unless it
+    /// is past its retention (as on every store).
     pub(super) async fn take_over_record(
         &self,
         previous: LeaseToken,
@@ -89,13 +92,14 @@ impl NatsStore {
         }
         let before = stored.revision;
         let subject = self.subject(new.scope.as_str(), new.key.as_str());
-        let kept = if record.is_expired() {
-            &[][..]
+        let (steps, request) = if record.is_expired() {
+            (&[][..], None)
         } else {
-            &record.steps[..]
+            (&record.steps[..], record.request.as_deref())
         };
         let value = codec::encode(&Packed {
-            steps: kept,
+            steps,
+            request,
             ..claimed(new)
         });
         match self

@@ -16,7 +16,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0..2 | `N1`, the layout's mark |
-//! | 2 | flags: 1 transactional, 2 completed, 4 body stored, 8 steps |
+//! | 2 | flags: 1 transactional, 2 completed, 4 body stored, 8 steps, 16 request |
 //! | 3..35 | the request's fingerprint |
 //! | 35..51 | the lease token |
 //! | 51..60 | creation: a [`Time`] |
@@ -25,6 +25,7 @@
 //! | 78..86 | retention, ms from creation |
 //! | 86.. | method (u16 length, bytes), path (u32 length, bytes), then once completed: status (u16), headers (u32 length, bytes), body (u32 length, bytes) when stored |
 //! | then | with steps: the steps' cap (a [`Time`]), how many steps the record held before this write (u32), the steps ([`Step::encode_all`]'s JSON, u32 length, bytes) |
+//! | then | with a request: the request's cap (a [`Time`]), the request the record held before this write and the request ([`StoredRequest::encode`], each u32 length, bytes; empty for none) |
 //!
 //! # Steps: at the end, where the reader before them stops
 //!
@@ -35,12 +36,19 @@
 //! without them and decides as before (it never resumes, and a take-over of
 //! its own writes a value without them).
 //!
+//! The stored request (the completer's, [`StoredRequest`]) comes after
+//! them, behind a flag of its own, where the reader of steps stops in
+//! turn: a reader before it (either) reads the same record without it.
+//!
 //! A step write is fenced like a renewal: its cap is the end of the lease
 //! it was sent under, and when its own stamp is past the cap (the lease had
 //! ended on the leader's clock when the write landed) the steps it added
 //! are void, and the record reads with the steps it held before. So a
 //! runner whose lease lapsed records nothing, as on the SQL stores, even
-//! when its write was on its way when the lease ended.
+//! when its write was on its way when the lease ended. A request write is
+//! fenced the same way: stamped past its cap, the record reads with the
+//! request it held before (which the write carries beside the new one; a
+//! later rewrite drops it).
 //!
 //! # Times: the leader's stamps
 //!
@@ -58,12 +66,14 @@ use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
 use crate::record::CorruptRecord;
 use crate::record::{LeaseToken, Record, Step, StoredResponse};
+use crate::stored_request::StoredRequest;
 
 const MARK: &[u8; 2] = b"N1";
 const TRANSACTIONAL: u8 = 1;
 const COMPLETED: u8 = 2;
 const BODY: u8 = 4;
 const STEPS: u8 = 8;
+const REQUEST: u8 = 16;
 
 #[cfg(test)]
 mod before_steps;
@@ -134,6 +144,14 @@ pub(crate) struct Packed<'a> {
     pub(crate) steps_cap: Time,
     /// How many of `steps` the record held before this write.
     pub(crate) steps_before: usize,
+    /// The request kept for the completer, if any.
+    pub(crate) request: Option<&'a StoredRequest>,
+    /// A request write's cap, the end of the lease it was sent under:
+    /// stamped past it, the record holds `request_before` instead.
+    pub(crate) request_cap: Time,
+    /// The request the record held before this write (a request write's
+    /// only; a rewrite leaves it out).
+    pub(crate) request_before: Option<&'a StoredRequest>,
 }
 
 /// Encodes a value.
@@ -141,9 +159,17 @@ pub(crate) fn encode(packed: &Packed<'_>) -> Bytes {
     let body = packed.response.and_then(|r| r.body.as_ref());
     let headers = packed.response.map(StoredResponse::encode_headers);
     let steps = Step::encode_all(packed.steps);
+    let requests = (packed.request.is_some() || packed.request_before.is_some()).then(|| {
+        [packed.request_before, packed.request]
+            .map(|request| request.map(StoredRequest::encode).unwrap_or_default())
+    });
     let size = 96
         + 13
+        + 17
         + steps.as_ref().map_or(0, Vec::len)
+        + requests
+            .as_ref()
+            .map_or(0, |[before, now]| before.len() + now.len())
         + packed.method.len()
         + packed.path.len()
         + headers.as_ref().map_or(0, Vec::len)
@@ -162,6 +188,9 @@ pub(crate) fn encode(packed: &Packed<'_>) -> Bytes {
     }
     if steps.is_some() {
         flags |= STEPS;
+    }
+    if requests.is_some() {
+        flags |= REQUEST;
     }
     out.put_u8(flags);
     out.put_slice(packed.fingerprint.as_bytes());
@@ -183,6 +212,11 @@ pub(crate) fn encode(packed: &Packed<'_>) -> Bytes {
         packed.steps_cap.put(&mut out);
         out.put_u32(u32::try_from(packed.steps_before).unwrap_or(u32::MAX));
         put_bytes32(&mut out, &steps);
+    }
+    if let Some([before, now]) = requests {
+        packed.request_cap.put(&mut out);
+        put_bytes32(&mut out, &before);
+        put_bytes32(&mut out, &now);
     }
     out.freeze()
 }
@@ -305,6 +339,18 @@ pub(crate) fn decode(
             steps.truncate(before);
         }
     }
+    let mut request = None;
+    if flags & REQUEST != 0 {
+        let cap = Time::get(&mut input)?;
+        let before = get_bytes(&mut input, true)?;
+        let now = get_bytes(&mut input, true)?;
+        let late = cap.resolve(stamp_ms).is_some_and(|cap| stamp_ms > cap);
+        // Landed after the lease it was sent under had ended: void.
+        let kept = if late { before } else { now };
+        if !kept.is_empty() {
+            request = Some(Box::new(StoredRequest::decode(kept)?));
+        }
+    }
     let created_ms = created
         .resolve(stamp_ms)
         .ok_or(CorruptRecord("a stored record has no creation time"))?;
@@ -335,7 +381,7 @@ pub(crate) fn decode(
         expires_at: from_unix_ms(created_ms.saturating_add(retention_ms))?,
         observed_at,
         steps,
-        request: None,
+        request,
     };
     Ok(Stored {
         record,
@@ -364,6 +410,9 @@ mod tests {
             steps: &[],
             steps_cap: Time::Unset,
             steps_before: 0,
+            request: None,
+            request_cap: Time::Unset,
+            request_before: None,
         }
     }
 
@@ -382,6 +431,14 @@ mod tests {
         ]
     }
 
+    fn request(body: &str, attempts: u32) -> StoredRequest {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        let mut request = StoredRequest::new("POST", "/debits?x=1", headers, body.to_owned());
+        request.attempts = attempts;
+        request
+    }
+
     fn decode_at(value: &[u8], stamp: i64) -> Result<Stored, CorruptRecord> {
         decode(
             Scope::leaked("s"),
@@ -393,30 +450,41 @@ mod tests {
         )
     }
 
-    /// Steps ride at the end of the value, behind a flag of their own: a
-    /// reader of the layout before them (the previous release's, kept in
-    /// `before_steps.rs`) reads the same record without them, in flight,
-    /// abandoned or completed, and so decides as before; this one reads
-    /// them back.
+    /// Steps ride at the end of the value, and the stored request after
+    /// them, each behind a flag of its own: a reader of the layout before
+    /// them (the previous release's, kept in `before_steps.rs`) reads the
+    /// same record without them, in flight, abandoned or completed, and so
+    /// decides as before; this one reads them back.
     #[test]
     fn recorded_steps_are_read_apart_here_and_ignored_by_a_reader_before_them() {
         let steps = steps();
+        let kept = request("{\"amount\":5}", 1);
+        let earlier = request("{\"amount\":5}", 0);
         let response = StoredResponse::from_bytes("done");
         let bodiless = StoredResponse {
             body: None,
             ..response.clone()
         };
-        for (transactional, response) in [
-            (false, None),
-            (true, None),
-            (false, Some(&response)),
-            (false, Some(&bodiless)),
-        ] {
+        let with_request = [false, true].into_iter().flat_map(|request| {
+            [
+                (false, None),
+                (true, None),
+                (false, Some(&response)),
+                (false, Some(&bodiless)),
+            ]
+            .map(|(transactional, response)| (request, transactional, response))
+        });
+        for (with_request, transactional, response) in with_request {
             let mut value = packed(response);
             value.transactional = transactional;
             value.steps = &steps;
             value.steps_cap = Time::At(40_000);
             value.steps_before = 1;
+            if with_request {
+                value.request = Some(&kept);
+                value.request_cap = Time::At(40_000);
+                value.request_before = Some(&earlier);
+            }
             let encoded = encode(&value);
             for stamp in [5_000, 60_000] {
                 let here = decode_at(&encoded, stamp).unwrap();
@@ -431,17 +499,32 @@ mod tests {
                 .unwrap();
                 let mut without = here.record.clone();
                 without.steps.clear();
+                without.request = None;
                 assert_eq!(before.record, without);
                 assert_eq!(before.record.state(), here.record.state());
                 assert_eq!(before.record.transactional, transactional);
                 assert_eq!(before.record.path, "/things?x=1");
                 assert_eq!(before.retention_ms, here.retention_ms);
+                // The reader of steps (before the request) ignores the flag
+                // and stops after the steps: as this one, the flag cleared.
+                let mut unflagged = encoded.to_vec();
+                unflagged[2] &= !REQUEST;
+                let mut without_request = here.record.clone();
+                without_request.request = None;
+                assert_eq!(
+                    decode_at(&unflagged, stamp).unwrap().record,
+                    without_request
+                );
             }
-            assert_eq!(decode_at(&encoded, 5_000).unwrap().record.steps, steps);
-            // The same value without steps: the reader before them reads
-            // the two alike.
+            let here = decode_at(&encoded, 5_000).unwrap().record;
+            assert_eq!(here.steps, steps);
+            assert_eq!(here.request.as_deref(), value.request);
+            // The same value without steps and request: the reader before
+            // them reads the two alike.
             let plain = encode(&Packed {
                 steps: &[],
+                request: None,
+                request_before: None,
                 ..value.clone()
             });
             assert_eq!(
@@ -458,6 +541,58 @@ mod tests {
                 .record
             );
         }
+    }
+
+    /// A request write is fenced like a step write: stamped after the
+    /// lease it was sent under, the record holds the request before it
+    /// (none, or the earlier one); a rewrite that copies it has no cap.
+    #[test]
+    fn a_request_write_stamped_after_its_lease_ended_is_void() {
+        let earlier = request("{}", 1);
+        let kept = request("{}", 2);
+        for before in [None, Some(&earlier)] {
+            let mut value = packed(None);
+            value.created = Time::At(0);
+            value.lease_end = Time::At(10_000);
+            value.request = Some(&kept);
+            value.request_cap = Time::At(10_000);
+            value.request_before = before;
+            let encoded = encode(&value);
+            for (stamp, expected) in [
+                (9_999, Some(&kept)),
+                (10_000, Some(&kept)),
+                (10_001, before),
+            ] {
+                let record = decode_at(&encoded, stamp).unwrap().record;
+                assert_eq!(record.request.as_deref(), expected, "{stamp}");
+            }
+        }
+        // A write that clears it, late, leaves the earlier one.
+        let mut value = packed(None);
+        value.request_cap = Time::At(10_000);
+        value.request_before = Some(&earlier);
+        let cleared = encode(&value);
+        assert_eq!(decode_at(&cleared, 9_000).unwrap().record.request, None);
+        assert_eq!(
+            decode_at(&cleared, 10_001)
+                .unwrap()
+                .record
+                .request
+                .as_deref(),
+            Some(&earlier)
+        );
+        // A rewrite that copies it (a renewal, a completion) has no cap.
+        let mut value = packed(None);
+        value.request = Some(&kept);
+        let copied = encode(&value);
+        assert_eq!(
+            decode_at(&copied, 99_999)
+                .unwrap()
+                .record
+                .request
+                .as_deref(),
+            Some(&kept)
+        );
     }
 
     #[test]
@@ -576,8 +711,11 @@ mod tests {
     #[test]
     fn damaged_values_are_corrupt_not_panics() {
         let steps = steps();
+        let kept = request("{}", 0);
         let with_steps = encode(&Packed {
             steps: &steps,
+            request: Some(&kept),
+            request_before: Some(&kept),
             ..packed(None)
         });
         for len in 0..with_steps.len() {

@@ -1,4 +1,5 @@
-//! The holder's writes: complete, renew, record steps and release, each a
+//! The holder's writes: complete, renew, record steps, keep a request and
+//! release, each a
 //! read from the leader, a check of the lease token, and a write fenced by
 //! the revision read.
 
@@ -10,11 +11,12 @@ use super::claim::ms;
 use super::codec::{self, Packed, Stored, Time, unix_ms};
 use super::{MARKER_TTL, NatsStore, RACE_ATTEMPTS, REQUEST_TIMEOUT, Slot, Written, ttl};
 use crate::fingerprint::Fingerprint;
-use crate::record::{RecordState, Step, StoredResponse};
+use crate::record::{Record, RecordState, Step, StoredResponse};
 use crate::store::{Lease, StoreError};
+use crate::stored_request::StoredRequest;
 
-/// The value that rewrites `stored` keeping its claim's instants and its
-/// steps, with a response and a lease end of the caller's choice.
+/// The value that rewrites `stored` keeping its claim's instants, its
+/// steps and its stored request, with a response and a lease end of the caller's choice.
 fn rewritten<'a>(
     stored: &'a Stored,
     lease_end: Time,
@@ -36,6 +38,9 @@ fn rewritten<'a>(
         steps: &record.steps,
         steps_cap: Time::Unset,
         steps_before: record.steps.len(),
+        request: record.request.as_deref(),
+        request_cap: Time::Unset,
+        request_before: None,
     }
 }
 
@@ -99,6 +104,14 @@ impl NatsStore {
                     ..response.clone()
                 };
                 value = codec::encode(&rewritten(stored, lease_end, Time::Unset, Some(&bodiless)));
+                if !self.fits(&subject, value.len()) {
+                    // Still too large: the stored request goes (a completed
+                    // record is never run again from it).
+                    value = codec::encode(&Packed {
+                        request: None,
+                        ..rewritten(stored, lease_end, Time::Unset, Some(&bodiless))
+                    });
+                }
             }
             match self
                 .write(
@@ -217,7 +230,11 @@ impl NatsStore {
                 )
                 .await?
             {
-                Written::Stored => return self.landed_in_time(lease, steps, lease_end).await,
+                Written::Stored => {
+                    return self
+                        .landed_in_time(lease, lease_end, |record| record.steps == steps)
+                        .await;
+                }
                 Written::Conflict => {}
                 Written::Unknown(error) => unknown = Some(error),
             }
@@ -227,15 +244,75 @@ impl NatsStore {
         }))
     }
 
-    /// Whether a step write that was stored landed before `lease_end`:
-    /// surely, when the leader's clock (as estimated, which errs by less
-    /// than half a request's timeout) was still that far before it once
-    /// the answer came; else as the record, read back, says.
+    /// See [`Store::record_request`](crate::Store::record_request). Fenced
+    /// like [`NatsStore::record_steps_held`]: refused once the lease has
+    /// ended (on the leader's clock, as read), and capped at the lease's
+    /// end, so that a write that lands after it is void and the record
+    /// keeps the request it held (see `codec.rs`).
+    pub(super) async fn record_request_held(
+        &self,
+        lease: &Lease,
+        request: Option<&StoredRequest>,
+    ) -> Result<(), StoreError> {
+        let deadline = self.deadline();
+        let subject = self.subject(lease.scope.as_str(), lease.key.as_str());
+        let mut unknown: Option<StoreError> = None;
+        let kept = |record: &Record| record.request.as_deref() == request;
+        for _ in 0..RACE_ATTEMPTS {
+            let slot = self.read(&lease.scope, &lease.key, deadline).await?;
+            let Some(stored) = held(&slot, lease) else {
+                return Err(StoreError::LeaseLost);
+            };
+            if unknown.is_some() && kept(&stored.record) {
+                // A write whose answer was lost, read back: it landed.
+                return Ok(());
+            }
+            if stored.record.state() != RecordState::InFlight {
+                return Err(StoreError::LeaseLost);
+            }
+            let lease_end = stored.record.lease_expires_at;
+            let value = codec::encode(&Packed {
+                request,
+                request_cap: Time::At(unix_ms(lease_end)),
+                request_before: stored.record.request.as_deref(),
+                ..rewritten(stored, Time::At(unix_ms(lease_end)), Time::Unset, None)
+            });
+            if !self.fits(&subject, value.len()) {
+                return Err(StoreError::Unsupported(
+                    "a stored request larger than the NATS server's max_payload",
+                ));
+            }
+            match self
+                .write(
+                    &subject,
+                    stored.revision,
+                    &remaining_ttl(stored),
+                    value,
+                    false,
+                    deadline,
+                )
+                .await?
+            {
+                Written::Stored => return self.landed_in_time(lease, lease_end, kept).await,
+                Written::Conflict => {}
+                Written::Unknown(error) => unknown = Some(error),
+            }
+        }
+        Err(unknown.unwrap_or_else(|| {
+            StoreError::Unavailable("the request's write kept racing other writes".into())
+        }))
+    }
+
+    /// Whether a fenced write (steps, a request) that was stored landed
+    /// before `lease_end`: surely, when the leader's clock (as estimated,
+    /// which errs by less than half a request's timeout) was still that far
+    /// before it once the answer came; else as the record, read back, says
+    /// (`wrote`: whether it holds what the write wrote).
     async fn landed_in_time(
         &self,
         lease: &Lease,
-        steps: &[Step],
         lease_end: time::OffsetDateTime,
+        wrote: impl Fn(&Record) -> bool,
     ) -> Result<(), StoreError> {
         if self
             .inner
@@ -247,7 +324,7 @@ impl NatsStore {
         }
         let slot = self.read(&lease.scope, &lease.key, self.deadline()).await?;
         match held(&slot, lease) {
-            Some(stored) if stored.record.steps == steps => Ok(()),
+            Some(stored) if wrote(&stored.record) => Ok(()),
             _ => Err(StoreError::LeaseLost),
         }
     }

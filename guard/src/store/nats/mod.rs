@@ -16,7 +16,8 @@
 //!   loser reads the winner (from the leader) and reports it. A delete
 //!   marker, or a record past its retention, is replaced by a write
 //!   expecting its revision.
-//! - **complete, renew, record steps, release, take over, forget** = read
+//! - **complete, renew, record steps, keep a request, release, take over,
+//!   forget** = read
 //!   the record from the leader, check its lease token (and state, and
 //!   times), then write (or write a delete marker, `KV-Operation: DEL`)
 //!   expecting the revision read. The revision is the fence: any write in between, a take-over
@@ -75,6 +76,7 @@ use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
 use crate::record::{Record, Step, StoredResponse};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
+use crate::stored_request::StoredRequest;
 
 mod admin;
 mod claim;
@@ -411,6 +413,18 @@ impl Store for NatsStore {
     /// ended, void if the write lands after it (the leader's clock).
     async fn record_steps(&self, lease: &Lease, steps: &[Step]) -> Result<(), StoreError> {
         self.record_steps_held(lease, steps).await
+    }
+
+    /// The request rides in the record's value after the steps
+    /// (`codec.rs`), written like the steps: fenced by the revision read,
+    /// refused once the lease has ended, void if the write lands after it
+    /// (the leader's clock).
+    async fn record_request(
+        &self,
+        lease: &Lease,
+        request: Option<&StoredRequest>,
+    ) -> Result<(), StoreError> {
+        self.record_request_held(lease, request).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
