@@ -65,8 +65,8 @@ use time::OffsetDateTime;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
 use crate::record::CorruptRecord;
+use crate::record::StoredRequest;
 use crate::record::{LeaseToken, Record, Step, StoredResponse};
-use crate::stored_request::StoredRequest;
 
 const MARK: &[u8; 2] = b"N1";
 const TRANSACTIONAL: u8 = 1;

@@ -11,9 +11,9 @@ use super::claim::ms;
 use super::codec::{self, Packed, Stored, Time, unix_ms};
 use super::{MARKER_TTL, NatsStore, RACE_ATTEMPTS, REQUEST_TIMEOUT, Slot, Written, ttl};
 use crate::fingerprint::Fingerprint;
+use crate::record::StoredRequest;
 use crate::record::{Record, RecordState, Step, StoredResponse};
 use crate::store::{Lease, StoreError};
-use crate::stored_request::StoredRequest;
 
 /// The value that rewrites `stored` keeping its claim's instants, its
 /// steps and its stored request, with a response and a lease end of the caller's choice.

@@ -74,9 +74,9 @@ use base64::Engine as _;
 
 use crate::events::RecordEvents;
 use crate::key::{IdempotencyKey, Scope};
+use crate::record::StoredRequest;
 use crate::record::{Record, Step, StoredResponse};
 use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError};
-use crate::stored_request::StoredRequest;
 
 mod admin;
 mod claim;
