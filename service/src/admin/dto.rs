@@ -245,8 +245,9 @@ pub(crate) struct AdminDecision {
     pub at: String,
     /// Who took it: the admin token's name.
     pub who: String,
-    /// `release`, `forget` or `reconcile`.
-    #[schema(pattern = "^(release|forget|reconcile)$")]
+    /// `release`, `forget`, `reconcile` or `give-up` (the completer's
+    /// attempts given up on).
+    #[schema(pattern = "^(release|forget|reconcile|give-up)$")]
     pub action: String,
     /// The scope.
     pub scope: String,
