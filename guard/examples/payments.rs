@@ -19,8 +19,10 @@
 //!   the steps not recorded and gets the real answer. The local writes are
 //!   keyed by their step's derived key (an upsert that counts its
 //!   executions), so a step the crash interrupted runs again without a
-//!   second row. Never transactional: steps are recorded apart from the
-//!   handler's writes (docs/guide/resume.md).
+//!   second row. With the records in PostgreSQL the route is transactional
+//!   and `reserve` and `record` are `step_tx` steps: each one's row commits
+//!   with its recorded result, so it runs once whatever the crash
+//!   (docs/guide/resume.md).
 //! - `GET /metrics`: Prometheus text.
 //!
 //! Environment: `DATABASE_URL` (`postgres://...` or `sqlite://...`; default
@@ -519,15 +521,17 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     let mut resumable: Option<Router> = None;
     if let Some(psp_url) = psp_url {
         if guarded {
-            // Its own layer: resumable, never transactional (steps are
-            // recorded apart from the handler's writes).
+            // Its own layer: resumable; transactional when the records are
+            // in PostgreSQL (its local steps commit with their records).
             let guard = IdempotencyLayer::new(store.clone())
                 .with_scope(tenant)
                 .with_lease(Duration::from_secs(lease))
                 .with_store_timeout(Duration::from_millis(store_timeout))
-                .with_abandoned(AbandonedPolicy::Resume);
+                .with_abandoned(AbandonedPolicy::Resume)
+                .with_transactional_mode(transactional);
             drains.push(guard.drain());
-            let state = debits::Debits::new(db.clone(), psp_url, crash_points).await?;
+            let state =
+                debits::Debits::new(db.clone(), psp_url, crash_points, transactional).await?;
             resumable = Some(
                 Router::new()
                     .route("/debits", post(debits::debit))
@@ -614,7 +618,7 @@ mod debits {
     use idempotency_guard::engine::Run;
     use serde::{Deserialize, Serialize};
 
-    use super::{Db, tenant_of};
+    use super::{Db, Tx, tenant_of};
 
     const CREATE_POSTGRES: [&str; 2] = [
         "create table if not exists reservations (
@@ -673,11 +677,19 @@ mod debits {
         psp: reqwest::Client,
         charges: String,
         crash_points: bool,
+        /// The records and the ledger are in one PostgreSQL database: the
+        /// local steps are transactional (`step_tx`), exactly once.
+        transactional: bool,
     }
 
     impl Debits {
         /// Creates the route's tables.
-        pub(super) async fn new(db: Db, psp_url: &str, crash_points: bool) -> anyhow::Result<Self> {
+        pub(super) async fn new(
+            db: Db,
+            psp_url: &str,
+            crash_points: bool,
+            transactional: bool,
+        ) -> anyhow::Result<Self> {
             match &db {
                 Db::Postgres(pool) => {
                     for create in CREATE_POSTGRES {
@@ -698,6 +710,7 @@ mod debits {
                 psp,
                 charges: format!("{}/charges", psp_url.trim_end_matches('/')),
                 crash_points,
+                transactional,
             })
         }
     }
@@ -776,13 +789,22 @@ mod debits {
         crash.here("before-reserve");
 
         let reserve_key = run.derived_key("reserve");
-        let reserved = run
-            .step("reserve", || async {
+        let reserved = if state.transactional {
+            // The hold and the step's record commit together: once.
+            run.step_tx("reserve", |tx| async {
+                let held = reserve_in(tx, reserve_key.as_str(), &tenant, new.amount).await;
+                crash.here("in-reserve");
+                held
+            })
+            .await
+        } else {
+            run.step("reserve", || async {
                 let held = reserve(&state.db, reserve_key.as_str(), &tenant, new.amount).await;
                 crash.here("in-reserve");
                 held
             })
-            .await;
+            .await
+        };
         let _hold = match reserved {
             Ok(Ok(hold)) => hold,
             Ok(Err(error)) => return failed("reserve", &error),
@@ -810,13 +832,21 @@ mod debits {
         crash.here("after-charge");
 
         let record_key = run.derived_key("record");
-        let recorded = run
-            .step("record", || async {
+        let recorded = if state.transactional {
+            run.step_tx("record", |tx| async {
+                let id = record_in(tx, record_key.as_str(), &tenant, &new, &charge).await;
+                crash.here("in-record");
+                id
+            })
+            .await
+        } else {
+            run.step("record", || async {
                 let id = record(&state.db, record_key.as_str(), &tenant, &new, &charge).await;
                 crash.here("in-record");
                 id
             })
-            .await;
+            .await
+        };
         let id = match recorded {
             Ok(Ok(id)) => id,
             Ok(Err(error)) => return failed("record", &error),
@@ -919,6 +949,43 @@ mod debits {
                 .ok_or_else(|| Retry::Final("the PSP's charge has no id".to_owned()))
         })
         .await
+    }
+
+    /// The hold, through a transactional step's `Tx` (dropped here, before
+    /// the step commits it with its record). A failed statement aborts the
+    /// transaction: the step then records nothing and fails.
+    async fn reserve_in(
+        mut tx: Tx,
+        key: &str,
+        tenant: &str,
+        amount: i64,
+    ) -> Result<String, String> {
+        let held: sqlx::Result<(String,)> = sqlx::query_as(RESERVE_POSTGRES)
+            .bind(key)
+            .bind(tenant)
+            .bind(amount)
+            .fetch_one(&mut *tx)
+            .await;
+        held.map(|(key,)| key).map_err(|error| error.to_string())
+    }
+
+    /// The ledger's row, through a transactional step's `Tx`.
+    async fn record_in(
+        mut tx: Tx,
+        key: &str,
+        tenant: &str,
+        new: &NewDebit,
+        charge: &str,
+    ) -> Result<i64, String> {
+        let id: sqlx::Result<(i64,)> = sqlx::query_as(RECORD_POSTGRES)
+            .bind(key)
+            .bind(tenant)
+            .bind(new.amount)
+            .bind(&new.currency)
+            .bind(charge)
+            .fetch_one(&mut *tx)
+            .await;
+        id.map(|(id,)| id).map_err(|error| error.to_string())
     }
 
     async fn record(
