@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idempotency_guard::AbandonedPolicy;
 use idempotency_guard::engine::{Answer, Engine, Job, Refusal, RunContext, Settle, Settled};
 use idempotency_guard::{Fingerprint, IdempotencyKey, Scope, Store, StoredResponse};
 use tokio::sync::Semaphore;
@@ -122,14 +123,21 @@ pub(crate) enum Ran {
     NotNow(Duration),
     /// The outcome of an earlier run (or of this one) is unknown.
     Unknown,
+    /// This run was abandoned with its recorded steps kept (it failed
+    /// after a step), and the engine resumes abandoned runs: a copy sent
+    /// back resumes it from its steps.
+    Resumable,
     /// The key was used for another payload.
     Reused,
 }
 
 impl Ran {
-    fn of<T>(answer: &Answer<Result<(), T>>) -> Self {
+    /// What `answer` says, given whether the engine resumes abandoned
+    /// runs (`resumes`).
+    fn of<T>(answer: &Answer<Result<(), T>>, resumes: bool) -> Self {
         match answer {
             Answer::Ran { settled, reply } => match (settled, reply) {
+                (Settled::Abandoned, _) if resumes => Self::Resumable,
                 (Settled::Abandoned, _) => Self::Unknown,
                 (_, Err(_)) => Self::Failed,
                 (_, Ok(())) => Self::Done,
@@ -179,6 +187,13 @@ pub(crate) fn decide(ran: Ran, attempt: u32, max_attempts: u32, retry_delay: Dur
         Ran::NotNow(delay) => Verdict::Redeliver {
             delay,
             failed: false,
+        },
+        // Past its attempts a resumable run waits for a person, as any
+        // abandoned one (its steps kept: a release there resumes nothing).
+        Ran::Resumable if attempt >= max_attempts => Verdict::Park(ParkReason::OutcomeUnknown),
+        Ran::Resumable => Verdict::Redeliver {
+            delay: retry_delay,
+            failed: true,
         },
         Ran::Unknown => Verdict::Park(ParkReason::OutcomeUnknown),
         Ran::Reused => Verdict::Park(ParkReason::KeyReused),
@@ -361,8 +376,9 @@ impl<S: Store> Inbox<S> {
         {
             tracing::warn!(source, attempt, error = %error, "the message handler failed; its key is released");
         }
+        let resumes = matches!(self.engine.abandoned_policy(), AbandonedPolicy::Resume);
         let verdict = decide(
-            Ran::of(&answer),
+            Ran::of(&answer, resumes),
             attempt,
             self.config.max_attempts,
             self.config.retry_delay,
@@ -447,6 +463,21 @@ mod tests {
                 Verdict::Park(ParkReason::OutcomeUnknown),
             ),
             (Ran::Reused, 1, 3, Verdict::Park(ParkReason::KeyReused)),
+            (
+                Ran::Resumable,
+                1,
+                3,
+                Verdict::Redeliver {
+                    delay: D,
+                    failed: true,
+                },
+            ),
+            (
+                Ran::Resumable,
+                3,
+                3,
+                Verdict::Park(ParkReason::OutcomeUnknown),
+            ),
         ];
         for (ran, attempt, max, expected) in rows {
             assert_eq!(
@@ -534,7 +565,17 @@ mod tests {
             (A::Refused(Refusal::KeyMissing), Ran::Failed),
         ];
         for (answer, expected) in rows {
-            assert_eq!(Ran::of(&answer), expected, "{answer:?}");
+            assert_eq!(Ran::of(&answer, false), expected, "{answer:?}");
         }
+        // An engine that resumes sends its own abandoned run back; an
+        // earlier run's unknown outcome (a refusal) stays parked.
+        let abandoned: A = Answer::Ran {
+            settled: Settled::Abandoned,
+            reply: Err("failed after a step".to_owned()),
+        };
+        assert_eq!(Ran::of(&abandoned, true), Ran::Resumable);
+        assert_eq!(Ran::of(&abandoned, false), Ran::Unknown);
+        let refused: A = A::Refused(Refusal::OutcomeUnknown { key: key() });
+        assert_eq!(Ran::of(&refused, true), Ran::Unknown);
     }
 }

@@ -25,6 +25,7 @@
 //! | handler failed (error, panic), key released | retry, counted | copy with `x-idempotency-attempt` + 1 after the retry delay, ack | nak with the retry delay (the delivery count counts) |
 //! | failed on attempt N (default 5), or no key | dead-letter | confirmed copy to `<queue>.dead`, ack | copy to `<stream>.dead`, ack |
 //! | earlier run abandoned (outcome unknown), key reused for another payload | park, for a person | confirmed copy to `<queue>.parked`, ack | copy to `<stream>.parked`, ack |
+//! | this run abandoned after a recorded step, the engine resuming (`with_abandoned(AbandonedPolicy::Resume)`) | retry, counted: the copy resumes from the steps; parked on attempt N | as a failed handler's | as a failed handler's |
 //!
 //! A parked message never runs again by itself: an operator looks its
 //! record up with the status service (scope = the queue or stream, key =

@@ -33,6 +33,10 @@ macro_rules! per_store {
 }
 
 per_store!(
+    rabbit_resume,
+    crate::rabbitmq::a_run_that_fails_after_a_step_resumes_on_the_next_copy
+);
+per_store!(
     rabbit_race,
     crate::rabbitmq::two_consumers_racing_on_duplicates_apply_one_effect
 );

@@ -7,7 +7,7 @@ use std::time::Duration;
 use idempotency_consumer::rabbitmq::{ATTEMPT_HEADER, REASON_HEADER, RabbitConsumer};
 use idempotency_consumer::{Inbox, Incoming};
 use idempotency_guard::engine::{Job, RunContext, Settle};
-use idempotency_guard::{Engine, Fingerprint, RecordState, Store};
+use idempotency_guard::{AbandonedPolicy, Engine, Fingerprint, RecordState, Store};
 use idempotency_tests::names;
 use lapin::options::{BasicGetOptions, BasicPublishOptions};
 use lapin::types::AMQPValue;
@@ -485,6 +485,82 @@ pub(crate) async fn an_over_long_scope_is_dead_lettered_not_redelivered<S: Store
         idempotency_guard::Scope::new("s".repeat(300)).is_err(),
         "a 300-byte scope is not a scope"
     );
+    drop(stop);
+    let _ = task.await;
+    delete_queues(&connection, &queue).await;
+}
+
+/// A handler that fails after a recorded step, on an engine that resumes
+/// abandoned runs: the key is abandoned with its step kept, the message
+/// comes back (a failed attempt), and the next copy resumes from the step
+/// (which never runs again) and is acked; nothing is parked.
+pub(crate) async fn a_run_that_fails_after_a_step_resumes_on_the_next_copy<S: Store>(store: S) {
+    let connection = Arc::new(rabbit().await);
+    let queue = unique("resume");
+    let _cleanup = declare_queue(&connection, &queue).await;
+    let engine = Engine::new(store.clone())
+        .with_retry_after(Duration::from_millis(100))
+        .with_abandoned(AbandonedPolicy::Resume);
+    let inbox = Inbox::new(engine).with_retry_delay(Duration::from_millis(50));
+    let steps = Arc::new(AtomicU32::new(0));
+    let calls = Arc::new(AtomicU32::new(0));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let consumer = RabbitConsumer::new(inbox, &queue).with_concurrency(2);
+    let task = {
+        let (steps, calls, connection) = (
+            Arc::clone(&steps),
+            Arc::clone(&calls),
+            Arc::clone(&connection),
+        );
+        tokio::spawn(async move {
+            let handler = move |_message: Incoming, run: RunContext| {
+                let (steps, calls) = (Arc::clone(&steps), Arc::clone(&calls));
+                async move {
+                    let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                    let charged: u32 = run
+                        .step("charge", || async {
+                            steps.fetch_add(1, Ordering::SeqCst);
+                            7
+                        })
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    if call == 1 {
+                        return Err("the ledger was down".to_owned());
+                    }
+                    assert_eq!(charged, 7, "the recorded result");
+                    Ok(())
+                }
+            };
+            let _ = consumer
+                .run(&connection, handler, async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        })
+    };
+    publish(&connection, &queue, "order-5", br#"{"order":5}"#).await;
+    eventually(Duration::from_secs(20), "the key completed", || {
+        let store = store.clone();
+        let queue = queue.clone();
+        async move {
+            store
+                .get(names::scope(&queue), names::key("order-5"))
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|record| record.state() == RecordState::Completed)
+        }
+    })
+    .await;
+    assert_eq!(steps.load(Ordering::SeqCst), 1, "the step ran once");
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "the handler ran twice");
+    eventually(Duration::from_secs(10), "the queue drained", || {
+        let connection = Arc::clone(&connection);
+        let queue = queue.clone();
+        async move { ready(&connection, &queue).await == 0 }
+    })
+    .await;
+    assert_eq!(ready(&connection, &format!("{queue}.parked")).await, 0);
     drop(stop);
     let _ = task.await;
     delete_queues(&connection, &queue).await;

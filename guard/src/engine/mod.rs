@@ -597,6 +597,14 @@ impl<S: Store> Engine<S> {
         self.inner.config.policy.retry_after
     }
 
+    /// What a caller does when its key's earlier run was abandoned (see
+    /// [`Engine::with_abandoned`]): an adapter that redelivers (a message
+    /// consumer) sends a run it abandoned back to be resumed when this is
+    /// [`AbandonedPolicy::Resume`](crate::decision::AbandonedPolicy::Resume).
+    pub fn abandoned_policy(&self) -> crate::decision::AbandonedPolicy {
+        self.inner.config.policy.abandoned
+    }
+
     /// A [`Tally`](crate::telemetry::Tally) of one request of an adapter
     /// over this engine (a JSON-RPC tool call, a gRPC call, a message),
     /// counted once in `idempotency_requests_total` as the axum layer counts
