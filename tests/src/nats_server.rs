@@ -534,13 +534,7 @@ impl Drop for NatsCluster {
 
 /// Three client ports and three route ports, free now.
 fn free_ports() -> (Vec<u16>, Vec<u16>) {
-    let listeners: Vec<std::net::TcpListener> = (0..6)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
-        .collect();
-    let ports: Vec<u16> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("a local address").port())
-        .collect();
+    let ports = crate::process::free_ports(6);
     (ports[..3].to_vec(), ports[3..].to_vec())
 }
 

@@ -2,6 +2,12 @@
 //! a client and one server, on demand. It can also hold the server's
 //! replies back for a while (a slow network, a reply that arrives after its
 //! sender stopped waiting).
+//!
+//! A cut is immediate: nothing read from either side after
+//! [`Partition::cut`] returns is passed on. (Aborting the forwarding tasks
+//! alone is not: an abort takes effect when the task is next polled, and a
+//! loaded runtime can poll it late enough to pass on a write the test made
+//! after the cut, such as the primary's copy of a completion to a replica.)
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +23,9 @@ pub struct Partition {
     /// Where clients connect instead of the target.
     pub address: SocketAddr,
     cut: Arc<AtomicBool>,
+    /// Incremented by every cut: a connection passes bytes on only while
+    /// it is the generation it was accepted in.
+    generation: Arc<AtomicU64>,
     reply_delay_ms: Arc<AtomicU64>,
     target: Arc<Mutex<SocketAddr>>,
     connections: Arc<Mutex<Vec<AbortHandle>>>,
@@ -35,24 +44,34 @@ impl Partition {
             .expect("bind a free port");
         let address = listener.local_addr().expect("a local address");
         let cut = Arc::new(AtomicBool::new(false));
+        let generation = Arc::new(AtomicU64::new(0));
         let reply_delay_ms = Arc::new(AtomicU64::new(0));
         let target = Arc::new(Mutex::new(target));
         let connections: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
         let accept = tokio::spawn({
             let cut = Arc::clone(&cut);
+            let generation = Arc::clone(&generation);
             let target = Arc::clone(&target);
             let connections = Arc::clone(&connections);
             let reply_delay_ms = Arc::clone(&reply_delay_ms);
             async move {
                 while let Ok((inbound, _)) = listener.accept().await {
+                    // Read before the cut flag: a cut between the two leaves
+                    // this connection in an old generation, which passes
+                    // nothing on.
+                    let accepted_in = generation.load(Ordering::SeqCst);
                     if cut.load(Ordering::SeqCst) {
                         continue; // dropped: the connection is refused
                     }
+                    let live = Live {
+                        generation: Arc::clone(&generation),
+                        accepted_in,
+                    };
                     let delay = Arc::clone(&reply_delay_ms);
                     let target = *target.lock().unwrap_or_else(PoisonError::into_inner);
                     let forward = tokio::spawn(async move {
                         if let Ok(outbound) = TcpStream::connect(target).await {
-                            forward(inbound, outbound, delay).await;
+                            forward(inbound, outbound, delay, live).await;
                         }
                     });
                     connections
@@ -66,6 +85,7 @@ impl Partition {
         Self {
             address,
             cut,
+            generation,
             reply_delay_ms,
             target,
             connections,
@@ -91,6 +111,7 @@ impl Partition {
     /// Cuts every open connection and refuses new ones until healed.
     pub fn cut(&self) {
         self.cut.store(true, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
         for connection in self
             .connections
             .lock()
@@ -107,11 +128,38 @@ impl Partition {
     }
 }
 
-/// Copies both ways; the server's replies wait out the current delay.
-async fn forward(inbound: TcpStream, outbound: TcpStream, delay: Arc<AtomicU64>) {
+/// Whether a connection may still pass bytes on: no cut since it was
+/// accepted.
+struct Live {
+    generation: Arc<AtomicU64>,
+    accepted_in: u64,
+}
+
+impl Live {
+    fn get(&self) -> bool {
+        self.generation.load(Ordering::SeqCst) == self.accepted_in
+    }
+}
+
+/// Copies both ways until either side closes or the partition is cut; the
+/// server's replies wait out the current delay. Every chunk is checked
+/// after it is read and before it is written, so nothing read after a cut
+/// goes through.
+async fn forward(inbound: TcpStream, outbound: TcpStream, delay: Arc<AtomicU64>, live: Live) {
     let (mut client_read, mut client_write) = inbound.into_split();
     let (mut server_read, mut server_write) = outbound.into_split();
-    let requests = tokio::io::copy(&mut client_read, &mut server_write);
+    let requests = async {
+        let mut buffer = vec![0_u8; 64 * 1024];
+        loop {
+            let read = match client_read.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(read) => read,
+            };
+            if !live.get() || server_write.write_all(&buffer[..read]).await.is_err() {
+                return;
+            }
+        }
+    };
     let replies = async {
         let mut buffer = vec![0_u8; 64 * 1024];
         loop {
@@ -123,13 +171,13 @@ async fn forward(inbound: TcpStream, outbound: TcpStream, delay: Arc<AtomicU64>)
             if millis > 0 {
                 tokio::time::sleep(Duration::from_millis(millis)).await;
             }
-            if client_write.write_all(&buffer[..read]).await.is_err() {
+            if !live.get() || client_write.write_all(&buffer[..read]).await.is_err() {
                 return;
             }
         }
     };
     tokio::select! {
-        _ = requests => {}
+        () = requests => {}
         () = replies => {}
     }
 }

@@ -7,14 +7,52 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-/// A free port on loopback (the listener is closed before the port is used).
+/// The ports handed to servers a test starts as child processes: below the
+/// kernel's ephemeral range (`net.ipv4.ip_local_port_range`, 32768–60999 by
+/// default), where a listener bound to port 0 (a test's own server, a
+/// `Partition`, a proxy) and every outgoing connection take theirs. A port
+/// picked by binding port 0 and closing the listener could be taken by such
+/// a listener in the next instant, before the child binds it: the child then
+/// exits, or worse, its test talks to another test's server.
+const CHILD_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A free port for a child process's server: the next one in
+/// [`CHILD_PORTS`] that can be bound now (distinct within this process;
+/// each process starts at its own offset, so two test processes rarely
+/// meet).
+///
+/// # Panics
+///
+/// When no port of the range can be bound.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = u32::from(CHILD_PORTS.end - CHILD_PORTS.start);
+    let offset = std::process::id().wrapping_mul(7_919);
+    for _ in 0..span {
+        let next = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = CHILD_PORTS.start
+            + u16::try_from(offset.wrapping_add(next) % span).expect("within the range");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {CHILD_PORTS:?} on 127.0.0.1");
+}
+
+/// `count` distinct free ports for child processes (see [`free_port`]).
+pub fn free_ports(count: usize) -> Vec<u16> {
+    (0..count).map(|_| free_port()).collect()
+}
+
+/// A free address on loopback for a child process's server (see
+/// [`free_port`]).
 ///
 /// # Panics
 ///
 /// When no port can be bound.
 pub fn free_address() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("a local address")
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
 /// A child process that is killed when dropped.

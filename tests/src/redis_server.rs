@@ -138,15 +138,7 @@ pub(crate) fn start_until_exit(program: &str, nodes: usize, cluster: bool) -> Ve
          done\n\
          rm -rf {quoted}"
     ));
-    // Hold every listener until all ports are chosen, so no two are the same.
-    let listeners: Vec<std::net::TcpListener> = (0..nodes * 2)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
-        .collect();
-    let ports: Vec<u16> = listeners
-        .iter()
-        .map(|listener| listener.local_addr().expect("a local address").port())
-        .collect();
-    drop(listeners);
+    let ports = crate::process::free_ports(nodes * 2);
     let nodes: Vec<(u16, u16)> = ports.chunks(2).map(|pair| (pair[0], pair[1])).collect();
     for &(port, bus_port) in &nodes {
         let node_dir = dir.join(port.to_string());

@@ -41,17 +41,6 @@ fn group_dir(prefix: &str) -> PathBuf {
     dir
 }
 
-/// Free loopback ports, all distinct.
-fn free_ports(count: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..count)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|listener| listener.local_addr().expect("a local address").port())
-        .collect()
-}
-
 /// Sends `command` to the server at `port` on a fresh connection.
 ///
 /// # Panics
@@ -203,7 +192,7 @@ impl ReplicatedRedis {
     /// package) or replication does not come up within 20 s.
     pub async fn start(replicas: usize) -> Self {
         let dir = group_dir("idempotency-redis-replicated-");
-        let ports = free_ports(1 + replicas);
+        let ports = crate::process::free_ports(1 + replicas);
         // No delay before a full synchronization (the default waits 5 s
         // for more replicas to join it).
         let primary = RedisNode::start(
@@ -343,7 +332,7 @@ impl ReplicatedCluster {
 
     fn start_blocking() -> Self {
         let dir = group_dir("idempotency-redis-cluster-replicated-");
-        let ports = free_ports(12);
+        let ports = crate::process::free_ports(12);
         let (ports, bus_ports): (Vec<u16>, Vec<u16>) =
             ports.chunks(2).map(|pair| (pair[0], pair[1])).unzip();
         let node = |index: usize| {
@@ -503,7 +492,7 @@ impl Drop for ReplicatedCluster {
 /// package) or replication does not come up within 20 s.
 pub(crate) fn replicated_until_exit() -> String {
     let dir = group_dir("idempotency-redis-pair-");
-    let ports = free_ports(2);
+    let ports = crate::process::free_ports(2);
     let primary = RedisNode::start(
         &dir,
         ports[0],

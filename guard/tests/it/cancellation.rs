@@ -94,21 +94,29 @@ async fn a_caller_that_goes_away_is_counted_as_caller_gone() {
     let db = idempotency_tests::sqlite().await;
     let route = "/caller-gone";
     let runs = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let counted = runs.clone();
+    // Each handler says when it starts: the client gives up then, after the
+    // claim (a fixed timeout could end before the claim on a loaded machine).
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (counted, post_started, get_started) = (runs.clone(), started.clone(), started.clone());
     let router = Router::new()
         .route(
             route,
             post(move || {
-                let runs = counted.clone();
+                let (runs, started) = (counted.clone(), post_started.clone());
                 async move {
+                    started.notify_one();
                     tokio::time::sleep(Duration::from_millis(300)).await;
                     runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     (StatusCode::CREATED, "made")
                 }
             })
-            .get(|| async {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                "read"
+            .get(move || {
+                let started = get_started.clone();
+                async move {
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    "read"
+                }
             }),
         )
         .layer(IdempotencyLayer::new(db.store.clone()));
@@ -125,23 +133,24 @@ async fn a_caller_that_goes_away_is_counted_as_caller_gone() {
         crate::metrics_probe::counter(REQUESTS_TOTAL, &[("route", route), ("outcome", outcome)])
     };
     let all = || crate::metrics_probe::counter(REQUESTS_TOTAL, &[("route", route)]);
+    // Sends `method` and drops the response future once its handler runs:
+    // what hyper does when the client goes away.
+    let give_up_once_running = |method: &'static str| {
+        let (router, started) = (router.clone(), started.clone());
+        async move {
+            let mut call = std::pin::pin!(router.oneshot(request(method)));
+            tokio::select! {
+                answer = &mut call => panic!("{method} answered before the client gave up: {answer:?}"),
+                () = started.notified() => {}
+            }
+        }
+    };
 
-    // Dropping the response future is what hyper does when the client goes away.
-    let gone = tokio::time::timeout(
-        Duration::from_millis(50),
-        router.clone().oneshot(request("POST")),
-    )
-    .await;
-    assert!(gone.is_err(), "the client gave up before the answer");
+    give_up_once_running("POST").await;
     assert_eq!(count("caller-gone"), 1);
     assert_eq!(all(), 1, "counted once");
 
-    let read = tokio::time::timeout(
-        Duration::from_millis(50),
-        router.clone().oneshot(request("GET")),
-    )
-    .await;
-    assert!(read.is_err(), "the client gave up before the answer");
+    give_up_once_running("GET").await;
     assert_eq!(
         all(),
         1,
@@ -149,7 +158,19 @@ async fn a_caller_that_goes_away_is_counted_as_caller_gone() {
     );
 
     // The run went on; its retry replays its answer, counted as a replay.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    for _ in 0..200 {
+        if runs.load(std::sync::atomic::Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the run went on without its caller"
+    );
+    // Its completion is one store write after the handler's end.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let retry = router.clone().oneshot(request("POST")).await.unwrap();
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
