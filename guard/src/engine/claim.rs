@@ -14,6 +14,7 @@ use super::cache::{Hit, lives};
 use super::release::PendingClaim;
 // `claim::Acquired` is where the engine (and its docs) name it.
 pub(super) use super::transaction::Acquired;
+use super::transaction::Resume;
 use super::{Answer, Engine, Job, Refusal};
 use crate::decision::{AbandonedPolicy, Decision, InFlightPolicy, decide};
 use crate::record::{LeaseToken, Record, RecordState};
@@ -68,7 +69,7 @@ impl<S: Store> Engine<S> {
                     // was lost (or our own take-over: its steps are the ones
                     // it kept to resume, and none unless the policy resumes).
                     if self.resumes_steps(&record) && !record.steps.is_empty() {
-                        return Acquired::Resumed(new.lease(), record.steps);
+                        return Acquired::Resumed(new.lease(), Resume::of(*record));
                     }
                     return Acquired::Lease(new.lease());
                 }
@@ -170,7 +171,7 @@ impl<S: Store> Engine<S> {
                 .await;
             return match kept {
                 Ok(Some(kept)) if kept.lease_token == lease.token => {
-                    Acquired::Resumed(lease, kept.steps)
+                    Acquired::Resumed(lease, Resume::of(kept))
                 }
                 other => {
                     // Which steps it holds is unknown: run none of them.

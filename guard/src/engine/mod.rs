@@ -117,7 +117,7 @@ use crate::record::StoredResponse;
 use crate::store::{Lease, Store, StoreError};
 use crate::telemetry::MetricHandles;
 
-use transaction::Held;
+use transaction::{Held, Resume};
 
 /// What the work gets to know about its run, and its handle to record
 /// steps ([`RunContext::step`], see [`Run`]).
@@ -379,10 +379,12 @@ impl<S: Store> Engine<S> {
     {
         // The lease taken below ends no earlier than a lease after this.
         let claim_sent = tokio::time::Instant::now();
-        let (lease, held, recorded) = match self.acquire(&job).await {
-            claim::Acquired::Lease(lease) => (lease, Held::default(), Vec::new()),
-            claim::Acquired::Resumed(lease, recorded) => (lease, Held::default(), recorded),
-            claim::Acquired::Locked(lease, transaction) => (lease, Some(transaction), Vec::new()),
+        let (lease, held, resume) = match self.acquire(&job).await {
+            claim::Acquired::Lease(lease) => (lease, Held::default(), Resume::default()),
+            claim::Acquired::Resumed(lease, resume) => (lease, Held::default(), resume),
+            claim::Acquired::Locked(lease, transaction) => {
+                (lease, Some(transaction), Resume::default())
+            }
             claim::Acquired::Answer(answer) => return answer,
             claim::Acquired::StoreFailed => return self.store_failed(&job, work).await,
             claim::Acquired::InFlight => {
@@ -399,7 +401,7 @@ impl<S: Store> Engine<S> {
         // The run is made in its box (not made here and copied in), and
         // stays inside the caller's span, in a task of its own too.
         let run = move || {
-            let run = engine.run_acquired(job, lease, held, recorded, claim_sent, work);
+            let run = engine.run_acquired(job, lease, held, resume, claim_sent, work);
             #[cfg(feature = "otel")]
             let run = tracing::Instrument::in_current_span(run);
             run
@@ -456,7 +458,7 @@ impl<S: Store> Engine<S> {
         job: Job,
         lease: Lease,
         held: Held,
-        recorded: Vec<crate::record::Step>,
+        resume: Resume,
         claim_sent: tokio::time::Instant,
         work: F,
     ) -> Answer<T>
@@ -470,7 +472,7 @@ impl<S: Store> Engine<S> {
         let lease = Arc::new(lease);
         if let Some(request) = &job.stored_request {
             // Boxed: the cold path of the routes that keep their request.
-            Box::pin(self.keep_request(&lease, request)).await;
+            Box::pin(self.keep_request(&lease, request, resume.attempts)).await;
         }
         let slot = transaction::TransactionSlot::for_run(
             held,
@@ -482,7 +484,7 @@ impl<S: Store> Engine<S> {
             job.scope.clone(),
             job.key.clone(),
             Some(Arc::clone(&lease)),
-            recorded,
+            resume.steps,
             slot.clone(),
         );
         let steps = run.clone();
@@ -529,7 +531,20 @@ impl<S: Store> Engine<S> {
     /// the work runs. A failure is logged, not fatal: the run goes on (a
     /// lost lease shows at its next write), and the completer finds no
     /// request to finish it from (the client's retry still resumes it).
-    async fn keep_request(&self, lease: &Lease, request: &StoredRequest) {
+    /// A resumed run keeps the completer's `attempts` so far (the request
+    /// of a client's retry counts none: without this it would give the
+    /// completer fresh attempts).
+    async fn keep_request(&self, lease: &Lease, request: &StoredRequest, attempts: u32) {
+        let counted;
+        let request = if request.attempts < attempts {
+            counted = StoredRequest {
+                attempts,
+                ..request.clone()
+            };
+            &counted
+        } else {
+            request
+        };
         let kept = self
             .timed(
                 "record_request",

@@ -45,6 +45,7 @@ macro_rules! completer_suite {
                 the_completer_finishes_a_route_abandoned_after_a_step,
                 the_completer_finishes_an_engine_run_from_its_stored_request,
                 attempts_run_out_into_a_stored_give_up,
+                a_client_retry_keeps_the_completers_attempts,
                 nothing_is_kept_or_completed_without_opting_in,
                 the_completer_and_a_client_retry_never_both_run_a_key,
                 a_stored_request_is_sealed_in_an_encrypted_store,
@@ -341,6 +342,36 @@ pub(crate) async fn attempts_run_out_into_a_stored_give_up<S: AdminStore>(db: Te
     // Given up: left alone, for a person.
     assert_eq!(completer.run_once().await, CompleterRound::default());
     assert_eq!(debits.counts(), (1, 3));
+}
+
+pub(crate) async fn a_client_retry_keeps_the_completers_attempts<S: AdminStore>(db: TestDb<S>) {
+    let (router, debits, engine) = debit_app(resumable(db.store.clone()));
+    let key = key("retry-count");
+    debits.psp_down.store(1, Ordering::SeqCst);
+    let failed = call(&router, debit_request(&key)).await;
+    assert_eq!(failed.status, StatusCode::BAD_GATEWAY);
+    let attempts = || async {
+        let record = db.store.get(&default_scope(), &key).await.unwrap().unwrap();
+        record.request.expect("the request is kept").attempts
+    };
+
+    let completer = completer_of(engine, router.clone()).with_max_attempts(2);
+    assert_eq!(completer.run_once().await, round(0, 1, 0, 0));
+    assert_eq!(attempts().await, 1);
+    // The client's retry resumes the run (the charge fails again) and keeps
+    // its request again: the completer's count goes on, not from zero.
+    let retried = call(&router, debit_request(&key)).await;
+    assert_eq!(retried.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(debits.counts(), (1, 3));
+    assert_eq!(
+        attempts().await,
+        1,
+        "a client's retry gives the completer no fresh attempts"
+    );
+    // One attempt left, then the give-up.
+    assert_eq!(completer.run_once().await, round(0, 1, 0, 0));
+    assert_eq!(completer.run_once().await, round(0, 0, 1, 0));
+    assert_eq!(debits.counts(), (1, 4));
 }
 
 pub(crate) async fn nothing_is_kept_or_completed_without_opting_in<S: AdminStore>(db: TestDb<S>) {

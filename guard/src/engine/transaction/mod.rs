@@ -32,8 +32,8 @@ pub(super) enum Acquired<T> {
     /// This run holds the lease: run the work.
     Lease(crate::store::Lease),
     /// This run took over an abandoned run to resume it: run the work with
-    /// the steps it recorded.
-    Resumed(crate::store::Lease, Vec<crate::record::Step>),
+    /// what that run left.
+    Resumed(crate::store::Lease, Resume),
     /// Single-commit mode: this run holds the key's lock, and its
     /// uncommitted claim, in this transaction.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -45,6 +45,30 @@ pub(super) enum Acquired<T> {
     InFlight,
     /// The store failed: fail closed or open.
     StoreFailed,
+}
+
+/// What a resumed run takes from the record it took over.
+#[derive(Debug, Default)]
+pub(super) struct Resume {
+    /// The steps that run recorded.
+    pub(super) steps: Vec<crate::record::Step>,
+    /// The completer's attempts on its stored request so far: a client's
+    /// retry that keeps its request again keeps this count, so that retries
+    /// never give the completer fresh attempts.
+    pub(super) attempts: u32,
+}
+
+impl Resume {
+    /// What `record` leaves to the run that resumes it.
+    pub(super) fn of(record: crate::record::Record) -> Self {
+        Self {
+            attempts: record
+                .request
+                .as_ref()
+                .map_or(0, |request| request.attempts),
+            steps: record.steps,
+        }
+    }
 }
 
 /// A failed settlement, and whether the work's writes were rolled back (or
