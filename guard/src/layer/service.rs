@@ -144,12 +144,10 @@ where
         let service = self.clone();
         #[cfg(feature = "otel")]
         let span = crate::telemetry::otel::request_span(&request);
-        let route = self.route.of(
-            request
-                .extensions()
-                .get::<MatchedPath>()
-                .map_or("unmatched", MatchedPath::as_str),
-        );
+        let route = self.route.of(request
+            .extensions()
+            .get::<MatchedPath>()
+            .map_or("unmatched", MatchedPath::as_str));
         // Only requests of a guarded method are counted (and counted as
         // `caller-gone` when their caller goes away first).
         let tally = service.config.methods.contains(request.method()).then(|| {
