@@ -6,7 +6,7 @@
 //! [`IdempotencyService::call`].
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -39,6 +39,8 @@ pub struct IdempotencyService<S, I> {
     inner: I,
     engine: Engine<S>,
     config: Arc<Config>,
+    /// The route's name, shared by its clones.
+    route: Arc<RouteName>,
 }
 
 impl<S: Clone, I: Clone> Clone for IdempotencyService<S, I> {
@@ -47,6 +49,27 @@ impl<S: Clone, I: Clone> Clone for IdempotencyService<S, I> {
             inner: self.inner.clone(),
             engine: self.engine.clone(),
             config: Arc::clone(&self.config),
+            route: Arc::clone(&self.route),
+        }
+    }
+}
+
+/// The `route` label of the requests of one service: the first request's
+/// matched path, kept, so that the requests after it share its text
+/// instead of copying it each. Mounted with `route_layer` (as the layer's
+/// docs say), a service serves one route, and every request finds it
+/// here; a request of another route (a layer over a whole router) gets a
+/// copy of its own.
+#[derive(Default)]
+struct RouteName(OnceLock<Arc<str>>);
+
+impl RouteName {
+    /// The name `matched`, shared when it is the kept one.
+    fn of(&self, matched: &str) -> Arc<str> {
+        match self.0.get() {
+            Some(kept) if **kept == *matched => Arc::clone(kept),
+            Some(_) => Arc::from(matched),
+            None => Arc::clone(self.0.get_or_init(|| Arc::from(matched))),
         }
     }
 }
@@ -63,6 +86,7 @@ impl<S, I> IdempotencyService<S, I> {
             inner,
             engine,
             config,
+            route: Arc::default(),
         }
     }
 }
@@ -120,12 +144,10 @@ where
         let service = self.clone();
         #[cfg(feature = "otel")]
         let span = crate::telemetry::otel::request_span(&request);
-        let route: Arc<str> = Arc::from(
-            request
-                .extensions()
-                .get::<MatchedPath>()
-                .map_or("unmatched", MatchedPath::as_str),
-        );
+        let route = self.route.of(request
+            .extensions()
+            .get::<MatchedPath>()
+            .map_or("unmatched", MatchedPath::as_str));
         // Only requests of a guarded method are counted (and counted as
         // `caller-gone` when their caller goes away first).
         let tally = service.config.methods.contains(request.method()).then(|| {
@@ -417,6 +439,19 @@ mod tests {
             }
         });
         (size_of_val(&handle), size_of_val(&run))
+    }
+
+    /// A service's route name is kept from its first request and shared by
+    /// the requests after it; another route's name is its own copy.
+    #[test]
+    fn a_route_name_is_shared_by_the_requests_of_its_route() {
+        let names = RouteName::default();
+        let first = names.of("/orders");
+        let again = names.of("/orders");
+        assert!(Arc::ptr_eq(&first, &again), "the kept name is shared");
+        let other = names.of("/refunds");
+        assert_eq!(&*other, "/refunds");
+        assert!(Arc::ptr_eq(&names.of("/orders"), &first));
     }
 
     /// The standard methods are constants, an extension method a copy.

@@ -26,7 +26,7 @@ pub mod logs;
 #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
 pub mod otel;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use metrics::{Counter, Histogram};
 
 /// Requests the guard saw, by route, outcome and attempt.
@@ -97,9 +97,14 @@ pub const GRPC_PREVIOUS_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
 /// when neither is there or valid.
 pub fn attempt_label(headers: &HeaderMap) -> &'static str {
     const LABELS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    // Looked up by their `HeaderName`s: looking up a `&str` parses and
+    // checks the name first, for every request (460 instructions of a
+    // fresh request's 79k; docs/BENCHMARKS.md, issue 56).
+    static RETRY: HeaderName = HeaderName::from_static(RETRY_ATTEMPT);
+    static GRPC_PREVIOUS: HeaderName = HeaderName::from_static(GRPC_PREVIOUS_ATTEMPTS);
     let attempt = headers
-        .get(RETRY_ATTEMPT)
-        .or_else(|| headers.get(GRPC_PREVIOUS_ATTEMPTS))
+        .get(&RETRY)
+        .or_else(|| headers.get(&GRPC_PREVIOUS))
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     match attempt {
@@ -119,16 +124,40 @@ pub fn attempt_label(headers: &HeaderMap) -> &'static str {
 /// bookkeeping, and it happened for every request and store call. Handles
 /// belong to the recorder installed when they were first used: install it
 /// before the first request (as every exporter's setup does).
+///
+/// Only the routes are hashed: the other labels come from a few constants
+/// of the guard's code (store operations, outcomes, attempt labels), found
+/// by comparing them in a short list, as cheaply as a hash map finds them
+/// without the hashing (SipHash, about 100 instructions a lookup, three
+/// lookups a request).
 #[derive(Default)]
 pub(crate) struct MetricHandles {
     /// `idempotency_requests_total` by route.
     requests: RwLock<HashMap<Box<str>, RouteCounters>>,
     /// `idempotency_store_duration_seconds` by operation and success.
-    store: RwLock<HashMap<(&'static str, bool), Histogram>>,
+    store: RwLock<Vec<((&'static str, bool), Histogram)>>,
 }
 
 /// One route's `idempotency_requests_total` series, by outcome and attempt.
-type RouteCounters = HashMap<(Outcome, &'static str), Counter>;
+type RouteCounters = Vec<((Outcome, &'static str), Counter)>;
+
+/// The handle of `labels` in a short list of handles.
+fn find<K: PartialEq, H: Clone>(handles: &[(K, H)], labels: &K) -> Option<H> {
+    handles
+        .iter()
+        .find(|(found, _)| found == labels)
+        .map(|(_, handle)| handle.clone())
+}
+
+/// Adds the handle of `labels` to a short list, unless another caller
+/// added one meanwhile (then that one is kept and returned).
+fn add<K: PartialEq, H: Clone>(handles: &mut Vec<(K, H)>, labels: K, handle: H) -> H {
+    if let Some(found) = find(handles, &labels) {
+        return found;
+    }
+    handles.push((labels, handle.clone()));
+    handle
+}
 
 impl std::fmt::Debug for MetricHandles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -144,8 +173,7 @@ impl MetricHandles {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(route)
-            .and_then(|series| series.get(&(outcome, attempt)))
-            .cloned();
+            .and_then(|series| find(series, &(outcome, attempt)));
         let counter = found.unwrap_or_else(|| {
             let counter = metrics::counter!(
                 REQUESTS_TOTAL,
@@ -153,36 +181,36 @@ impl MetricHandles {
                 "outcome" => outcome.as_str(),
                 "attempt" => attempt,
             );
-            self.requests
+            let mut requests = self
+                .requests
                 .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(route.into())
-                .or_default()
-                .insert((outcome, attempt), counter.clone());
-            counter
+                .unwrap_or_else(PoisonError::into_inner);
+            add(
+                requests.entry(route.into()).or_default(),
+                (outcome, attempt),
+                counter,
+            )
         });
         counter.increment(1);
     }
 
     /// Records how long a store operation took.
     pub(crate) fn observe_store(&self, operation: &'static str, started: Instant, ok: bool) {
-        let found = self
-            .store
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&(operation, ok))
-            .cloned();
+        let found = find(
+            &self.store.read().unwrap_or_else(PoisonError::into_inner),
+            &(operation, ok),
+        );
         let histogram = found.unwrap_or_else(|| {
             let histogram = metrics::histogram!(
                 STORE_DURATION_SECONDS,
                 "operation" => operation,
                 "result" => if ok { "ok" } else { "error" },
             );
-            self.store
-                .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert((operation, ok), histogram.clone());
-            histogram
+            add(
+                &mut self.store.write().unwrap_or_else(PoisonError::into_inner),
+                (operation, ok),
+                histogram,
+            )
         });
         histogram.record(started.elapsed());
     }
