@@ -39,27 +39,40 @@ async fn count(subscriber: &mut async_nats::Subscriber) -> usize {
     seen
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_deciding_read_goes_to_the_streams_leader_never_to_a_direct_get() {
-    let db = idempotency_tests::nats().await;
-    let stream = format!("KV_{}", db.store.bucket());
+/// Spies on the JetStream API of `store`'s bucket: one subscription per
+/// subject, `{stream}` standing for the bucket's stream, in order.
+async fn spy(
+    store: &idempotency_guard::store::nats::NatsStore,
+    subjects: &[&str],
+) -> Vec<async_nats::Subscriber> {
+    let stream = format!("KV_{}", store.bucket());
     let url = tokio::task::spawn_blocking(idempotency_tests::nats_server::nats_store_url)
         .await
         .unwrap();
     let spy = async_nats::connect(url).await.unwrap();
-    let mut direct = spy
-        .subscribe(format!("$JS.API.DIRECT.GET.{stream}"))
-        .await
-        .unwrap();
-    let mut direct_by_subject = spy
-        .subscribe(format!("$JS.API.DIRECT.GET.{stream}.>"))
-        .await
-        .unwrap();
-    let mut leader = spy
-        .subscribe(format!("$JS.API.STREAM.MSG.GET.{stream}"))
-        .await
-        .unwrap();
+    let mut subscribers = Vec::new();
+    for subject in subjects {
+        let subject = subject.replace("{stream}", &stream);
+        subscribers.push(spy.subscribe(subject).await.unwrap());
+    }
     spy.flush().await.unwrap();
+    subscribers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_deciding_read_goes_to_the_streams_leader_never_to_a_direct_get() {
+    let db = idempotency_tests::nats().await;
+    let [mut direct, mut direct_by_subject, mut leader]: [async_nats::Subscriber; 3] = spy(
+        &db.store,
+        &[
+            "$JS.API.DIRECT.GET.{stream}",
+            "$JS.API.DIRECT.GET.{stream}.>",
+            "$JS.API.STREAM.MSG.GET.{stream}",
+        ],
+    )
+    .await
+    .try_into()
+    .unwrap_or_else(|_| unreachable!("three subjects"));
 
     let fingerprint = Fingerprint::from_bytes([1; 32]);
     let Claim::Acquired(lease) = db
@@ -220,16 +233,9 @@ async fn a_write_in_one_process_wakes_the_waiters_of_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_of_its_own_claim_writes_without_reading_first() {
     let db = idempotency_tests::nats().await;
-    let stream = format!("KV_{}", db.store.bucket());
-    let url = tokio::task::spawn_blocking(idempotency_tests::nats_server::nats_store_url)
+    let mut leader = spy(&db.store, &["$JS.API.STREAM.MSG.GET.{stream}"])
         .await
-        .unwrap();
-    let spy = async_nats::connect(url).await.unwrap();
-    let mut leader = spy
-        .subscribe(format!("$JS.API.STREAM.MSG.GET.{stream}"))
-        .await
-        .unwrap();
-    spy.flush().await.unwrap();
+        .remove(0);
 
     let claim_seen = db.store.events().subscribe("reads", "own");
     let fingerprint = Fingerprint::from_bytes([3; 32]);
