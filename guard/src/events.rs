@@ -82,6 +82,21 @@ impl RecordEvents {
         watchers.push(Arc::downgrade(watcher));
     }
 
+    /// Whether an event published now would reach anybody (a subscription
+    /// or a watcher): a store that decodes an event's record from a message
+    /// first skips that work when nobody listens. A subscription made after
+    /// this answered `false` reads the record after the write it would have
+    /// been told of, so it misses nothing.
+    pub(crate) fn is_heard(&self) -> bool {
+        !self.lock().is_empty()
+            || self
+                .watchers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .any(|watcher| watcher.strong_count() > 0)
+    }
+
     /// Wakes every subscription to `(scope, key)`, and tells every watcher.
     ///
     /// Every request's end is published here: with nobody waiting and no

@@ -13,8 +13,12 @@ use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, Scope};
 
 mod request;
+#[cfg(any(feature = "redis", feature = "nats"))]
+mod tokens;
 
 pub use request::StoredRequest;
+#[cfg(any(feature = "redis", feature = "nats"))]
+pub(crate) use tokens::TokenMap;
 
 /// The random token that identifies one lease on a record.
 ///

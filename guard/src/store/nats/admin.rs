@@ -128,7 +128,7 @@ impl AdminStore for NatsStore {
                 return Ok(Forgotten::Refused(state));
             }
             match self.delete(&subject, stored.revision, deadline).await? {
-                Written::Stored => {
+                Written::Stored(_) => {
                     self.events.publish(scope, key);
                     return Ok(Forgotten::Deleted(state));
                 }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::codec::{self, Packed, Time};
+use super::requests::Mark;
 use super::{NatsStore, RACE_ATTEMPTS, Slot, Written, ttl};
 use crate::fingerprint::Fingerprint;
 use crate::record::RecordState;
@@ -47,10 +48,21 @@ impl NatsStore {
         let mut unknown = None;
         for _ in 0..RACE_ATTEMPTS {
             match self
-                .write(&subject, expected, &ttl, value.clone(), false, deadline)
+                .write(
+                    &subject,
+                    expected,
+                    &ttl,
+                    value.clone(),
+                    Mark::Claim(new.token),
+                    deadline,
+                )
                 .await?
             {
-                Written::Stored => return Ok(Claim::Acquired(new.lease())),
+                Written::Stored(revision) => {
+                    // For the completion: it writes without reading.
+                    self.inner.claimed.remember(new.token, revision, value);
+                    return Ok(Claim::Acquired(new.lease()));
+                }
                 Written::Conflict => {}
                 // It may have landed: the read below tells (the value
                 // carries this claim's token).
@@ -107,13 +119,16 @@ impl NatsStore {
                 &subject,
                 stored.revision,
                 &ttl(ms(new.retention)),
-                value,
-                false,
+                value.clone(),
+                Mark::Claim(new.token),
                 deadline,
             )
             .await?
         {
-            Written::Stored => Ok(Some(new.lease())),
+            Written::Stored(revision) => {
+                self.inner.claimed.remember(new.token, revision, value);
+                Ok(Some(new.lease()))
+            }
             Written::Conflict => Ok(None),
             Written::Unknown(error) => match self.read(new.scope, new.key, deadline).await? {
                 Slot::Record(stored) if stored.record.lease_token == new.token => {

@@ -1,7 +1,9 @@
 //! The holder's writes: complete, renew, record steps, keep a request and
 //! release, each a
 //! read from the leader, a check of the lease token, and a write fenced by
-//! the revision read.
+//! the revision read; but a completion of this process's own claim, which
+//! the store already knows, writes fenced by the claim's revision without
+//! reading first (`claimed.rs`, `stamps.rs`).
 
 use std::time::Duration;
 
@@ -9,6 +11,8 @@ use bytes::Bytes;
 
 use super::claim::ms;
 use super::codec::{self, Packed, Stored, Time, unix_ms};
+use super::requests::Mark;
+use super::stamps;
 use super::{MARKER_TTL, NatsStore, RACE_ATTEMPTS, REQUEST_TIMEOUT, Slot, Written, ttl};
 use crate::fingerprint::Fingerprint;
 use crate::record::StoredRequest;
@@ -73,6 +77,18 @@ impl NatsStore {
         let deadline = self.deadline();
         let subject = self.subject(lease.scope.as_str(), lease.key.as_str());
         let mut unknown: Option<StoreError> = None;
+        // This process's own claim, its stamp seen: written without a read,
+        // fenced by the claim's revision (any write since moved it).
+        if let Some(stored) = self.claimed_record(lease).await {
+            match self
+                .write_completion(&subject, &stored, response, deadline)
+                .await?
+            {
+                Written::Stored(_) => return Ok(()),
+                Written::Conflict => {}
+                Written::Unknown(error) => unknown = Some(error),
+            }
+        }
         for _ in 0..RACE_ATTEMPTS {
             let slot = self.read(&lease.scope, &lease.key, deadline).await?;
             let Some(stored) = held(&slot, lease) else {
@@ -86,45 +102,11 @@ impl NatsStore {
                 }
                 return Err(StoreError::LeaseLost);
             };
-            let lease_end = Time::At(unix_ms(stored.record.lease_expires_at));
-            let mut value =
-                codec::encode(&rewritten(stored, lease_end, Time::Unset, Some(response)));
-            if !self.fits(&subject, value.len()) {
-                // The server's max_payload is below the response: stored
-                // without its body (replays answer `response-not-stored`),
-                // as a response above the guard's own limit is.
-                tracing::warn!(
-                    bucket = %self.inner.bucket,
-                    size = value.len(),
-                    max_payload = self.inner.max_payload,
-                    "a response exceeds the NATS server's max_payload: stored without its body"
-                );
-                let bodiless = StoredResponse {
-                    body: None,
-                    ..response.clone()
-                };
-                value = codec::encode(&rewritten(stored, lease_end, Time::Unset, Some(&bodiless)));
-                if !self.fits(&subject, value.len()) {
-                    // Still too large: the stored request goes (a completed
-                    // record is never run again from it).
-                    value = codec::encode(&Packed {
-                        request: None,
-                        ..rewritten(stored, lease_end, Time::Unset, Some(&bodiless))
-                    });
-                }
-            }
             match self
-                .write(
-                    &subject,
-                    stored.revision,
-                    &remaining_ttl(stored),
-                    value,
-                    false,
-                    deadline,
-                )
+                .write_completion(&subject, stored, response, deadline)
                 .await?
             {
-                Written::Stored => return Ok(()),
+                Written::Stored(_) => return Ok(()),
                 Written::Conflict => {}
                 Written::Unknown(error) => unknown = Some(error),
             }
@@ -134,6 +116,82 @@ impl NatsStore {
         }))
     }
 
+    /// The record of `lease`'s claim as the leader holds it, if this
+    /// process made the claim, has not written the record since, and the
+    /// watch saw the claim's stamp: the value the claim wrote, read at its
+    /// stamp (so the record's times are the ones a read would give).
+    ///
+    /// Not while the connection is down: the client would keep the write
+    /// and send it once connected again, long after the caller stopped
+    /// waiting (a read, which fails meanwhile, sends nothing that lands).
+    async fn claimed_record(&self, lease: &Lease) -> Option<Stored> {
+        let claimed = self.inner.claimed.take(lease.token)?;
+        if self.inner.client.connection_state() != async_nats::connection::State::Connected {
+            return None;
+        }
+        let stamp = self
+            .inner
+            .stamps
+            .get(claimed.revision, lease.token, stamps::WAIT)
+            .await?;
+        codec::decode(
+            &lease.scope,
+            &lease.key,
+            &claimed.value,
+            stamp,
+            claimed.revision,
+            stamp,
+        )
+        .ok()
+    }
+
+    /// Writes `stored` completed with `response`, fenced by its revision
+    /// (without the body, or the stored request too, when the value would
+    /// exceed the server's `max_payload`).
+    async fn write_completion(
+        &self,
+        subject: &str,
+        stored: &Stored,
+        response: &StoredResponse,
+        deadline: std::time::Instant,
+    ) -> Result<Written, StoreError> {
+        let lease_end = Time::At(unix_ms(stored.record.lease_expires_at));
+        let mut value = codec::encode(&rewritten(stored, lease_end, Time::Unset, Some(response)));
+        if !self.fits(subject, value.len()) {
+            // The server's max_payload is below the response: stored
+            // without its body (replays answer `response-not-stored`),
+            // as a response above the guard's own limit is.
+            tracing::warn!(
+                bucket = %self.inner.bucket,
+                size = value.len(),
+                max_payload = self.inner.max_payload,
+                "a response exceeds the NATS server's max_payload: stored without its body"
+            );
+            let bodiless = StoredResponse {
+                body: None,
+                ..response.clone()
+            };
+            value = codec::encode(&rewritten(stored, lease_end, Time::Unset, Some(&bodiless)));
+            if !self.fits(subject, value.len()) {
+                // Still too large: the stored request goes (a completed
+                // record is never run again from it).
+                value = codec::encode(&Packed {
+                    request: None,
+                    ..rewritten(stored, lease_end, Time::Unset, Some(&bodiless))
+                });
+            }
+        }
+        self.write(
+            subject,
+            stored.revision,
+            &remaining_ttl(stored),
+            value,
+            Mark::Plain,
+            deadline,
+        )
+        .await
+    }
+
     /// See [`Store::renew`](crate::Store::renew).
     pub(super) async fn renew_lease(
         &self,
@@ -141,6 +199,8 @@ impl NatsStore {
         duration: Duration,
     ) -> Result<(), StoreError> {
         let deadline = self.deadline();
+        // The record changes (or goes): a completion reads it first.
+        self.inner.claimed.take(lease.token);
         let subject = self.subject(lease.scope.as_str(), lease.key.as_str());
         for _ in 0..RACE_ATTEMPTS {
             let slot = self.read(&lease.scope, &lease.key, deadline).await?;
@@ -166,12 +226,12 @@ impl NatsStore {
                     stored.revision,
                     &remaining_ttl(stored),
                     value,
-                    false,
+                    Mark::Plain,
                     deadline,
                 )
                 .await?
             {
-                Written::Stored => return Ok(()),
+                Written::Stored(_) => return Ok(()),
                 Written::Conflict => {}
                 // The engine renews again at its next turn.
                 Written::Unknown(error) => return Err(error),
@@ -193,6 +253,8 @@ impl NatsStore {
         steps: &[Step],
     ) -> Result<(), StoreError> {
         let deadline = self.deadline();
+        // The record changes (or goes): a completion reads it first.
+        self.inner.claimed.take(lease.token);
         let subject = self.subject(lease.scope.as_str(), lease.key.as_str());
         let mut unknown: Option<StoreError> = None;
         for _ in 0..RACE_ATTEMPTS {
@@ -225,12 +287,12 @@ impl NatsStore {
                     stored.revision,
                     &remaining_ttl(stored),
                     value,
-                    false,
+                    Mark::Plain,
                     deadline,
                 )
                 .await?
             {
-                Written::Stored => {
+                Written::Stored(_) => {
                     return self
                         .landed_in_time(lease, lease_end, |record| record.steps == steps)
                         .await;
@@ -255,6 +317,8 @@ impl NatsStore {
         request: Option<&StoredRequest>,
     ) -> Result<(), StoreError> {
         let deadline = self.deadline();
+        // The record changes (or goes): a completion reads it first.
+        self.inner.claimed.take(lease.token);
         let subject = self.subject(lease.scope.as_str(), lease.key.as_str());
         let mut unknown: Option<StoreError> = None;
         let kept = |record: &Record| record.request.as_deref() == request;
@@ -288,12 +352,12 @@ impl NatsStore {
                     stored.revision,
                     &remaining_ttl(stored),
                     value,
-                    false,
+                    Mark::Plain,
                     deadline,
                 )
                 .await?
             {
-                Written::Stored => return self.landed_in_time(lease, lease_end, kept).await,
+                Written::Stored(_) => return self.landed_in_time(lease, lease_end, kept).await,
                 Written::Conflict => {}
                 Written::Unknown(error) => unknown = Some(error),
             }
@@ -332,6 +396,8 @@ impl NatsStore {
     /// See [`Store::release`](crate::Store::release).
     pub(super) async fn release_record(&self, lease: &Lease) -> Result<(), StoreError> {
         let deadline = self.deadline();
+        // The record changes (or goes): a completion reads it first.
+        self.inner.claimed.take(lease.token);
         let subject = self.subject(lease.scope.as_str(), lease.key.as_str());
         let mut unknown: Option<StoreError> = None;
         for _ in 0..RACE_ATTEMPTS {
@@ -345,7 +411,7 @@ impl NatsStore {
                 return Err(StoreError::LeaseLost);
             };
             match self.delete(&subject, stored.revision, deadline).await? {
-                Written::Stored => return Ok(()),
+                Written::Stored(_) => return Ok(()),
                 Written::Conflict => {}
                 Written::Unknown(error) => unknown = Some(error),
             }
@@ -362,7 +428,14 @@ impl NatsStore {
         revision: u64,
         deadline: std::time::Instant,
     ) -> Result<Written, StoreError> {
-        self.write(subject, revision, MARKER_TTL, Bytes::new(), true, deadline)
-            .await
+        self.write(
+            subject,
+            revision,
+            MARKER_TTL,
+            Bytes::new(),
+            Mark::Delete,
+            deadline,
+        )
+        .await
     }
 }

@@ -22,6 +22,12 @@
 //!   times), then write (or write a delete marker, `KV-Operation: DEL`)
 //!   expecting the revision read. The revision is the fence: any write in between, a take-over
 //!   above all, makes the server refuse it, and the operation reads again.
+//! - **complete a claim of this process** = no read: the claim's
+//!   acknowledgement gave its revision, the watch saw its stamp
+//!   (`stamps.rs`) and the store kept the value it wrote (`claimed.rs`),
+//!   which together are the record a read would return; the completion
+//!   writes expecting that revision, and reads only if the leader refuses
+//!   it (another write came first) or the stamp was not seen yet.
 //!
 //! # Reads come from the stream's leader
 //!
@@ -80,10 +86,12 @@ use crate::store::{Claim, Lease, LeaseToken, NewRecord, Purge, Store, StoreError
 
 mod admin;
 mod claim;
+mod claimed;
 mod clock;
 mod codec;
 mod complete;
 mod requests;
+mod stamps;
 mod watch;
 
 use codec::Stored;
@@ -121,6 +129,8 @@ pub struct NatsStore {
 }
 
 struct Inner {
+    /// The connection (its state: see `complete.rs`).
+    client: async_nats::Client,
     context: jetstream::Context,
     stream: jetstream::stream::Stream<()>,
     stream_name: String,
@@ -130,6 +140,10 @@ struct Inner {
     replicas: usize,
     max_payload: usize,
     clock: clock::LeaderClock,
+    /// This process's claims not finished yet (`claimed.rs`).
+    claimed: claimed::ClaimedRecords,
+    /// The stamps of the latest claims, as the watch saw them (`stamps.rs`).
+    stamps: Arc<stamps::Stamps>,
     _watcher: watch::Watcher,
 }
 
@@ -166,8 +180,8 @@ impl Slot {
 /// How a write ended.
 #[derive(Debug)]
 enum Written {
-    /// Stored at this revision.
-    Stored,
+    /// Stored at this revision (the message's stream sequence).
+    Stored(u64),
     /// The record's subject was not at the revision named: nothing written.
     Conflict,
     /// The answer never came: it may or may not have landed.
@@ -312,9 +326,17 @@ impl NatsStore {
             .await
             .map_err(unavailable)?;
         let events = RecordEvents::new();
-        let watcher = watch::Watcher::start(client, stream.clone(), prefix.clone(), events.clone());
+        let stamps = Arc::new(stamps::Stamps::default());
+        let watcher = watch::Watcher::start(
+            client.clone(),
+            stream.clone(),
+            prefix.clone(),
+            events.clone(),
+            stamps.clone(),
+        );
         Ok(Self {
             inner: Arc::new(Inner {
+                client,
                 context,
                 stream,
                 stream_name,
@@ -323,6 +345,8 @@ impl NatsStore {
                 replicas,
                 max_payload,
                 clock: clock::LeaderClock::default(),
+                claimed: claimed::ClaimedRecords::default(),
+                stamps,
                 _watcher: watcher,
             }),
             events,

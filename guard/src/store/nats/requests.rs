@@ -11,9 +11,23 @@ use async_nats::jetstream::context::PublishErrorKind;
 use bytes::Bytes;
 use time::OffsetDateTime;
 
+use super::stamps::{LEASE_HEADER, lease_header};
 use super::{NatsStore, Slot, Written, codec, unavailable};
 use crate::key::{IdempotencyKey, Scope};
+use crate::record::LeaseToken;
 use crate::store::StoreError;
+
+/// What a write's headers say beside its fence and its TTL.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Mark {
+    /// Nothing more: a rewrite of a record.
+    Plain,
+    /// A claim (or a take-over) of this lease: the watch keeps its stamp
+    /// (`stamps.rs`).
+    Claim(LeaseToken),
+    /// A delete marker (`KV-Operation: DEL`, the value empty).
+    Delete,
+}
 
 impl NatsStore {
     /// The leader's clock now (a new sample when the last is old).
@@ -113,17 +127,17 @@ impl NatsStore {
         }
     }
 
-    /// Writes `value` (or a delete marker, `value` empty and `delete`) to
-    /// `subject` if the subject is at `expected` (0: no message), with a
-    /// per-message TTL; sends it again while the bucket answers 503, until
-    /// `deadline`.
+    /// Writes `value` (or a delete marker, `value` empty and
+    /// [`Mark::Delete`]) to `subject` if the subject is at `expected` (0: no
+    /// message), with a per-message TTL; sends it again while the bucket
+    /// answers 503, until `deadline`.
     pub(super) async fn write(
         &self,
         subject: &str,
         expected: u64,
         ttl: &str,
         value: Bytes,
-        delete: bool,
+        mark: Mark,
         deadline: Instant,
     ) -> Result<Written, StoreError> {
         let mut pause = Duration::from_millis(50);
@@ -136,8 +150,10 @@ impl NatsStore {
                 HeaderValue::from(expected),
             );
             headers.insert(header::NATS_MESSAGE_TTL, ttl);
-            if delete {
-                headers.insert("KV-Operation", "DEL");
+            match mark {
+                Mark::Plain => {}
+                Mark::Claim(token) => headers.insert(LEASE_HEADER.clone(), lease_header(token)),
+                Mark::Delete => headers.insert("KV-Operation", "DEL"),
             }
             let sent = self
                 .inner
@@ -149,7 +165,7 @@ impl NatsStore {
                 Err(error) => Err(error),
             };
             let error = match acked {
-                Ok(_) => return Ok(Written::Stored),
+                Ok(ack) => return Ok(Written::Stored(ack.sequence)),
                 Err(error) => error,
             };
             match error.kind() {
@@ -176,7 +192,8 @@ impl NatsStore {
 
     /// Whether a value of `size` bytes fits in one message.
     pub(super) fn fits(&self, subject: &str, size: usize) -> bool {
-        // Headers: the expected revision, the TTL and their names.
+        // Headers: the expected revision, the TTL, a claim's lease and
+        // their names.
         size + subject.len() + 128 <= self.inner.max_payload
     }
 }

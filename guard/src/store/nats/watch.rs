@@ -1,11 +1,14 @@
 //! The bucket's watch: one ordered consumer per store (headers only, new
 //! messages only) whose every message, from any process, wakes this
-//! process's requests waiting for that record.
+//! process's requests waiting for that record, and whose claims' stamps
+//! spare this process's completions a read (`stamps.rs`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
 
+use super::stamps::{LEASE_HEADER, Stamps};
 use crate::events::RecordEvents;
 
 /// The watch's task; aborted when the last clone of the store is dropped.
@@ -24,21 +27,23 @@ impl Watcher {
         stream: async_nats::jetstream::stream::Stream<()>,
         prefix: String,
         events: RecordEvents,
+        stamps: Arc<Stamps>,
     ) -> Self {
-        let task = tokio::spawn(forward_events(client, stream, prefix, events));
+        let task = tokio::spawn(forward_events(client, stream, prefix, events, stamps));
         Self(task.abort_handle())
     }
 }
 
 /// Publishes into `events` the record of every message stored in the
-/// bucket from now on, starting the consumer again after failures (the
-/// ordered consumer itself recreates after a gap or a lost leader), until
-/// aborted.
+/// bucket from now on, and keeps the stamps of claims in `stamps`,
+/// starting the consumer again after failures (the ordered consumer itself
+/// recreates after a gap or a lost leader), until aborted.
 async fn forward_events(
     client: async_nats::Client,
     stream: async_nats::jetstream::stream::Stream<()>,
     prefix: String,
     events: RecordEvents,
+    stamps: Arc<Stamps>,
 ) {
     use async_nats::jetstream::consumer::{DeliverPolicy, push::OrderedConfig};
     loop {
@@ -56,6 +61,19 @@ async fn forward_events(
             && let Ok(mut messages) = consumer.messages().await
         {
             while let Some(Ok(message)) = messages.next().await {
+                if let Ok(info) = message.info() {
+                    let lease = message
+                        .headers
+                        .as_ref()
+                        .and_then(|headers| headers.get(LEASE_HEADER.clone()))
+                        .map(async_nats::HeaderValue::as_str);
+                    stamps.record(info.stream_sequence, lease, info.published);
+                }
+                // Nobody in this process waits or watches: the record's
+                // name is not decoded.
+                if !events.is_heard() {
+                    continue;
+                }
                 if let Some((scope, key)) = message
                     .subject
                     .as_str()

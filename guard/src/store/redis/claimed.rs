@@ -10,12 +10,10 @@
 //! which decides. The table is bounded: past [`MAX_VALUES`] leases, new
 //! claims are not remembered and complete by script.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::record::LeaseToken;
+use crate::record::{LeaseToken, TokenMap};
 
 /// How many in-flight values the table holds at most.
 pub(super) const MAX_VALUES: usize = 65_536;
@@ -31,30 +29,7 @@ pub(super) struct ClaimedValue {
 
 /// In-flight values by lease token.
 #[derive(Default)]
-pub(super) struct ClaimedValues(Mutex<HashMap<LeaseToken, ClaimedValue, Tokens>>);
-
-/// Hashes a lease token by folding its bytes: a token is 16 random bytes
-/// this process drew (a version 4 UUID), so they need no keyed hash
-/// (SipHash cost a few hundred instructions per request, twice).
-type Tokens = BuildHasherDefault<TokenHasher>;
-
-/// The hasher of [`Tokens`].
-#[derive(Default)]
-pub(super) struct TokenHasher(u64);
-
-impl Hasher for TokenHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0_u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
+pub(super) struct ClaimedValues(Mutex<TokenMap<ClaimedValue>>);
 
 impl ClaimedValues {
     /// Remembers the value a claim of `token` wrote, unless the table is full.
