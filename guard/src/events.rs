@@ -87,6 +87,7 @@ impl RecordEvents {
     /// first skips that work when nobody listens. A subscription made after
     /// this answered `false` reads the record after the write it would have
     /// been told of, so it misses nothing.
+    #[cfg(feature = "nats")]
     pub(crate) fn is_heard(&self) -> bool {
         !self.lock().is_empty()
             || self
