@@ -104,6 +104,7 @@ in_both_modes!(
     a_crashed_run_is_taken_over_and_runs_once,
     no_store_keeps_the_writes_and_frees_the_key,
     concurrent_identical_requests_write_once,
+    a_savepoint_in_the_handlers_tx_nests,
 );
 
 async fn setup(
@@ -428,6 +429,89 @@ async fn a_run_without_tx_killed_mid_way(mode: Mode) {
     let retry = send(&router, "no-tx", "{}").await;
     assert_eq!(retry.problem(), "outcome-unknown");
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// A handler that opens a transaction of its own in its `Tx` gets a
+/// savepoint: rolling it back undoes its writes alone, and the run's
+/// transaction (kept on the store's connection, `store/postgres/kept.rs`)
+/// still commits the rest with the stored response.
+async fn a_savepoint_in_the_handlers_tx_nests(mode: Mode) {
+    async fn nested(mut tx: Tx) -> StatusCode {
+        use sqlx::Connection as _;
+        let mut savepoint = tx.begin().await.expect("a savepoint");
+        sqlx::query("insert into payments_t (body) values ('undone')")
+            .execute(&mut *savepoint)
+            .await
+            .expect("insert in the savepoint");
+        savepoint.rollback().await.expect("roll the savepoint back");
+        sqlx::query("insert into payments_t (body) values ('kept')")
+            .execute(&mut *tx)
+            .await
+            .expect("insert after it");
+        StatusCode::CREATED
+    }
+    let (db, _, _) = setup(mode, |l| l).await;
+    let router = Router::new().route("/things", post(nested)).route_layer(
+        IdempotencyLayer::new(db.store.clone())
+            .with_transactional_mode(true)
+            .with_single_commit(mode == Mode::SingleCommit),
+    );
+    for key in ["a", "b"] {
+        assert_eq!(send(&router, key, "{}").await.status, StatusCode::CREATED);
+    }
+    let bodies: Vec<Vec<u8>> = sqlx::query_scalar("select body from payments_t order by id")
+        .fetch_all(db.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(bodies, vec![b"kept".to_vec(), b"kept".to_vec()]);
+    assert!(
+        send(&router, "a", "{}").await.replayed(),
+        "the run was stored"
+    );
+}
+
+/// The connection a run's transaction ended on is kept for the next run
+/// (out of sqlx's pool, which would ping it: `store/postgres/kept.rs`),
+/// and goes back to the pool once unused: an application sharing a pool
+/// of two gets both connections at once soon after the runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_kept_between_runs_goes_back_to_the_pool_unused() {
+    let (db, _, _) = setup(Mode::SingleCommit, |l| l).await;
+    let options = db.store.pool().connect_options().as_ref().clone();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool.clone());
+    let router = Router::new()
+        .route("/things", post(pay))
+        .route_layer(
+            IdempotencyLayer::new(store)
+                .with_transactional_mode(true)
+                .with_single_commit(true),
+        )
+        .with_state(Hooks::default());
+    for key in ["a", "b", "c"] {
+        assert_eq!(send(&router, key, "{}").await.status, StatusCode::CREATED);
+    }
+    // Kept: checked out of the pool, not idle in it.
+    assert_eq!(
+        (pool.size(), pool.num_idle()),
+        (1, 0),
+        "one connection served the three runs, kept between them"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(pool.num_idle(), 1, "unused, it went back to the pool");
+    let started = std::time::Instant::now();
+    let held = (pool.acquire().await, pool.acquire().await);
+    assert!(
+        held.0.is_ok() && held.1.is_ok(),
+        "the application gets every connection of its pool"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(payments(&db.store).await, 3);
 }
 
 // ---------------------------------------------------------------------------

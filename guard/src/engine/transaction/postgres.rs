@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::PgConnection;
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use super::super::answer::Settle;
@@ -33,7 +33,7 @@ use super::super::{Engine, RunContext};
 use super::{Acquired, SettleError, as_written};
 use crate::record::{Step, StoredResponse};
 use crate::store::Lease;
-use crate::store::postgres::{PostgresStore, record_steps_in};
+use crate::store::postgres::{PostgresStore, RunTransaction, record_steps_in};
 use crate::store::{Claim, StoreError};
 
 /// The handler's share of the guard's transaction: derefs to the
@@ -125,10 +125,10 @@ impl std::fmt::Debug for TransactionSlot {
 /// handed back.
 pub(crate) enum SlotState {
     Unused(PostgresStore, Lease),
-    Open(Transaction<'static, Postgres>),
+    Open(RunTransaction),
     /// Begun by a transactional step ([`TransactionSlot::begin_step`]),
     /// committed with its record ([`TransactionSlot::commit_step`]).
-    InStep(Transaction<'static, Postgres>, PostgresStore, Lease),
+    InStep(RunTransaction, PostgresStore, Lease),
     Taken,
 }
 
@@ -167,7 +167,7 @@ impl TransactionSlot {
 
     /// The slot of a single-commit run: its transaction is open from the
     /// claim on and holds the key's lock and its uncommitted record.
-    pub(crate) fn locked(transaction: Transaction<'static, Postgres>) -> Self {
+    pub(crate) fn locked(transaction: RunTransaction) -> Self {
         Self {
             state: Arc::new(Mutex::new(SlotState::Open(transaction))),
             holds_lock: true,
@@ -193,7 +193,7 @@ impl TransactionSlot {
                 .mark_transactional(lease)
                 .await
                 .map_err(TxRejection::Mark)?;
-            let transaction = postgres.pool().begin().await.map_err(TxRejection::Begin)?;
+            let transaction = postgres.begin_run().await.map_err(TxRejection::Begin)?;
             *state = SlotState::Open(transaction);
         }
         OwnedMutexGuard::try_map(state, |state| match state {
@@ -208,7 +208,7 @@ impl TransactionSlot {
     /// work never began one (or its last write committed with a step). A
     /// step that never ended (its future dropped) is rolled back: its
     /// writes never commit without its record.
-    pub(crate) fn take(&self) -> Result<Option<Transaction<'static, Postgres>>, TxStillInUse> {
+    pub(crate) fn take(&self) -> Result<Option<RunTransaction>, TxStillInUse> {
         let mut state = self.state.try_lock().map_err(|_| TxStillInUse)?;
         match std::mem::replace(&mut *state, SlotState::Taken) {
             SlotState::Open(transaction) => Ok(Some(transaction)),
@@ -242,7 +242,7 @@ impl TransactionSlot {
                         .mark_transactional(&lease)
                         .await
                         .map_err(TxRejection::Mark)?;
-                    postgres.pool().begin().await.map_err(TxRejection::Begin)
+                    postgres.begin_run().await.map_err(TxRejection::Begin)
                 };
                 match begun.await {
                     Ok(transaction) => *state = SlotState::InStep(transaction, postgres, lease),
@@ -492,7 +492,7 @@ impl<S: crate::store::TransactionalStore> Engine<S> {
 pub(super) enum LockedStep {
     /// This run holds the key: its lock and uncommitted claim are in the
     /// transaction.
-    Held(Lease, Transaction<'static, Postgres>),
+    Held(Lease, RunTransaction),
     /// A committed record to decide about.
     Record(Box<crate::record::Record>),
     /// Another run holds the key (and the wait, if any, ran out).
@@ -568,7 +568,7 @@ impl<S: crate::store::Store> Engine<S> {
 }
 
 /// The transaction a single-commit claim holds the key in.
-pub(crate) type Locked = Transaction<'static, Postgres>;
+pub(crate) type Locked = RunTransaction;
 
 impl TransactionSlot {
     /// The slot of a run: the transaction its claim holds (single-commit

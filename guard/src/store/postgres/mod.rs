@@ -17,7 +17,9 @@
 //! ([`BatchedStore`](crate::store::BatchedStore)); `admin.rs` the
 //! operators' listing and forgetting
 //! ([`AdminStore`](crate::store::AdminStore)); `single_commit.rs` the
-//! store's half of single-commit transactional mode.
+//! store's half of single-commit transactional mode; `kept.rs` the
+//! connections runs' transactions end on, kept for the next run (sqlx's
+//! pool would ping each one it takes back).
 
 use std::time::Duration;
 
@@ -46,8 +48,10 @@ macro_rules! record_columns {
 
 mod admin;
 mod batch;
+mod kept;
 mod single_commit;
 
+pub use kept::RunTransaction;
 pub use single_commit::{LockedClaim, lock_key};
 
 /// The claim, one statement: it reads the record first and inserts only
@@ -184,6 +188,9 @@ pub struct PostgresRecords {
     pool: PgPool,
     events: RecordEvents,
     listener: Option<std::sync::Arc<Listener>>,
+    /// The connections runs' transactions ended on, kept for the next run
+    /// (`kept.rs`).
+    kept: std::sync::Arc<kept::KeptConnections>,
 }
 
 impl PostgresStore {
@@ -195,6 +202,7 @@ impl PostgresStore {
                 pool,
                 events: RecordEvents::new(),
                 listener: None,
+                kept: std::sync::Arc::default(),
             },
             DEFAULT_BATCHING,
         )
@@ -276,6 +284,13 @@ impl PostgresStore {
     /// The pool the store uses.
     pub fn pool(&self) -> &PgPool {
         &self.direct().pool
+    }
+
+    /// Begins a run's transaction (transactional mode), on a connection an
+    /// earlier run's transaction ended on when one is kept (`kept.rs`).
+    pub(crate) async fn begin_run(&self) -> Result<RunTransaction, sqlx::Error> {
+        let direct = self.direct();
+        RunTransaction::begin(&direct.pool, &direct.kept).await
     }
 
     /// Applies the migrations in `migrations/postgres` that have not run yet.

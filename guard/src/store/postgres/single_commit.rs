@@ -31,9 +31,9 @@
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::Row;
 
-use super::{GET, PostgresStore, millis, record_from_row};
+use super::{GET, PostgresStore, RunTransaction, millis, record_from_row};
 use crate::record::Record;
 use crate::store::{Lease, NewRecord, StoreError};
 
@@ -99,7 +99,7 @@ pub enum LockedClaim {
     /// `transaction`: write through it, complete in it, commit once.
     Acquired {
         /// The run's transaction.
-        transaction: Transaction<'static, Postgres>,
+        transaction: RunTransaction,
         /// The lease the claim carries (it fences the completion).
         lease: Lease,
     },
@@ -137,7 +137,7 @@ impl PostgresStore {
         new: &NewRecord<'_>,
         idle_bound: Duration,
     ) -> Result<LockedClaim, StoreError> {
-        let mut transaction = self.pool().begin().await?;
+        let mut transaction = self.begin_run().await?;
         let row = sqlx::query(CLAIM_LOCKED)
             .bind(new.scope.as_str())
             .bind(new.key.as_str())
