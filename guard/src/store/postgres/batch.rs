@@ -92,6 +92,7 @@ impl BatchedStore for PostgresRecords {
         let mut results: Vec<Option<Result<Claim, StoreError>>> =
             (0..items.len()).map(|_| None).collect();
         let mut pending: Vec<usize> = (0..items.len()).collect();
+        let mut connection = self.connection().await?;
         for _ in 0..CLAIM_ATTEMPTS {
             if pending.is_empty() {
                 break;
@@ -134,7 +135,7 @@ impl BatchedStore for PostgresRecords {
                         .map(|&i| millis(items[i].retention))
                         .collect::<Vec<_>>(),
                 )
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *connection)
                 .await?;
             if rows.len() != pending.len() {
                 return Err(StoreError::Unavailable(
@@ -159,6 +160,7 @@ impl BatchedStore for PostgresRecords {
             }
             pending = again;
         }
+        self.keep(connection);
         Ok(results
             .into_iter()
             .map(|result| {
@@ -179,6 +181,7 @@ impl BatchedStore for PostgresRecords {
         if let [(lease, response)] = items.as_slice() {
             return Ok(vec![self.complete(lease, response).await]);
         }
+        let mut connection = self.connection().await?;
         let rows = sqlx::query(COMPLETE_BATCH)
             .bind(
                 items
@@ -220,8 +223,9 @@ impl BatchedStore for PostgresRecords {
             )
             .bind(self.listener.is_some())
             .bind(NOTIFY_CHANNEL)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *connection)
             .await?;
+        self.keep(connection);
         let mut completed = vec![false; items.len()];
         for row in &rows {
             let n: i64 = row.try_get("n")?;

@@ -23,8 +23,9 @@
 
 use std::time::Duration;
 
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool, Postgres, Row};
 use time::OffsetDateTime;
 
 use crate::events::RecordEvents;
@@ -385,6 +386,19 @@ pub(crate) async fn record_steps_in(
 }
 
 impl PostgresRecords {
+    /// A connection for a statement: one kept from an earlier statement or
+    /// run (`kept.rs`: sqlx's pool would have pinged it), or the pool's.
+    pub(super) async fn connection(&self) -> Result<PoolConnection<Postgres>, StoreError> {
+        Ok(self.kept.acquire(&self.pool).await?)
+    }
+
+    /// Keeps `connection`, whose statement answered, for the next one. A
+    /// connection whose statement failed is dropped instead (`?`): the pool
+    /// takes it back and checks it.
+    pub(super) fn keep(&self, connection: PoolConnection<Postgres>) {
+        self.kept.give_back(&self.pool, connection);
+    }
+
     /// Sends the `NOTIFY` for a changed record, when notifications are on.
     async fn notify<'c>(
         &self,
@@ -474,6 +488,7 @@ fn record_from_row(row: &PgRow, scope: &Scope, key: &IdempotencyKey) -> Result<R
 
 impl Store for PostgresRecords {
     async fn claim(&self, new: &NewRecord<'_>) -> Result<Claim, StoreError> {
+        let mut connection = self.connection().await?;
         for _ in 0..CLAIM_ATTEMPTS {
             let row = sqlx::query(CLAIM)
                 .bind(new.scope.as_str())
@@ -485,14 +500,16 @@ impl Store for PostgresRecords {
                 .bind(millis(new.lease))
                 .bind(new.transactional)
                 .bind(millis(new.retention))
-                .fetch_one(&self.pool)
+                .fetch_one(&mut *connection)
                 .await?;
             if row.try_get::<bool, _>("acquired")? {
+                self.keep(connection);
                 return Ok(Claim::Acquired(new.lease()));
             }
             // The row we conflicted with is visible unless it was committed
             // after this statement's snapshot: then simply ask again.
             if row.try_get::<Option<Vec<u8>>, _>("fingerprint")?.is_some() {
+                self.keep(connection);
                 return Ok(Claim::Existing(Box::new(record_from_row(
                     &row, new.scope, new.key,
                 )?)));
@@ -525,7 +542,11 @@ impl Store for PostgresRecords {
     }
 
     async fn complete(&self, lease: &Lease, response: &StoredResponse) -> Result<(), StoreError> {
-        let result = complete_query(lease, response).execute(&self.pool).await?;
+        let mut connection = self.connection().await?;
+        let result = complete_query(lease, response)
+            .execute(&mut *connection)
+            .await?;
+        self.keep(connection);
         fenced(result.rows_affected())?;
         self.notify(&self.pool, lease).await
     }
@@ -588,11 +609,13 @@ impl Store for PostgresRecords {
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        let mut connection = self.connection().await?;
         let row = sqlx::query(GET)
             .bind(scope.as_str())
             .bind(key.as_str())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *connection)
             .await?;
+        self.keep(connection);
         row.map(|row| record_from_row(&row, scope, key)).transpose()
     }
 
