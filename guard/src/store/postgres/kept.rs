@@ -20,7 +20,10 @@
 //!   kept: 20 to 40 ms unused in all), so that a store that turns idle
 //!   holds nothing;
 //! - a connection whose statement failed, whose commit or rollback failed,
-//!   or that sqlx still counts inside a transaction is never kept.
+//!   or that sqlx still counts inside a transaction is never kept;
+//! - one out of the pool for [`MAX_SPAN`] goes back to it at its next
+//!   give-back, however busy, so that the pool's own checks of its
+//!   connections (their maximum lifetime) still reach each of them.
 //!
 //! The transaction is driven with sqlx's own transaction manager (`BEGIN`,
 //! `COMMIT`, and on drop a `ROLLBACK` queued for the connection's next
@@ -40,6 +43,10 @@ use sqlx_core::transaction::TransactionManager;
 /// to the pool.
 pub(crate) const KEPT_FOR: Duration = Duration::from_millis(20);
 
+/// How long a connection stays out of the pool, kept and used again, before
+/// it goes back at its next give-back.
+pub(crate) const MAX_SPAN: Duration = Duration::from_secs(10);
+
 /// The most connections kept at once (beyond the pool's own bound, which
 /// the room check keeps anyway).
 const MAX_KEPT: usize = 256;
@@ -47,17 +54,14 @@ const MAX_KEPT: usize = 256;
 /// Connections runs gave back, the last given back on top.
 #[derive(Debug, Default)]
 pub(crate) struct KeptConnections {
-    kept: Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
+    kept: Mutex<Vec<(KeptConnection, Instant)>>,
     /// Whether a task sweeps the connections left unused.
     sweeping: AtomicBool,
 }
 
 impl KeptConnections {
     /// A kept connection (the last given back), or one from `pool`.
-    pub(crate) async fn acquire(
-        &self,
-        pool: &PgPool,
-    ) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+    pub(crate) async fn acquire(&self, pool: &PgPool) -> Result<KeptConnection, sqlx::Error> {
         let kept = self
             .kept
             .lock()
@@ -65,17 +69,21 @@ impl KeptConnections {
             .pop();
         match kept {
             Some((connection, _)) => Ok(connection),
-            None => pool.acquire().await,
+            None => Ok(KeptConnection {
+                connection: pool.acquire().await?,
+                since: Instant::now(),
+            }),
         }
     }
 
     /// Keeps `connection` for the next run, or gives it back to `pool` when
-    /// the pool has no room left (someone may be waiting for it) or sqlx
-    /// still counts it inside a transaction.
-    pub(crate) fn give_back(self: &Arc<Self>, pool: &PgPool, connection: PoolConnection<Postgres>) {
+    /// the pool has no room left (someone may be waiting for it), sqlx
+    /// still counts it inside a transaction, or it has been out of the pool
+    /// for [`MAX_SPAN`].
+    pub(crate) fn give_back(self: &Arc<Self>, pool: &PgPool, connection: KeptConnection) {
         let in_transaction = PgTransactionManager::get_transaction_depth(&connection) != 0;
         let room = pool.num_idle() > 0 || pool.size() < pool.options().get_max_connections();
-        if in_transaction || !room {
+        if in_transaction || !room || connection.since.elapsed() >= MAX_SPAN {
             drop(connection);
             return;
         }
@@ -148,13 +156,42 @@ impl KeptConnections {
     }
 }
 
+/// A connection out of the pool, kept between uses: derefs to the
+/// [`PgConnection`]. `since` is when it left the pool.
+pub(crate) struct KeptConnection {
+    connection: PoolConnection<Postgres>,
+    since: Instant,
+}
+
+impl std::fmt::Debug for KeptConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeptConnection")
+            .field("since", &self.since)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for KeptConnection {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.connection
+    }
+}
+
+impl std::ops::DerefMut for KeptConnection {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.connection
+    }
+}
+
 /// A run's transaction on a connection the store keeps between runs: derefs
 /// to the [`PgConnection`] (`&mut *transaction` is an executor), commits or
 /// rolls back like a `sqlx::Transaction`, and, dropped while open, rolls
 /// back on the connection's next use as `sqlx::Transaction` does.
 pub struct RunTransaction {
     /// `None` once committed or rolled back.
-    connection: Option<PoolConnection<Postgres>>,
+    connection: Option<KeptConnection>,
     pool: PgPool,
     kept: Arc<KeptConnections>,
 }
@@ -220,12 +257,12 @@ impl RunTransaction {
 /// A transaction's connection while its `COMMIT` or `ROLLBACK` is on its
 /// way; dropped (that failed, or its future was dropped) it queues a
 /// rollback, as a dropped transaction does.
-struct OpenConnection(Option<PoolConnection<Postgres>>);
+struct OpenConnection(Option<KeptConnection>);
 
 impl std::ops::Deref for OpenConnection {
-    type Target = PoolConnection<Postgres>;
+    type Target = KeptConnection;
 
-    fn deref(&self) -> &PoolConnection<Postgres> {
+    fn deref(&self) -> &KeptConnection {
         self.0
             .as_ref()
             .expect("an open transaction has its connection")
@@ -233,7 +270,7 @@ impl std::ops::Deref for OpenConnection {
 }
 
 impl std::ops::DerefMut for OpenConnection {
-    fn deref_mut(&mut self) -> &mut PoolConnection<Postgres> {
+    fn deref_mut(&mut self) -> &mut KeptConnection {
         self.0
             .as_mut()
             .expect("an open transaction has its connection")

@@ -23,9 +23,8 @@
 
 use std::time::Duration;
 
-use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{PgConnection, PgPool, Postgres, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use time::OffsetDateTime;
 
 use crate::events::RecordEvents;
@@ -388,14 +387,14 @@ pub(crate) async fn record_steps_in(
 impl PostgresRecords {
     /// A connection for a statement: one kept from an earlier statement or
     /// run (`kept.rs`: sqlx's pool would have pinged it), or the pool's.
-    pub(super) async fn connection(&self) -> Result<PoolConnection<Postgres>, StoreError> {
+    pub(super) async fn connection(&self) -> Result<kept::KeptConnection, StoreError> {
         Ok(self.kept.acquire(&self.pool).await?)
     }
 
     /// Keeps `connection`, whose statement answered, for the next one. A
     /// connection whose statement failed is dropped instead (`?`): the pool
     /// takes it back and checks it.
-    pub(super) fn keep(&self, connection: PoolConnection<Postgres>) {
+    pub(super) fn keep(&self, connection: kept::KeptConnection) {
         self.kept.give_back(&self.pool, connection);
     }
 
