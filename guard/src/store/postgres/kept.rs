@@ -25,6 +25,9 @@
 //!   give-back, however busy, so that the pool's own checks of its
 //!   connections (their maximum lifetime) still reach each of them.
 //!
+//! A pool's `before_acquire` and `after_release` hooks run when a
+//! connection leaves and rejoins the pool, not between the store's uses.
+//!
 //! The transaction is driven with sqlx's own transaction manager (`BEGIN`,
 //! `COMMIT`, and on drop a `ROLLBACK` queued for the connection's next
 //! use, exactly as a `sqlx::Transaction` does), so sqlx's nesting depth
