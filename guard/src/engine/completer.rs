@@ -324,16 +324,15 @@ impl<S: AdminStore> Completer<S> {
         for scope in &self.bounds.scopes {
             let mut after: Option<String> = None;
             loop {
-                let page = store
-                    .list(
-                        scope.as_str(),
-                        StateFilter::Abandoned,
-                        PageRequest {
-                            after: after.as_deref(),
-                            limit: PAGE,
-                        },
-                    )
-                    .await;
+                let listed = store.list(
+                    scope.as_str(),
+                    StateFilter::Abandoned,
+                    PageRequest {
+                        after: after.as_deref(),
+                        limit: PAGE,
+                    },
+                );
+                let page = self.engine.timed("list", listed).await;
                 let page = match page {
                     Ok(page) => page,
                     Err(error) => {
@@ -421,7 +420,8 @@ impl<S: AdminStore> Completer<S> {
     /// `transient` says, for an attempt that may not have taken the key
     /// over, whether trying again may help (`None`: it ran).
     async fn judge(&self, before: &Record, transient: Option<bool>) -> Outcome {
-        let after = self.engine.store().get(&before.scope, &before.key).await;
+        let read = self.engine.store().get(&before.scope, &before.key);
+        let after = self.engine.timed("get", read).await;
         let after = match after {
             Ok(Some(after)) => after,
             // Released by its run (it failed before any step): nothing to

@@ -245,6 +245,13 @@ impl StoreError {
 /// (`engine/supervise.rs`), the completion or release (`engine/settle.rs`,
 /// `engine/release.rs`) and the reads of a waiting request; the status
 /// service reads through [`Store::get`] and [`Store::get_many`].
+///
+/// A call may wait as long as its backend does: the caller bounds it. The
+/// engine runs each of its calls under its store timeout
+/// (`with_store_timeout`, 5 s by default) and the status service under its
+/// own; code that calls a store directly wraps the call in
+/// `tokio::time::timeout`. (The PostgreSQL and Redis stores arm no timer
+/// per statement or command; NATS bounds each request with its client's.)
 pub trait Store: Clone + Send + Sync + 'static {
     /// Creates the record for `new` if `(scope, key)` has none, and returns
     /// the lease; otherwise returns the existing record untouched.

@@ -301,15 +301,23 @@ async fn a_cached_copy_never_outlives_its_record() {
 async fn a_claim_whose_reply_comes_too_late_is_released_and_runs_once_later() {
     let db = idempotency_tests::redis().await;
     let runs = Runs::default();
-    let router = app(IdempotencyLayer::new(db.store.clone()), &runs, "slow");
+    let layer = IdempotencyLayer::new(db.store.clone()).with_store_timeout(Duration::from_secs(1));
+    let router = app(layer, &runs, "slow");
     // Redis acts on the claim at once, but its reply arrives after the
-    // client's 2 s response timeout: the request is refused (503), yet the
-    // record exists. Some task must free it.
+    // engine's 1 s store timeout (the connection arms no timer of its own:
+    // the engine's alone answers): the request is refused (503) at that
+    // bound, yet the record exists. Some task must free it.
     let partition = db.redis_partition().unwrap();
-    partition.delay_replies(Duration::from_millis(2600));
+    partition.delay_replies(Duration::from_millis(1600));
+    let started = std::time::Instant::now();
     let refused = call(&router, request("late-reply", 0)).await;
     assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(refused.problem(), "store-unavailable");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "refused after {:?}: the store timeout did not bound the claim",
+        started.elapsed()
+    );
     partition.delay_replies(Duration::ZERO);
     // The background release lands (it went to Redis right behind the claim).
     let mut record = db

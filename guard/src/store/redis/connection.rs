@@ -33,7 +33,12 @@ impl Drop for Subscriber {
     }
 }
 
-/// How long one Redis command may take before it fails.
+/// How long a command the store sends on its own may take before it
+/// fails: the probe when it connects, and every command on a cluster
+/// (whose client routes by it). On one Redis the connection itself arms no
+/// timer per command: each call the engine makes runs under its store
+/// timeout already, and a second timer per command cost 2.5k instructions
+/// per fresh request (docs/BENCHMARKS.md, issue 56).
 pub(super) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long connecting may take.
 pub(super) const CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
@@ -43,6 +48,12 @@ impl RedisRecords {
     /// probe on a key of the store's own that never exists, so it never
     /// writes; an older server answers a syntax error.
     pub(super) async fn has_ifeq(&self) -> Result<bool, StoreError> {
+        tokio::time::timeout(RESPONSE_TIMEOUT, self.probe_ifeq())
+            .await
+            .map_err(|_| StoreError::Timeout(RESPONSE_TIMEOUT))?
+    }
+
+    async fn probe_ifeq(&self) -> Result<bool, StoreError> {
         let mut probe = redis::cmd("SET");
         probe
             .arg(format!("{}:probe:ifeq", self.prefix))

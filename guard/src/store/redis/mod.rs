@@ -173,14 +173,22 @@ impl From<redis::RedisError> for StoreError {
 impl RedisStore {
     /// Connects to one Redis (`redis://host:port/db`), keeping records under
     /// `prefix` (for example `idem`). The connection reconnects by itself.
+    /// Its commands carry no timeout of their own: the engine bounds each
+    /// call with its store timeout, and a caller of its own bounds its
+    /// calls (see [`Store`]).
     ///
     /// # Errors
     ///
-    /// [`StoreError::Unavailable`] when the URL is invalid or Redis cannot be reached.
+    /// [`StoreError::Unavailable`] when the URL is invalid or Redis cannot
+    /// be reached; [`StoreError::Timeout`] when it does not answer the
+    /// store's probe within 2 s.
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url)?;
+        // No timer per command (redis-rs arms one by default): the engine
+        // bounds each of its calls with its store timeout, and a caller of
+        // its own bounds its calls (see `Store`).
         let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_response_timeout(None)
             .set_connection_timeout(Some(CONNECTION_TIMEOUT))
             .set_number_of_retries(2);
         let manager = client.get_connection_manager_with_config(config).await?;

@@ -45,9 +45,9 @@ use super::connection::Connection;
 use crate::record::CorruptRecord;
 use crate::store::StoreError;
 
-/// The longest a write waits for its replicas: below the store's command
-/// timeout (2 s), so that a `WAIT` always answers before the connection
-/// gives up on it.
+/// The longest a write waits for its replicas: below a cluster's command
+/// timeout (2 s) and the engine's default store timeout (5 s), so that a
+/// `WAIT` answers before either gives up on it.
 pub(super) const MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// How many replicas must acknowledge each claim, take-over and
