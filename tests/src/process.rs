@@ -17,7 +17,7 @@ use tokio::process::{Child, Command};
 const CHILD_PORTS: std::ops::Range<u16> = 20_000..32_000;
 
 /// A free port for a child process's server: the next one in
-/// [`CHILD_PORTS`] that can be bound now (distinct within this process;
+/// `CHILD_PORTS` (20000 to 31999) that can be bound now (distinct within this process;
 /// each process starts at its own offset, so two test processes rarely
 /// meet).
 ///

@@ -459,7 +459,7 @@ impl Store for NatsStore {
         Ok(self.read(scope, key, self.deadline()).await?.live())
     }
 
-    /// Reads the keys from the leader [`GET_MANY_IN_FLIGHT`] at a time,
+    /// Reads the keys from the leader `GET_MANY_IN_FLIGHT` (64) at a time,
     /// within one retry budget: a status lookup of 1000 keys is not 1000
     /// round trips one after the other.
     async fn get_many(
